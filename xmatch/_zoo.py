@@ -1,0 +1,141 @@
+"""Zoo entries: named, documented model specs shipped as TOML data in ``xmatch.zoo``."""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import importlib.resources
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from xmatch.spec import merge
+
+ENTRY_KEYS = {
+    "base", "overrides", "spec", "description", "paper", "dataset", "metrics",
+    "weights", "licence", "origin", "input", "notes",
+}
+
+
+@dataclass
+class ZooEntry:
+    """A zoo entry: architecture spec, provenance, the paper's metrics and weight sources.
+
+    ``metrics`` maps a benchmark (``coco-1k``, ``coco-5k``, ``f30k-1k``) to its figures and
+    the ``source`` (paper and table) they come from.
+    """
+
+    name: str
+    spec: dict[str, Any]
+    description: str = ""
+    paper: str = ""
+    dataset: str = ""
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    weights: list[dict[str, Any]] = field(default_factory=list)
+    licence: str = ""
+    origin: str = ""
+    input: dict[str, Any] = field(default_factory=dict)
+    notes: str = ""
+
+    def card(self) -> str:
+        """A readable summary of the entry."""
+        lines = [f"{self.name}: {self.description}", f"  paper:   {self.paper}", f"  dataset: {self.dataset}"]
+        if self.input:
+            lines.append("  input:   " + ", ".join(f"{k}={v}" for k, v in self.input.items()))
+        for bench, figures in self.metrics.items():
+            values = ", ".join(f"{k} {v}" for k, v in figures.items() if k != "source")
+            lines.append(f"  {bench}: {values}  [{figures.get('source', '')}]")
+        if self.weights:
+            for w in self.weights:
+                lines.append(f"  weights: {w.get('source')} sha256={w.get('sha256', '?')}")
+        else:
+            lines.append("  weights: none published in xmatch format")
+        if self.origin:
+            lines.append(f"  origin:  {self.origin}")
+        if self.licence:
+            lines.append(f"  licence: {self.licence}")
+        if self.notes:
+            lines.append(f"  notes:   {self.notes}")
+        return "\n".join(lines)
+
+    __str__ = card
+
+
+def _read_zoo_files() -> dict[str, dict[str, Any]]:
+    raw: dict[str, dict[str, Any]] = {}
+    for resource in sorted(importlib.resources.files("xmatch.zoo").iterdir(), key=lambda r: r.name):
+        if not resource.name.endswith(".toml"):
+            continue
+        data = tomllib.loads(resource.read_text(encoding="utf-8"))
+        for name, table in data.items():
+            if name in raw:
+                raise ValueError(f"zoo entry '{name}' is defined twice (second time in {resource.name}).")
+            unknown = set(table) - ENTRY_KEYS
+            if unknown:
+                raise ValueError(f"zoo entry '{name}' ({resource.name}) has unknown keys {sorted(unknown)}.")
+            raw[name] = table
+    return raw
+
+
+def _resolve(name: str, raw: dict[str, dict[str, Any]], seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    if name in seen:
+        raise ValueError(f"zoo entries {' -> '.join(seen + (name,))} form a cycle of bases.")
+    table = copy.deepcopy(raw[name])
+    base_name = table.pop("base", None)
+    if base_name is None:
+        return table
+    if base_name not in raw:
+        raise ValueError(f"zoo entry '{name}' names the unknown base '{base_name}'.")
+    base = _resolve(base_name, raw, seen + (name,))
+    base.pop("metrics", None)
+    base.pop("weights", None)
+    spec = merge(base.pop("spec"), table.pop("overrides", {}))
+    return {**base, **table, "spec": spec}
+
+
+def builtin_entries() -> list[ZooEntry]:
+    """All entries shipped in ``xmatch.zoo``."""
+    raw = _read_zoo_files()
+    return [ZooEntry(name=name, **_resolve(name, raw)) for name in raw]
+
+
+def as_entry(name: str, obj: Any) -> ZooEntry:
+    """Accept a ZooEntry, a dict of entry fields, or a callable returning either (plugins)."""
+    if callable(obj) and not isinstance(obj, ZooEntry):
+        obj = obj()
+    if isinstance(obj, ZooEntry):
+        return obj
+    if isinstance(obj, dict) and "spec" in obj:
+        return ZooEntry(name=name, **{k: v for k, v in obj.items() if k != "name"})
+    raise TypeError(f"zoo entry '{name}' must be a ZooEntry or a dict with a 'spec', got {type(obj).__name__}.")
+
+
+def match(names: list[str], pattern: str | None) -> list[str]:
+    if not pattern:
+        return names
+    return [n for n in names if fnmatch.fnmatch(n.lower(), pattern.lower())]
+
+
+def zoo_markdown(entries: list[ZooEntry]) -> str:
+    """``docs/zoo.md``: one table row per entry, with the paper's figures per benchmark."""
+    lines = [
+        "# Zoo",
+        "",
+        "Generated from the entries in `zoo/` (`python -m xmatch.docs_zoo > docs/zoo.md`); a test",
+        "checks that this page is up to date. Figures are the papers' (R@1/R@5/R@10, percent).",
+        "",
+        "| entry | dataset | pooler | text encoder | benchmark | i→t R@1/5/10 | t→i R@1/5/10 | source |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def triple(figures: dict[str, Any], d: str) -> str:
+        values = [figures.get(f"{d}_r{k}") for k in (1, 5, 10)]
+        return "/".join("–" if v is None else f"{v}" for v in values)
+
+    for e in sorted(entries, key=lambda e: e.name):
+        head = f"| `{e.name}` | {e.dataset} | {e.spec['pooler']['name']} | {e.spec['text_encoder']['name']}"
+        if not e.metrics:
+            lines.append(f"{head} | – | – | – | – |")
+        for bench, figures in e.metrics.items():
+            lines.append(f"{head} | {bench} | {triple(figures, 'i2t')} | {triple(figures, 't2i')} | {figures.get('source', '')} |")
+    return "\n".join(lines) + "\n"

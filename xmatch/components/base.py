@@ -1,0 +1,167 @@
+"""Base classes of the component kinds and the small typed records passed between them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from xmatch.embeddings import Embeddings
+
+
+@dataclass
+class EncoderOutput:
+    """What an encoder hands to the model before projection and reasoning.
+
+    Attributes:
+        tokens: ``[B, T, F]`` element features.
+        mask: ``[B, T]`` True for every real position (the reasoner attends over these).
+        content: ``[B, T]`` True for the positions that take part in the alignment: real
+            regions / words, never the special slots ([CLS], [SEP], the image CLS slot).
+        global_slot: whether position 0 is a global slot (I-CLS / [CLS]) whose reasoned
+            output becomes ``Embeddings.pooled``.
+    """
+
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    content: torch.Tensor
+    global_slot: bool = False
+
+
+@dataclass
+class TokenBatch:
+    """Tokenised captions, on the CPU until the model moves them.
+
+    Attributes:
+        inputs: tensors the text encoder's ``forward`` consumes (e.g. ``input_ids``).
+        mask: ``[B, L]`` True for real tokens.
+        content: ``[B, L]`` True for tokens that take part in the alignment.
+    """
+
+    inputs: dict[str, torch.Tensor]
+    mask: torch.Tensor
+    content: torch.Tensor
+    texts: list[str] = field(default_factory=list)
+
+    def to(self, device: torch.device | str) -> TokenBatch:
+        return TokenBatch(
+            {k: v.to(device) for k, v in self.inputs.items()},
+            self.mask.to(device),
+            self.content.to(device),
+            self.texts,
+        )
+
+    def __len__(self) -> int:
+        return self.mask.shape[0]
+
+
+class ImageEncoder(nn.Module):
+    """Turns region features (+ boxes) or pixels into a set of region features.
+
+    Subclasses set ``output_dim`` and implement ``forward``. ``takes_pixels`` tells
+    ``encode_images`` whether the encoder wants ``images=`` or ``regions=``.
+    """
+
+    output_dim: int
+    takes_pixels: bool = False
+
+    def forward(self, *args: Any, **kwargs: Any) -> EncoderOutput:  # pragma: no cover - interface
+        raise NotImplementedError(f"{type(self).__name__} must implement forward()")
+
+
+class TextEncoder(nn.Module):
+    """Owns its tokenizer: ``tokenize(list[str]) -> TokenBatch``, ``forward(TokenBatch)``."""
+
+    output_dim: int
+
+    def tokenize(self, texts: list[str]) -> TokenBatch:  # pragma: no cover - interface
+        raise NotImplementedError(f"{type(self).__name__} must implement tokenize()")
+
+    def forward(self, batch: TokenBatch) -> EncoderOutput:  # pragma: no cover - interface
+        raise NotImplementedError(f"{type(self).__name__} must implement forward()")
+
+    def save_assets(self, directory: str | os.PathLike) -> dict[str, Any]:
+        """Write what the encoder needs besides its weights (tokenizer, vocabulary) into
+        ``directory`` and return the spec arguments that point at it. Default: nothing."""
+        return {}
+
+
+class Reasoner(nn.Module):
+    """``[B, N, D]`` + mask -> ``[B, N, D]``; one instance used for both modalities shares weights."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError(f"{type(self).__name__} must implement forward()")
+
+
+class Pooler(nn.Module):
+    """Scores every image against every text: ``(img, txt) -> [n_img, n_txt]``.
+
+    Subclasses implement :meth:`pairwise` on one block; :meth:`forward` cuts the inputs into
+    blocks so memory stays bounded, and the result is the same for every block size.
+
+    Attributes:
+        uses_tokens: whether the pooler reads the token sets (else only ``pooled``).
+    """
+
+    uses_tokens: bool = True
+    #: elements (images x texts x regions x words) scored at once; bounds peak memory.
+    block_elements: int = 1 << 25
+
+    def pairwise(self, img: Embeddings, txt: Embeddings, **context: Any) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement pairwise()")  # pragma: no cover
+
+    def context(self, img: Embeddings, txt: Embeddings, batch_layout: bool) -> dict[str, Any]:
+        """Values computed once over the whole inputs and passed to every block."""
+        return {}
+
+    def forward(
+        self,
+        img: Embeddings,
+        txt: Embeddings,
+        *,
+        batch_layout: bool = False,
+        image_chunk: int | None = None,
+        text_chunk: int | None = None,
+    ) -> torch.Tensor:
+        if img.dim != txt.dim:
+            raise ValueError(
+                f"image and text embeddings have different widths ({img.dim} vs {txt.dim}); "
+                "they must come from the same model."
+            )
+        context = self.context(img, txt, batch_layout)
+        n_img, n_txt = len(img), len(txt)
+        if image_chunk is None or text_chunk is None:
+            per_pair = max(1, img.tokens.shape[1] * txt.tokens.shape[1]) if self.uses_tokens else 1
+            pairs = max(1, self.block_elements // per_pair)
+            text_chunk = text_chunk or max(1, min(n_txt, pairs))
+            image_chunk = image_chunk or max(1, min(n_img, pairs // text_chunk))
+        if image_chunk >= n_img and text_chunk >= n_txt:
+            return self.pairwise(img, txt, **context)
+        out = img.tokens.new_empty(n_img, n_txt)
+        for i in range(0, n_img, image_chunk):
+            img_block = img[i : i + image_chunk]
+            for j in range(0, n_txt, text_chunk):
+                out[i : i + image_chunk, j : j + text_chunk] = self.pairwise(
+                    img_block, txt[j : j + text_chunk], **context
+                )
+        return out
+
+
+@dataclass
+class LossOutput:
+    """A loss value to optimise plus figures to log (``*_sum`` and ``*_mean`` for hinge terms)."""
+
+    loss: torch.Tensor
+    logs: dict[str, float] = field(default_factory=dict)
+
+
+class Loss(nn.Module):
+    """``(scores: {name: [B, B]}, image_ids) -> LossOutput``; positives sit on the diagonal."""
+
+    def forward(
+        self, scores: dict[str, torch.Tensor], image_ids: torch.Tensor | None = None
+    ) -> LossOutput:  # pragma: no cover - interface
+        raise NotImplementedError(f"{type(self).__name__} must implement forward()")

@@ -1,0 +1,160 @@
+"""Poolers: from region and word embeddings to one image-sentence score.
+
+TERAN (Messina et al., ACM TOMM 2021) pools the region x word cosine matrix ``A``:
+``MrSw = sum_words max_regions A``, ``MwSr = sum_regions max_words A``,
+``Symm = MrSw + MwSr`` and ``MrAvgw = MrSw / number of words``. TERN (ICPR 2020) scores the
+cosine of the two CLS outputs (``global-cosine``).
+
+Masked positions never win a max (they are ``-inf``). With ``compat="original"`` the pooler
+reproduces the original code, which zero-fills masked cells *before* the max: every max over a
+set that is narrower than the padded width also sees a 0 candidate. The original evaluation
+pads images to 36 regions and captions to 85 alignment slots (its fixed widths 37 and 88 minus
+the dropped slots); its training pads to the batch maximum (``batch_layout=True``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+from xmatch.components.base import Pooler
+from xmatch.embeddings import Embeddings
+
+Compat = Literal["clean", "original"]
+
+
+def alignment_matrix(img: Embeddings, txt: Embeddings) -> torch.Tensor:
+    """``A[i, j, r, w]`` = dot product of region r of image i and word w of text j."""
+    n_i, r, d = img.tokens.shape
+    n_t, w, _ = txt.tokens.shape
+    # One large matmul instead of an einsum keeps BLAS at full speed.
+    flat = img.tokens.reshape(n_i * r, d) @ txt.tokens.reshape(n_t * w, d).T
+    return flat.view(n_i, r, n_t, w).permute(0, 2, 1, 3)
+
+
+class AlignmentPooler(Pooler):
+    """Shared machinery of the TERAN poolers (see the module docstring).
+
+    Args:
+        compat: ``"clean"`` (masked cells excluded) or ``"original"`` (zero-fill before the
+            max, as the original TERAN code).
+        region_slots: padded region width of the original evaluation (36).
+        word_slots: padded word width of the original evaluation (85).
+    """
+
+    def __init__(self, compat: Compat = "clean", region_slots: int = 36, word_slots: int = 85) -> None:
+        super().__init__()
+        if compat not in ("clean", "original"):
+            raise ValueError(f"compat must be 'clean' or 'original', got {compat!r}.")
+        self.compat = compat
+        self.region_slots = region_slots
+        self.word_slots = word_slots
+
+    def context(self, img: Embeddings, txt: Embeddings, batch_layout: bool) -> dict[str, Any]:
+        if self.compat != "original":
+            return {"region_width": None, "word_width": None}
+        if batch_layout:
+            return {"region_width": int(img.lengths.max()), "word_width": int(txt.lengths.max())}
+        return {"region_width": self.region_slots, "word_width": self.word_slots}
+
+    def region_max(self, a: torch.Tensor, img: Embeddings, txt: Embeddings, region_width: int | None) -> torch.Tensor:
+        """Per image, text and word: the best region ``[i, t, w]``."""
+        a = a.masked_fill(~img.mask[:, None, :, None], float("-inf"))
+        best = a.amax(dim=2)
+        if region_width is not None:
+            padded = (img.lengths < region_width)[:, None, None]
+            best = torch.where(padded, best.clamp_min(0), best)
+        return best
+
+    def word_max(self, a: torch.Tensor, img: Embeddings, txt: Embeddings, word_width: int | None) -> torch.Tensor:
+        """Per image, text and region: the best word ``[i, t, r]``."""
+        a = a.masked_fill(~txt.mask[None, :, None, :], float("-inf"))
+        best = a.amax(dim=3)
+        if word_width is not None:
+            padded = (txt.lengths < word_width)[None, :, None]
+            best = torch.where(padded, best.clamp_min(0), best)
+        return best
+
+    def mrsw(self, a: torch.Tensor, img: Embeddings, txt: Embeddings, region_width: int | None) -> torch.Tensor:
+        best = self.region_max(a, img, txt, region_width)
+        return best.masked_fill(~txt.mask[None], 0).sum(dim=2)
+
+    def mwsr(self, a: torch.Tensor, img: Embeddings, txt: Embeddings, word_width: int | None) -> torch.Tensor:
+        best = self.word_max(a, img, txt, word_width)
+        return best.masked_fill(~img.mask[:, None], 0).sum(dim=2)
+
+
+class MrSw(AlignmentPooler):
+    """Sum over words of the best region (TERAN's default).
+
+    Example:
+        >>> img = Embeddings(torch.eye(2).unsqueeze(0), torch.ones(1, 2, dtype=torch.bool))
+        >>> MrSw()(img, img)
+        tensor([[2.]])
+    """
+
+    def pairwise(self, img: Embeddings, txt: Embeddings, region_width=None, word_width=None) -> torch.Tensor:
+        return self.mrsw(alignment_matrix(img, txt), img, txt, region_width)
+
+
+class MwSr(AlignmentPooler):
+    """Sum over regions of the best word.
+
+    Example:
+        >>> img = Embeddings(torch.eye(2).unsqueeze(0), torch.ones(1, 2, dtype=torch.bool))
+        >>> MwSr()(img, img)
+        tensor([[2.]])
+    """
+
+    def pairwise(self, img: Embeddings, txt: Embeddings, region_width=None, word_width=None) -> torch.Tensor:
+        return self.mwsr(alignment_matrix(img, txt), img, txt, word_width)
+
+
+class Symm(AlignmentPooler):
+    """``MrSw + MwSr``.
+
+    Example:
+        >>> img = Embeddings(torch.eye(2).unsqueeze(0), torch.ones(1, 2, dtype=torch.bool))
+        >>> Symm()(img, img)
+        tensor([[4.]])
+    """
+
+    def pairwise(self, img: Embeddings, txt: Embeddings, region_width=None, word_width=None) -> torch.Tensor:
+        a = alignment_matrix(img, txt)
+        return self.mrsw(a, img, txt, region_width) + self.mwsr(a, img, txt, word_width)
+
+
+class MrAvgw(AlignmentPooler):
+    """``MrSw`` divided by the number of words of each text.
+
+    Example:
+        >>> img = Embeddings(torch.eye(2).unsqueeze(0), torch.ones(1, 2, dtype=torch.bool))
+        >>> MrAvgw()(img, img)
+        tensor([[1.]])
+    """
+
+    def pairwise(self, img: Embeddings, txt: Embeddings, region_width=None, word_width=None) -> torch.Tensor:
+        scores = self.mrsw(alignment_matrix(img, txt), img, txt, region_width)
+        return scores / txt.lengths.to(scores.dtype)[None, :]
+
+
+class GlobalCosine(Pooler):
+    """Cosine of the global vectors (TERN's CLS outputs); ``pooled`` must be unit-norm.
+
+    Example:
+        >>> e = Embeddings(torch.zeros(2, 1, 2), torch.ones(2, 1, dtype=torch.bool), torch.eye(2))
+        >>> GlobalCosine()(e, e)
+        tensor([[1., 0.],
+                [0., 1.]])
+    """
+
+    uses_tokens = False
+
+    def pairwise(self, img: Embeddings, txt: Embeddings) -> torch.Tensor:
+        if img.pooled is None or txt.pooled is None:
+            raise ValueError(
+                "the global-cosine pooler needs global vectors (Embeddings.pooled); use encoders "
+                "with a CLS slot (image_encoder cls_slot=true, a BERT text encoder)."
+            )
+        return img.pooled @ txt.pooled.T

@@ -1,0 +1,185 @@
+"""The matching model: two encoders, projections, reasoners, a pooler and a loss."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xmatch.components.base import (
+    EncoderOutput,
+    ImageEncoder,
+    Loss,
+    LossOutput,
+    Pooler,
+    Reasoner,
+    TextEncoder,
+    TokenBatch,
+)
+from xmatch.embeddings import Embeddings
+
+
+class MatchingModel(nn.Module):
+    """Image encoder -> projection -> image reasoner; text encoder -> projection -> text
+    reasoner; a pooler scores image-text pairs; a loss trains them.
+
+    Built from a spec by :func:`xmatch.build`; ``model.spec`` gives the full spec back.
+
+    Example:
+        >>> model = xmatch.build("teran-mrsw-coco", text_encoder={"source": minilm_dir})  # doctest: +SKIP
+        >>> img = model.encode_images(regions=feats, boxes=boxes)  # doctest: +SKIP
+        >>> txt = model.encode_texts(["a dog sitting on a bench"])  # doctest: +SKIP
+        >>> model.similarity(img, txt).shape  # doctest: +SKIP
+        torch.Size([n_images, 1])
+    """
+
+    def __init__(
+        self,
+        image_encoder: ImageEncoder,
+        text_encoder: TextEncoder,
+        image_reasoner: Reasoner,
+        text_reasoner: Reasoner,
+        pooler: Pooler,
+        loss: Loss,
+        embed_dim: int,
+        extra_poolers: Mapping[str, Pooler] | None = None,
+        spec: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.image_encoder = image_encoder
+        self.text_encoder = text_encoder
+        self.image_projection = nn.Linear(image_encoder.output_dim, embed_dim)
+        self.text_projection = nn.Linear(text_encoder.output_dim, embed_dim)
+        self.image_reasoner = image_reasoner
+        self.text_reasoner = text_reasoner
+        self.pooler = pooler
+        self.extra_poolers = nn.ModuleDict(dict(extra_poolers or {}))
+        self.loss = loss
+        self.embed_dim = embed_dim
+        self._spec = copy.deepcopy(spec) if spec is not None else None
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The full spec this model was built from (defaults filled in)."""
+        if self._spec is None:
+            raise AttributeError("this model was not built from a spec; use xmatch.build().")
+        return copy.deepcopy(self._spec)
+
+    @property
+    def device(self) -> torch.device:
+        return self.image_projection.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.image_projection.weight.dtype
+
+    def _finish(self, out: EncoderOutput, projection: nn.Linear, reasoner: Reasoner) -> Embeddings:
+        x = reasoner(projection(out.tokens.to(projection.weight.dtype)), out.mask)
+        pooled = F.normalize(x[:, 0], dim=-1) if out.global_slot else None
+        tokens, content = (x[:, 1:], out.content[:, 1:]) if out.global_slot else (x, out.content)
+        return Embeddings(F.normalize(tokens, dim=-1), content, pooled).trimmed()
+
+    def encode_images(
+        self,
+        regions: torch.Tensor | None = None,
+        boxes: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        *,
+        images: Sequence[Any] | torch.Tensor | None = None,
+        batch_size: int | None = None,
+    ) -> Embeddings:
+        """Encode images into region embeddings.
+
+        Args:
+            regions: ``[B, R, F]`` precomputed region features.
+            boxes: ``[B, R, 4]`` boxes normalised to [0, 1] (``xmatch.normalize_boxes``).
+            mask: ``[B, R]`` bool, True for real regions (default: all real).
+            images: raw images, for encoders that take pixels.
+            batch_size: encode this many images at a time (default: all at once).
+        """
+        if self.image_encoder.takes_pixels:
+            if images is None:
+                raise ValueError(f"the image encoder {type(self.image_encoder).__name__} takes images=...")
+            return self._batched(len(images), batch_size, lambda s: self._finish(
+                self.image_encoder(images=images[s]), self.image_projection, self.image_reasoner))
+        if images is not None:
+            raise ValueError(
+                f"the image encoder {type(self.image_encoder).__name__} takes precomputed "
+                "regions=..., boxes=...; build a model with a pixel image encoder for raw images."
+            )
+        if regions is None or boxes is None:
+            raise ValueError("encode_images needs regions=[B, R, F] and boxes=[B, R, 4].")
+        regions, boxes = regions.to(self.device), boxes.to(self.device)
+        mask = mask.to(self.device) if mask is not None else None
+        return self._batched(len(regions), batch_size, lambda s: self._finish(
+            self.image_encoder(regions[s], boxes[s], None if mask is None else mask[s]),
+            self.image_projection,
+            self.image_reasoner,
+        ))
+
+    def tokenize(self, texts: Sequence[str]) -> TokenBatch:
+        """Tokenise captions with the text encoder's own tokenizer."""
+        if isinstance(texts, str):
+            raise TypeError("encode_texts expects a list of captions; wrap a single one in a list.")
+        return self.text_encoder.tokenize(list(texts))
+
+    def encode_texts(self, texts: Sequence[str] | TokenBatch, *, batch_size: int = 256) -> Embeddings:
+        """Encode captions into word embeddings (in batches of ``batch_size``)."""
+        if isinstance(texts, TokenBatch):
+            return self._finish(self.text_encoder(texts.to(self.device)), self.text_projection, self.text_reasoner)
+        texts = list(texts) if not isinstance(texts, str) else texts
+        return self._batched(len(texts), batch_size, lambda s: self._finish(
+            self.text_encoder(self.tokenize(texts[s]).to(self.device)),
+            self.text_projection,
+            self.text_reasoner,
+        ))
+
+    @staticmethod
+    def _batched(n: int, batch_size: int | None, encode) -> Embeddings:
+        if n == 0:
+            raise ValueError("nothing to encode: the input is empty.")
+        step = batch_size or n
+        parts = [encode(slice(i, i + step)) for i in range(0, n, step)]
+        return parts[0] if len(parts) == 1 else Embeddings.cat(parts)
+
+    def similarity(
+        self,
+        img: Embeddings,
+        txt: Embeddings,
+        *,
+        image_chunk: int | None = None,
+        text_chunk: int | None = None,
+    ) -> torch.Tensor:
+        """Scores ``[n_images, n_texts]`` with the model's pooler, computed in bounded memory."""
+        return self.pooler(img, txt, image_chunk=image_chunk, text_chunk=text_chunk)
+
+    def alignment(self, img: Embeddings, txt: Embeddings) -> torch.Tensor:
+        """Region x word cosine matrix ``[regions, words]`` of one image and one text
+        (real regions and words only, in order), e.g. for grounding."""
+        if len(img) != 1 or len(txt) != 1:
+            raise ValueError(f"alignment takes one image and one text (img[k], txt[k]), got {len(img)} and {len(txt)}.")
+        return img.tokens[0][img.mask[0]] @ txt.tokens[0][txt.mask[0]].T
+
+    def forward(self, batch: Mapping[str, Any]) -> LossOutput:
+        """Training step: encode a batch of (image, caption) pairs and return the loss.
+
+        ``batch`` holds ``regions``, ``boxes`` (and ``region_mask``) or ``images``; ``texts``
+        (list of captions or a TokenBatch); optionally ``image_ids`` (same id = same image).
+        """
+        img = self.encode_images(
+            batch.get("regions"), batch.get("boxes"), batch.get("region_mask"), images=batch.get("images")
+        )
+        txt = self.encode_texts(batch["texts"], batch_size=len(batch["texts"]))
+        if len(img) != len(txt):
+            raise ValueError(
+                f"a training batch pairs images with captions one to one; got {len(img)} images "
+                f"and {len(txt)} captions."
+            )
+        scores = {"main": self.pooler(img, txt, batch_layout=True)}
+        for name, pooler in self.extra_poolers.items():
+            scores[name] = pooler(img, txt, batch_layout=True)
+        return self.loss(scores, batch.get("image_ids"))

@@ -1,0 +1,219 @@
+"""Component registries: one ``catalogue`` registry with entry points per kind.
+
+Third-party packages add components without editing xmatch by declaring entry points in
+the group ``xmatch_<kind>`` of their own ``pyproject.toml``::
+
+    [project.entry-points.xmatch_poolers]
+    my-pooler = "my_package.poolers:build_my_pooler"
+
+Names are case-insensitive, duplicates raise, and an unknown name lists close matches.
+
+Example:
+    >>> import xmatch
+    >>> "MrSw" in xmatch.list_components("poolers")
+    True
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import catalogue
+
+KINDS: tuple[str, ...] = (
+    "image_encoders",
+    "text_encoders",
+    "reasoners",
+    "poolers",
+    "losses",
+    "models",
+    "datasets",
+)
+
+PLUGIN_HINT = {
+    "scan": "xmatch-scan",
+    "vsepp": "xmatch-vsepp",
+    "vse++": "xmatch-vsepp",
+    "oan": "xmatch-oan",
+}
+
+T = TypeVar("T")
+
+
+class RegistryError(KeyError):
+    """An unknown, duplicate or broken registry entry."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class Registry:
+    """A case-insensitive registry of one component kind, backed by ``catalogue``.
+
+    Args:
+        kind: the component kind, e.g. ``"poolers"``; the entry-point group is
+            ``xmatch_<kind>``.
+
+    Example:
+        >>> reg = Registry("poolers")
+        >>> @reg.register("Max")
+        ... def build_max(): ...
+        >>> reg.get("max") is build_max
+        True
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._catalogue = catalogue.create("xmatch", kind, entry_points=False)
+        self.entry_point_group = f"xmatch_{kind}"
+        self._names: dict[str, str] = {}  # lower-case -> registered spelling
+        self._origin: dict[str, str] = {}  # lower-case -> "builtin" or distribution name
+        self._entry_points_loaded = False
+
+    def register(self, name: str, obj: T | None = None, *, origin: str = "xmatch") -> Any:
+        """Register ``obj`` under ``name`` (usable as a decorator).
+
+        Raises:
+            RegistryError: if the name (case-insensitively) is already taken.
+        """
+
+        def do_register(target: T) -> T:
+            key = name.lower()
+            if key in self._names:
+                raise RegistryError(
+                    f"{self.kind}: the name '{name}' is already registered "
+                    f"(as '{self._names[key]}' by {self._origin[key]}); choose another name."
+                )
+            self._names[key] = name
+            self._origin[key] = origin
+            self._catalogue.register(name, func=target)
+            return target
+
+        if obj is not None:
+            return do_register(obj)
+        return do_register
+
+    def get(self, name: str) -> Any:
+        """Return the object registered as ``name`` (case-insensitive)."""
+        if not isinstance(name, str):
+            raise RegistryError(f"{self.kind}: a component name must be a string, got {name!r}.")
+        key = name.lower()
+        if key not in self._names:
+            self._load_entry_points()
+        if key not in self._names:
+            raise RegistryError(self._unknown_message(name))
+        return self._catalogue.get(self._names[key])
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        self._load_entry_points()
+        return name.lower() in self._names
+
+    def names(self) -> list[str]:
+        """All registered names, sorted case-insensitively."""
+        self._load_entry_points()
+        return sorted(self._names.values(), key=str.lower)
+
+    def canonical(self, name: str) -> str:
+        """The registered spelling of ``name``."""
+        self.get(name)
+        return self._names[name.lower()]
+
+    def origin(self, name: str) -> str:
+        """Which distribution registered ``name``."""
+        self.get(name)
+        return self._origin[name.lower()]
+
+    def _load_entry_points(self) -> None:
+        if self._entry_points_loaded:
+            return
+        self._entry_points_loaded = True
+        for ep in importlib.metadata.entry_points(group=self.entry_point_group):
+            if ep.name.lower() in self._names:
+                previous = self._origin[ep.name.lower()]
+                dist = ep.dist.name if ep.dist is not None else ep.value
+                if previous == dist:
+                    continue
+                raise RegistryError(
+                    f"{self.kind}: entry point '{ep.name}' of {dist} clashes with the "
+                    f"name registered by {previous}; one of the two packages must rename it."
+                )
+            try:
+                obj = ep.load()
+            except Exception as exc:  # a broken plugin must not hide the others
+                raise RegistryError(
+                    f"{self.kind}: the entry point '{ep.name} = {ep.value}' "
+                    f"(group {self.entry_point_group}) failed to load: {exc}"
+                ) from exc
+            self.register(ep.name, obj, origin=ep.dist.name if ep.dist is not None else ep.value)
+
+    def refresh_entry_points(self) -> None:
+        """Look for newly installed plugin distributions on the next lookup."""
+        self._entry_points_loaded = False
+
+    def _unknown_message(self, name: str) -> str:
+        known = self.names()
+        close = difflib.get_close_matches(name.lower(), [k.lower() for k in known], n=3, cutoff=0.5)
+        close = [self._names[c] for c in close]
+        msg = f"unknown {self.kind[:-1].replace('_', ' ')} '{name}'."
+        if close:
+            msg += f" Did you mean: {', '.join(repr(c) for c in close)}?"
+        msg += f" Available: {', '.join(known) or 'none'}."
+        for prefix, package in PLUGIN_HINT.items():
+            if name.lower().startswith(prefix):
+                msg += f" '{name}' may come from the plugin {package}: pip install {package}."
+                break
+        else:
+            msg += (
+                f" Components from plugins appear once their distribution is installed "
+                f"(entry-point group {self.entry_point_group})."
+            )
+        return msg
+
+
+image_encoders = Registry("image_encoders")
+text_encoders = Registry("text_encoders")
+reasoners = Registry("reasoners")
+poolers = Registry("poolers")
+losses = Registry("losses")
+models = Registry("models")
+datasets = Registry("datasets")
+
+REGISTRIES: dict[str, Registry] = {
+    "image_encoders": image_encoders,
+    "text_encoders": text_encoders,
+    "reasoners": reasoners,
+    "poolers": poolers,
+    "losses": losses,
+    "models": models,
+    "datasets": datasets,
+}
+
+
+def get_registry(kind: str) -> Registry:
+    """The registry of ``kind`` (one of :data:`KINDS`)."""
+    try:
+        return REGISTRIES[kind]
+    except KeyError:
+        raise RegistryError(f"unknown component kind '{kind}'; kinds: {', '.join(KINDS)}.") from None
+
+
+def _decorator(registry: Registry) -> Callable[[str], Callable[[T], T]]:
+    def register(name: str) -> Callable[[T], T]:
+        return registry.register(name)
+
+    register.__doc__ = f"Register a builder in the ``{registry.kind}`` registry under ``name``."
+    return register
+
+
+register_image_encoder = _decorator(image_encoders)
+register_text_encoder = _decorator(text_encoders)
+register_reasoner = _decorator(reasoners)
+register_pooler = _decorator(poolers)
+register_loss = _decorator(losses)
+register_model = _decorator(models)
+register_dataset = _decorator(datasets)

@@ -1,0 +1,1 @@
+"""xmatch zoo entries (TOML data, shipped inside the wheel as ``xmatch.zoo``)."""
