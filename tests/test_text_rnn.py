@@ -252,7 +252,7 @@ def test_caption_file_vocabulary_and_save_assets_round_trip(tmp_path):
     enc = tiny(vocab=str(captions), min_count=2)
     assert enc.vocabulary.words == ["<pad>", "<unk>", "a", "cat", "dog", "the"]
     assert enc.embed.num_embeddings == 6
-    assert enc.save_assets(tmp_path / "bundle") == {"vocab": "vocab.json"}
+    assert enc.save_assets(tmp_path / "bundle") == {"vocab": "vocab.json", "glove": None, "glove_dim": None}
     again = tiny(vocab=str(tmp_path / "bundle" / "vocab.json"), min_count=5)  # min_count: build-time only
     texts = ["the dog sleeps", "a cat on a bench"]
     assert torch.equal(again.tokenize(texts).inputs["input_ids"], enc.tokenize(texts).inputs["input_ids"])
@@ -284,4 +284,30 @@ def test_zoo_bundle_round_trip(tmp_path):
     with torch.no_grad():
         a = model.similarity(model.encode_images(regions, boxes, mask), model.encode_texts(CAPTIONS))
         b = again.similarity(again.encode_images(regions, boxes, mask), again.encode_texts(CAPTIONS))
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_glove_bundle_reloads_without_the_glove_files(tmp_path):
+    import xmatch
+
+    glove = tmp_path / "vectors.txt"
+    glove.write_text("the 0.1 0.2 0.3\ndog 0.4 0.5 0.6\n", encoding="utf-8")
+    spec = {
+        "embed_dim": 8,
+        "image_encoder": {"name": "bottomup", "feature_dim": 4, "layers": 0},
+        "text_encoder": {"name": "bigru", "vocab": ["the", "dog", "cat"], "word_dim": 5, "hidden_dim": 4, "glove": str(glove)},
+        "image_reasoner": {"name": "identity"},
+        "text_reasoner": {"name": "identity"},
+        "pooler": {"name": "MrSw"},
+        "loss": {"name": "hinge"},
+    }
+    model = xmatch.build(spec).eval()
+    xmatch.save_pretrained(model, tmp_path / "bundle")
+    glove.unlink()
+    again = xmatch.build(f"local-dir:{tmp_path / 'bundle'}").eval()
+    assert again.spec["text_encoder"]["glove"] is None and again.spec["text_encoder"]["glove_dim"] == 3
+    torch.testing.assert_close(again.text_encoder.embed.weight, model.text_encoder.embed.weight, rtol=0, atol=0)
+    with torch.no_grad():
+        a = model.encode_texts(["the dog", "cat"]).tokens
+        b = again.encode_texts(["the dog", "cat"]).tokens
     torch.testing.assert_close(a, b, rtol=0, atol=0)

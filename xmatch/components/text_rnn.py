@@ -250,6 +250,9 @@ class RNNTextEncoder(TextEncoder):
         glove: initialise the embeddings from these vectors (see :func:`load_glove`). When
             their width differs from ``word_dim`` the table keeps GloVe's width and a learned
             linear projection maps it to ``word_dim``.
+        glove_dim: width of the embedding table without loading GloVe (a saved GloVe-initialised
+            model keeps its table width and projection, and its weights come from the bundle,
+            so it does not need the GloVe files again).
         finetune: train the embedding table; False freezes it (the projection still trains).
         max_length: longest caption in words; longer ones are truncated with a warning.
 
@@ -272,6 +275,7 @@ class RNNTextEncoder(TextEncoder):
         merge: Literal["concat", "mean"] = "concat",
         dropout: float = 0.0,
         glove: str | None = None,
+        glove_dim: int | None = None,
         finetune: bool = True,
         max_length: int = 512,
     ) -> None:
@@ -290,7 +294,12 @@ class RNNTextEncoder(TextEncoder):
         self.hidden_dim = hidden_dim
 
         initial = self._glove_table(glove) if glove is not None else None
-        table_dim = word_dim if initial is None else initial.shape[1]
+        if initial is not None and glove_dim is not None and glove_dim != initial.shape[1]:
+            raise ValueError(
+                f"text encoder '{self.component_name}': glove_dim={glove_dim} but the GloVe vectors "
+                f"are {initial.shape[1]}-d; drop glove_dim."
+            )
+        table_dim = initial.shape[1] if initial is not None else glove_dim or word_dim
         self.embed = nn.Embedding(len(self.vocabulary), table_dim, padding_idx=0)
         with torch.no_grad():
             if initial is None:
@@ -389,7 +398,9 @@ class RNNTextEncoder(TextEncoder):
 
     def save_assets(self, directory: str | os.PathLike) -> dict[str, Any]:
         self.vocabulary.save(Path(directory) / VOCAB_FILE)
-        return {"vocab": VOCAB_FILE}
+        table_dim = self.embed.weight.shape[1]
+        # The bundle's weights replace any GloVe initialisation, so only the table width is kept.
+        return {"vocab": VOCAB_FILE, "glove": None, "glove_dim": table_dim if table_dim != self.rnn.input_size else None}
 
 
 class BiGRUTextEncoder(RNNTextEncoder):
