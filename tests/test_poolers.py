@@ -113,3 +113,29 @@ def test_width_mismatch_is_a_clear_error():
 def test_bad_compat_is_rejected():
     with pytest.raises(ValueError, match="compat"):
         MrSw(compat="zero")
+
+
+def test_masks_with_holes_match_the_direct_definition():
+    # masks need not be left-aligned (e.g. stop-words dropped inside a caption)
+    g = torch.Generator().manual_seed(4)
+    img, txt = random_sets(4, 6, 5, 5), random_sets(6, 7, 5, 6)
+    img = Embeddings(img.tokens, torch.rand(4, 6, generator=g) > 0.4)
+    txt = Embeddings(txt.tokens, torch.rand(6, 7, generator=g) > 0.4)
+    img.mask[:, 3] = True
+    txt.mask[:, 5] = True
+    scores = Symm()(img, txt)
+    for i in range(4):
+        for j in range(6):
+            a = img.tokens[i][img.mask[i]] @ txt.tokens[j][txt.mask[j]].T
+            expected = a.max(dim=0).values.sum() + a.max(dim=1).values.sum()
+            assert scores[i, j].item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+def test_automatic_blocks_are_balanced_and_bounded():
+    img, txt = random_sets(5000, 36, 4, 0), random_sets(25000, 12, 4, 1)
+    pooler = MrSw()
+    ic, tc = pooler.chunk_sizes(img, txt)
+    assert ic * 36 * tc * 12 <= pooler.block_elements
+    assert 0.25 < (ic * 36) / (tc * 12) < 4  # square-ish matmul blocks stay compute-bound
+    assert pooler.chunk_sizes(img, txt[:3]) == (5000, 3)  # few texts: the image side widens
+    assert pooler.chunk_sizes(img, txt, image_chunk=7)[0] == 7

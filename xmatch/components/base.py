@@ -117,6 +117,29 @@ class Pooler(nn.Module):
         """Values computed once over the whole inputs and passed to every block."""
         return {}
 
+    def chunk_sizes(
+        self, img: Embeddings, txt: Embeddings, image_chunk: int | None = None, text_chunk: int | None = None
+    ) -> tuple[int, int]:
+        """Images and texts scored per block so that a block holds about ``block_elements``
+        region x word products.
+
+        Blocks are kept square in matmul rows (images x regions ~ texts x words): a long, thin
+        block would re-read the other side's tokens once per block and become memory-bound.
+        """
+        n_img, n_txt = len(img), len(txt)
+        rows_img = img.tokens.shape[1] if self.uses_tokens else 1
+        rows_txt = txt.tokens.shape[1] if self.uses_tokens else 1
+        side = int(self.block_elements**0.5)
+        per_pair = rows_img * rows_txt
+        if image_chunk is None and text_chunk is None:
+            text_chunk = max(1, min(n_txt, self.block_elements // (min(n_img, max(1, side // rows_img)) * per_pair)))
+        if image_chunk is None:
+            # with few texts, the image side widens to fill the block
+            image_chunk = max(1, min(n_img, self.block_elements // (text_chunk * per_pair)))
+        if text_chunk is None:
+            text_chunk = max(1, min(n_txt, self.block_elements // (image_chunk * per_pair)))
+        return image_chunk, text_chunk
+
     def forward(
         self,
         img: Embeddings,
@@ -134,10 +157,7 @@ class Pooler(nn.Module):
         context = self.context(img, txt, batch_layout)
         n_img, n_txt = len(img), len(txt)
         if image_chunk is None or text_chunk is None:
-            per_pair = max(1, img.tokens.shape[1] * txt.tokens.shape[1]) if self.uses_tokens else 1
-            pairs = max(1, self.block_elements // per_pair)
-            text_chunk = text_chunk or max(1, min(n_txt, pairs))
-            image_chunk = image_chunk or max(1, min(n_img, pairs // text_chunk))
+            image_chunk, text_chunk = self.chunk_sizes(img, txt, image_chunk, text_chunk)
         if image_chunk >= n_img and text_chunk >= n_txt:
             return self.pairwise(img, txt, **context)
         out = img.tokens.new_empty(n_img, n_txt)

@@ -24,13 +24,18 @@ from xmatch.embeddings import Embeddings
 Compat = Literal["clean", "original"]
 
 
-def alignment_matrix(img: Embeddings, txt: Embeddings) -> torch.Tensor:
-    """``A[i, j, r, w]`` = dot product of region r of image i and word w of text j."""
-    n_i, r, d = img.tokens.shape
-    n_t, w, _ = txt.tokens.shape
-    # One large matmul instead of an einsum keeps BLAS at full speed.
-    flat = img.tokens.reshape(n_i * r, d) @ txt.tokens.reshape(n_t * w, d).T
-    return flat.view(n_i, r, n_t, w).permute(0, 2, 1, 3)
+def _flat_alignment(img_tokens: torch.Tensor, txt_tokens: torch.Tensor) -> torch.Tensor:
+    # One large matmul instead of an einsum keeps BLAS at full speed: [i r, t w].
+    d = img_tokens.shape[-1]
+    return img_tokens.reshape(-1, d) @ txt_tokens.reshape(-1, d).T
+
+
+def _pad_with_a_real_token(e: Embeddings) -> torch.Tensor:
+    """Tokens where every padded slot repeats the item's first real token: the padding then
+    never changes a max, so the large alignment matrix needs no masking pass."""
+    first_real = e.mask.to(torch.uint8).argmax(dim=1)
+    first = e.tokens[torch.arange(len(e), device=e.tokens.device), first_real]
+    return torch.where(e.mask[..., None], e.tokens, first[:, None])
 
 
 class AlignmentPooler(Pooler):
@@ -58,30 +63,40 @@ class AlignmentPooler(Pooler):
             return {"region_width": int(img.lengths.max()), "word_width": int(txt.lengths.max())}
         return {"region_width": self.region_slots, "word_width": self.word_slots}
 
-    def region_max(self, a: torch.Tensor, img: Embeddings, txt: Embeddings, region_width: int | None) -> torch.Tensor:
+    @staticmethod
+    def alignment(img: Embeddings, txt: Embeddings) -> torch.Tensor:
+        """``[i, r, t, w]`` region x word cosines with padded slots that never win a max."""
+        n_i, r, _ = img.tokens.shape
+        n_t, w, _ = txt.tokens.shape
+        return _flat_alignment(_pad_with_a_real_token(img), _pad_with_a_real_token(txt)).view(n_i, r, n_t, w)
+
+    @staticmethod
+    def _no_candidates(best: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
+        # an item without any real token has no candidate for the max, as with -inf masking
+        return best.masked_fill(empty, float("-inf")) if bool(empty.any()) else best
+
+    def region_max(self, a: torch.Tensor, img: Embeddings, region_width: int | None) -> torch.Tensor:
         """Per image, text and word: the best region ``[i, t, w]``."""
-        a = a.masked_fill(~img.mask[:, None, :, None], float("-inf"))
-        best = a.amax(dim=2)
+        best = self._no_candidates(a.amax(dim=1), ~img.mask.any(dim=1)[:, None, None])
         if region_width is not None:
             padded = (img.lengths < region_width)[:, None, None]
             best = torch.where(padded, best.clamp_min(0), best)
         return best
 
-    def word_max(self, a: torch.Tensor, img: Embeddings, txt: Embeddings, word_width: int | None) -> torch.Tensor:
+    def word_max(self, a: torch.Tensor, txt: Embeddings, word_width: int | None) -> torch.Tensor:
         """Per image, text and region: the best word ``[i, t, r]``."""
-        a = a.masked_fill(~txt.mask[None, :, None, :], float("-inf"))
-        best = a.amax(dim=3)
+        best = self._no_candidates(a.amax(dim=3).transpose(1, 2), ~txt.mask.any(dim=1)[None, :, None])
         if word_width is not None:
             padded = (txt.lengths < word_width)[None, :, None]
             best = torch.where(padded, best.clamp_min(0), best)
         return best
 
     def mrsw(self, a: torch.Tensor, img: Embeddings, txt: Embeddings, region_width: int | None) -> torch.Tensor:
-        best = self.region_max(a, img, txt, region_width)
+        best = self.region_max(a, img, region_width)
         return best.masked_fill(~txt.mask[None], 0).sum(dim=2)
 
     def mwsr(self, a: torch.Tensor, img: Embeddings, txt: Embeddings, word_width: int | None) -> torch.Tensor:
-        best = self.word_max(a, img, txt, word_width)
+        best = self.word_max(a, txt, word_width)
         return best.masked_fill(~img.mask[:, None], 0).sum(dim=2)
 
 
@@ -95,7 +110,7 @@ class MrSw(AlignmentPooler):
     """
 
     def pairwise(self, img: Embeddings, txt: Embeddings, region_width=None, word_width=None) -> torch.Tensor:
-        return self.mrsw(alignment_matrix(img, txt), img, txt, region_width)
+        return self.mrsw(self.alignment(img, txt), img, txt, region_width)
 
 
 class MwSr(AlignmentPooler):
@@ -108,7 +123,7 @@ class MwSr(AlignmentPooler):
     """
 
     def pairwise(self, img: Embeddings, txt: Embeddings, region_width=None, word_width=None) -> torch.Tensor:
-        return self.mwsr(alignment_matrix(img, txt), img, txt, word_width)
+        return self.mwsr(self.alignment(img, txt), img, txt, word_width)
 
 
 class Symm(AlignmentPooler):
@@ -121,7 +136,7 @@ class Symm(AlignmentPooler):
     """
 
     def pairwise(self, img: Embeddings, txt: Embeddings, region_width=None, word_width=None) -> torch.Tensor:
-        a = alignment_matrix(img, txt)
+        a = self.alignment(img, txt)
         return self.mrsw(a, img, txt, region_width) + self.mwsr(a, img, txt, word_width)
 
 
@@ -135,7 +150,7 @@ class MrAvgw(AlignmentPooler):
     """
 
     def pairwise(self, img: Embeddings, txt: Embeddings, region_width=None, word_width=None) -> torch.Tensor:
-        scores = self.mrsw(alignment_matrix(img, txt), img, txt, region_width)
+        scores = self.mrsw(self.alignment(img, txt), img, txt, region_width)
         return scores / txt.lengths.to(scores.dtype)[None, :]
 
 

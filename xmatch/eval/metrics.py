@@ -45,7 +45,10 @@ def _positions(order: np.ndarray) -> np.ndarray:
 
 def dcg_at(relevance: np.ndarray, ranking: np.ndarray) -> np.ndarray:
     """DCG of each row's ``ranking`` (indices into that row of ``relevance``)."""
-    gains = np.power(2.0, np.take_along_axis(relevance, ranking, axis=1)) - 1.0
+    # gains in the relevance's own dtype (float32 for the original files), as the original
+    # ``2 ** rel - 1``; the discounts and the sum in float64
+    rel = np.take_along_axis(relevance, ranking, axis=1)
+    gains = np.power(rel.dtype.type(2), rel) - rel.dtype.type(1)
     discounts = np.log2(np.arange(ranking.shape[1]) + 2.0)
     return (gains / discounts).sum(axis=1)
 
@@ -59,28 +62,50 @@ def ndcg_at(relevance: np.ndarray, ranking: np.ndarray) -> np.ndarray:
         return np.where(ideal > 0, dcg / np.where(ideal > 0, ideal, 1.0), 0.0)
 
 
-def image_to_text(
-    scores: np.ndarray,
-    captions_per_image: int = 5,
-    relevance: dict[str, np.ndarray] | None = None,
-    ndcg_k: int = 25,
-) -> DirectionResult:
-    """Sentence retrieval: one query per image (rows of ``scores [N, cN]``).
+#: queries ranked at once; bounds the ranking's temporary memory (block x gallery int64).
+QUERY_BLOCK = 512
 
-    ``relevance[name]`` is ``[cN, N]`` (caption, image), the original layout; the relevance of
-    caption q for image n is ``relevance[q, n]``.
-    """
+
+def _check_shape(scores: np.ndarray, captions_per_image: int) -> tuple[int, int]:
     n_img, n_cap = scores.shape
     if n_cap != captions_per_image * n_img:
         raise ValueError(
             f"scores are {scores.shape} but {captions_per_image} captions per image need "
             f"{captions_per_image * n_img} columns."
         )
-    order = _orders(scores)
-    own = (np.arange(n_img)[:, None] * captions_per_image + np.arange(captions_per_image)[None]).astype(np.int64)
-    ranks = np.take_along_axis(_positions(order), own, axis=1).min(axis=1).astype(np.float64)
-    ndcg = {name: ndcg_at(rel.T.astype(np.float64), order[:, :ndcg_k]) for name, rel in (relevance or {}).items()}
-    return DirectionResult(ranks, order[:, :1], ndcg)
+    return n_img, n_cap
+
+
+def image_to_text(
+    scores: np.ndarray,
+    captions_per_image: int = 5,
+    relevance: dict[str, np.ndarray] | None = None,
+    ndcg_k: int = 25,
+    keep_top: int = 50,
+) -> DirectionResult:
+    """Sentence retrieval: one query per image (rows of ``scores [N, cN]``).
+
+    ``relevance[name]`` is ``[cN, N]`` (caption, image), the original layout; the relevance of
+    caption q for image n is ``relevance[q, n]``. Queries are ranked in blocks of
+    ``QUERY_BLOCK`` rows, so memory stays bounded for COCO 5K.
+
+    Example:
+        >>> image_to_text(np.eye(2).repeat(2, axis=1), captions_per_image=2).ranks
+        array([0., 0.])
+    """
+    n_img, n_cap = _check_shape(scores, captions_per_image)
+    c = captions_per_image
+    ranks, top = np.empty(n_img), np.empty((n_img, min(keep_top, n_cap)), dtype=np.int64)
+    ndcg = {name: np.empty(n_img) for name in relevance or {}}
+    for start in range(0, n_img, QUERY_BLOCK):
+        rows = np.arange(start, min(start + QUERY_BLOCK, n_img))
+        order = _orders(np.asarray(scores[rows]))
+        own = rows[:, None] * c + np.arange(c)[None]
+        ranks[rows] = np.take_along_axis(_positions(order), own, axis=1).min(axis=1)
+        top[rows] = order[:, : top.shape[1]]
+        for name, rel in (relevance or {}).items():
+            ndcg[name][rows] = ndcg_at(np.asarray(rel[:, rows]).T, order[:, :ndcg_k])
+    return DirectionResult(ranks, top, ndcg)
 
 
 def text_to_image(
@@ -90,18 +115,24 @@ def text_to_image(
     ndcg_k: int = 25,
     keep_top: int = 50,
 ) -> DirectionResult:
-    """Image retrieval: one query per caption (columns of ``scores [N, cN]``)."""
-    n_img, n_cap = scores.shape
-    if n_cap != captions_per_image * n_img:
-        raise ValueError(
-            f"scores are {scores.shape} but {captions_per_image} captions per image need "
-            f"{captions_per_image * n_img} columns."
-        )
-    order = _orders(np.ascontiguousarray(scores.T))
-    truth = np.arange(n_cap) // captions_per_image
-    ranks = _positions(order)[np.arange(n_cap), truth].astype(np.float64)
-    ndcg = {name: ndcg_at(rel.astype(np.float64), order[:, :ndcg_k]) for name, rel in (relevance or {}).items()}
-    return DirectionResult(ranks, order[:, :keep_top], ndcg)
+    """Image retrieval: one query per caption (columns of ``scores [N, cN]``).
+
+    Example:
+        >>> text_to_image(np.eye(2).repeat(2, axis=1), captions_per_image=2).ranks
+        array([0., 0., 0., 0.])
+    """
+    n_img, n_cap = _check_shape(scores, captions_per_image)
+    ranks = np.empty(n_cap)
+    top = np.empty((n_cap, min(keep_top, n_img)), dtype=np.int64)
+    ndcg = {name: np.empty(n_cap) for name in relevance or {}}
+    for start in range(0, n_cap, QUERY_BLOCK):
+        cols = np.arange(start, min(start + QUERY_BLOCK, n_cap))
+        order = _orders(np.ascontiguousarray(np.asarray(scores[:, cols]).T))
+        ranks[cols] = _positions(order)[np.arange(len(cols)), cols // captions_per_image]
+        top[cols] = order[:, : top.shape[1]]
+        for name, rel in (relevance or {}).items():
+            ndcg[name][cols] = ndcg_at(np.asarray(rel[cols]), order[:, :ndcg_k])
+    return DirectionResult(ranks, top, ndcg)
 
 
 def summarize(result: DirectionResult, exclude_zero_ndcg: bool) -> dict[str, float]:
@@ -111,7 +142,8 @@ def summarize(result: DirectionResult, exclude_zero_ndcg: bool) -> dict[str, flo
     only (``ndcgs != 0``) and image-retrieval NDCG over every query; pass True for i2t to match.
     """
     ranks = result.ranks
-    out = {f"r{k}": 100.0 * float(np.mean(ranks < k)) for k in RECALL_AT}
+    # 100 * count / n, in the original's order of operations (bit-identical figures)
+    out = {f"r{k}": 100.0 * int(np.count_nonzero(ranks < k)) / len(ranks) for k in RECALL_AT}
     out["medr"] = float(np.floor(np.median(ranks)) + 1)
     out["meanr"] = float(ranks.mean() + 1)
     for name, values in result.ndcg.items():
