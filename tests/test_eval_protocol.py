@@ -210,3 +210,12 @@ def test_coco5k_at_full_size_agrees_with_eccv_caption(coco5k):
         theirs = m.coco_5k_recalls(retrieved, "all", K=k)
         assert result.i2t[f"r{k}"] == pytest.approx(100 * theirs["i2t"], abs=1e-9)
         assert result.t2i[f"r{k}"] == pytest.approx(100 * theirs["t2i"], abs=1e-9)
+
+
+def test_ndcg_from_relevance_computed_here_matches_the_original(eval_io):
+    from xmatch.eval.relevance import relevance_matrix
+
+    rougel = relevance_matrix(list(eval_io["captions"]), "rougel", progress=False)
+    result = evaluate_scores(eval_io["sim_MrSw"], "coco-1k", relevance={"rougel": rougel}, fold_images=50)
+    assert result.i2t["ndcg_rougel"] == eval_io["fold_mean_metrics"][5]
+    assert result.t2i["ndcg_rougel"] == eval_io["fold_mean_metrics"][12]

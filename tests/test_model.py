@@ -172,3 +172,8 @@ def test_training_step_lowers_the_loss(fixture_bert):
 def test_pretrained_true_without_weights_says_how_to_get_them():
     with pytest.raises(ValueError, match="xmatch convert|pretrained='model_best.pth'"):
         xmatch.build("teran-mrsw-coco", pretrained=True, text_encoder={"source": MINILM})
+
+
+def test_pretrained_true_on_a_plain_spec_is_a_clear_error(fixture_bert):
+    with pytest.raises(ValueError, match="'<spec dict>' is a spec without weights"):
+        xmatch.build(tiny_spec(fixture_bert), pretrained=True)

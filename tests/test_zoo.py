@@ -72,3 +72,11 @@ def test_docs_zoo_page_is_up_to_date():
 
     page = Path(__file__).resolve().parents[1] / "docs" / "zoo.md"
     assert page.read_text() == render(), "regenerate it: python -m xmatch.docs_zoo > docs/zoo.md"
+
+
+def test_weight_sources_are_validated_when_an_entry_is_made():
+    spec = xmatch.info("teran-mrsw-coco").spec
+    with pytest.raises(ValueError, match="zoo entry 'bad'.*sha256 and size"):
+        xmatch.ZooEntry(name="bad", spec=spec, weights=[{"source": "https://example.org/m.safetensors"}])
+    ok = xmatch.ZooEntry(name="ok", spec=spec, weights=[{"source": "hf-hub:org/name@v1"}])
+    assert ok.weights[0]["source"] == "hf-hub:org/name@v1"

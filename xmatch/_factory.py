@@ -78,11 +78,12 @@ def build(
     dtype: torch.dtype | None = None,
     **overrides: Any,
 ) -> MatchingModel:
-    """Build a model from a zoo name, a spec dict, a TOML file or ``local-dir:DIR``.
+    """Build a model from a zoo name, a spec dict, a TOML file, ``local-dir:DIR`` or ``hf-hub:ORG/NAME``.
 
     Args:
-        model: zoo entry name (``"teran-mrsw-coco"``), spec dict, path to a spec TOML, or
-            ``"local-dir:DIR"`` for a bundle written by ``save_pretrained``.
+        model: zoo entry name (``"teran-mrsw-coco"``), spec dict, path to a spec TOML,
+            ``"local-dir:DIR"`` for a bundle written by ``save_pretrained``, or
+            ``"hf-hub:ORG/NAME[@REV]"`` for the same bundle layout on the Hugging Face Hub.
         pretrained: ``False`` (random init), ``True`` (the entry's weights), or a path to a
             ``.safetensors`` file or an original TERN/TERAN ``.pth`` checkpoint.
         device, dtype: where to put the model.
@@ -93,12 +94,22 @@ def build(
     """
     weights: Path | None = None
     entry: ZooEntry | None = None
+    text = "<spec dict>"
     if isinstance(model, Mapping):
         spec = load_spec(model)
     elif isinstance(model, (str, os.PathLike)):
         text = os.fspath(model)
         if text.startswith(LOCAL_DIR):
             spec, weights = _bundle.read_bundle_spec(text[len(LOCAL_DIR) :])
+        elif text.startswith("hf-hub:"):
+            from xmatch import hub
+
+            if text.count("/") != 1:
+                raise ValueError(
+                    f"build('{text}') loads a whole bundle repository (what save_pretrained writes): "
+                    "build('hf-hub:org/name[@revision]')."
+                )
+            spec, weights = _bundle.read_bundle_spec(hub.fetch(text))
         elif text.endswith(".toml"):
             spec = load_spec(text)
         elif Path(text).is_dir():
@@ -107,7 +118,9 @@ def build(
             try:
                 entry = info(text)
             except RegistryError as exc:
-                raise ValueError(f"{exc} Or pass a spec dict, a .toml spec file or 'local-dir:DIR'.") from None
+                raise ValueError(
+                    f"{exc} Or pass a spec dict, a .toml spec file, 'local-dir:DIR' or 'hf-hub:ORG/NAME'."
+                ) from None
             spec = entry.spec
     else:
         raise TypeError(f"build() takes a zoo name, a spec dict or a path, got {type(model).__name__}.")
@@ -132,7 +145,10 @@ def _entry_weights(entry: ZooEntry | None, name: str, bundle_weights: Path | Non
             f"zoo entry '{entry.name}' has no published xmatch weights. {entry.origin} "
             f"Convert the original checkpoint and pass it: build('{entry.name}', pretrained='model_best.pth')."
         )
-    raise NotImplementedError("weight downloads arrive with the zoo issue (#5).")
+    from xmatch import hub
+
+    path = hub.download_entry(entry)
+    return path / _bundle.WEIGHTS_FILE if path.is_dir() else path
 
 
 def _build_with_checkpoint(

@@ -37,6 +37,15 @@ class ZooEntry:
     input: dict[str, Any] = field(default_factory=dict)
     notes: str = ""
 
+    def __post_init__(self) -> None:
+        from xmatch.hub import validate_weight_source
+
+        for source in self.weights:
+            try:
+                validate_weight_source(source)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"zoo entry '{self.name}': {exc}") from None
+
     def card(self) -> str:
         """A readable summary of the entry."""
         lines = [f"{self.name}: {self.description}", f"  paper:   {self.paper}", f"  dataset: {self.dataset}"]

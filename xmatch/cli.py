@@ -1,4 +1,4 @@
-"""The ``xmatch`` command line: ``models``, ``info``, ``convert``."""
+"""The ``xmatch`` command line: ``models``, ``info``, ``download``, ``convert``, ``eval``."""
 
 from __future__ import annotations
 
@@ -46,6 +46,66 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_model_arg(text: str, device: str | None):
+    """``NAME``, ``local-dir:DIR`` or ``NAME_OR_SPEC=WEIGHTS`` (a .safetensors or original .pth)."""
+    import xmatch
+
+    if "=" in text:
+        name, weights = text.split("=", 1)
+        return xmatch.build(name, pretrained=weights, device=device)
+    return xmatch.build(text, pretrained=True, device=device)
+
+
+def _relevance_args(args: argparse.Namespace, dataset) -> dict:
+    from xmatch.eval import relevance as rel
+
+    out = {}
+    n_captions, n_images = len(dataset.captions), len(dataset.captions) // dataset.captions_per_image
+    for item in args.relevance or []:
+        name, _, path = item.partition("=")
+        key = name.lower()
+        if path:
+            out[key] = rel.load_original_relevance(path, n_captions=n_captions, n_images=n_images)
+        else:
+            options = {"jar": args.spice_jar} if key == "spice" and args.spice_jar else {}
+            out[key] = rel.relevance_matrix(
+                dataset.captions, key, dataset.captions_per_image, cache_dir=args.relevance_cache, **options
+            )
+    return out
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from xmatch.data import open_dataset
+    from xmatch.eval import evaluate
+
+    options = dict(kv.split("=", 1) for kv in args.data_option or [])
+    dataset = open_dataset(args.dataset, args.data, split=args.split, **options)
+    models = [_load_model_arg(m, args.device) for m in args.models]
+    relevance = _relevance_args(args, dataset)
+    result = evaluate(
+        models, dataset, args.protocol, relevance=relevance, fold_images=args.fold_images,
+        image_batch_size=args.batch_size, text_batch_size=4 * args.batch_size,
+    )
+    title = " + ".join(args.models) + f" on {args.dataset}:{args.split}"
+    print(f"\n{title}\n{result.table()}")
+    if result.folds:
+        print(f"(COCO 1K: mean of {len(result.folds)} folds; the original evalrank would print rsum {result.printed_rsum:.2f})")
+    if args.json:
+        result.save_json(args.json)
+        print(f"wrote {args.json}")
+    if args.queries:
+        result.save_json(args.queries, with_queries=True)
+        print(f"wrote {args.queries} (per-query ranks, top-50, NDCG)")
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    from xmatch import hub
+
+    print(hub.download_entry(args.name, cache_dir=args.cache_dir))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xmatch", description="Fine-grained image-text matching model zoo.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +125,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="inputs and original outputs (io.npz layout of shared/fixtures) to prove the conversion",
     )
     p.set_defaults(run=_convert)
+    p = sub.add_parser(
+        "eval", help="evaluate models on a dataset with the papers' protocol",
+        description="Recall@K, medr, meanr, rsum in both directions and NDCG@25; several models "
+        "form an ensemble (their scores are averaged).",
+    )
+    p.add_argument(
+        "models", nargs="+", metavar="MODEL",
+        help="a zoo name (pretrained weights), local-dir:DIR, or NAME_OR_SPEC=WEIGHTS (.safetensors or original .pth)",
+    )
+    p.add_argument("--data", required=True, type=Path, help="dataset root folder")
+    p.add_argument("--dataset", default="teran", help="registered dataset layout (default: teran)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--data-option", action="append", metavar="KEY=VALUE", help="extra dataset option (repeatable)")
+    p.add_argument("--protocol", default="full", help="coco-1k, coco-5k, f30k-1k or full (default)")
+    p.add_argument("--fold-images", type=int, help="images per fold (default: the protocol's)")
+    p.add_argument(
+        "--relevance", action="append", metavar="NAME[=FILE]",
+        help="NDCG relevance: rougel, rouge-score or spice computed from the captions (cached), "
+        "or NAME=FILE to read the authors' raw float32 file (repeatable)",
+    )
+    p.add_argument("--relevance-cache", type=Path, help="folder caching computed relevance matrices")
+    p.add_argument("--spice-jar", help="spice-1.0.jar (default: $XMATCH_SPICE_JAR)")
+    p.add_argument("--batch-size", type=int, default=64, help="images encoded at once (captions: 4x)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: cpu)")
+    p.add_argument("--json", type=Path, help="write every figure to this JSON file")
+    p.add_argument("--queries", type=Path, help="also write per-query ranks, top-50 and NDCG (JSON)")
+    p.set_defaults(run=_eval)
+    p = sub.add_parser("download", help="prefetch a zoo entry's weights into the cache (for offline machines)")
+    p.add_argument("name")
+    p.add_argument("--cache-dir", type=Path, help="cache directory (default: $XMATCH_HOME or ~/.cache/xmatch)")
+    p.set_defaults(run=_download)
     return parser
 
 

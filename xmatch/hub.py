@@ -1,0 +1,623 @@
+"""Weight sources, the download cache and offline use.
+
+A zoo entry lists its weights as tables ``{source, sha256, size, filename}``; ``source`` is one of
+
+- ``https://...`` / ``http://...``: a ``.safetensors`` file, downloaded into the cache;
+  ``sha256`` and ``size`` are mandatory.
+- ``file://...`` or a plain local path: a ``.safetensors`` file or a bundle directory, used in
+  place (checked against ``sha256`` / ``size`` when they are given).
+- ``package:some_pkg/path/inside``: a file or bundle shipped inside an installed package.
+- ``hf-hub:org/name[@revision]`` (a whole bundle repository, the layout ``save_pretrained``
+  writes) or ``hf-hub:org/name[@revision]/path/in/repo.safetensors`` (one file).
+
+Downloads go to ``cache_dir()`` (``$XMATCH_HOME``, default ``$XDG_CACHE_HOME/xmatch`` or
+``~/.cache/xmatch``): URL files under ``weights/<sha256>/<filename>``, Hugging Face files in
+the hub's own layout under ``huggingface/``, so copying that one directory carries everything
+to an air-gapped machine. ``XMATCH_OFFLINE=1`` or ``HF_HUB_OFFLINE=1`` never touches the network.
+
+Design choice. Plain URLs use the standard library (``urllib.request``) with ``filelock`` and
+``tqdm``, both already required by huggingface_hub and torch. pooch was evaluated and rejected:
+its HTTP downloader always writes a whole new file (no HTTP ``Range`` resumption), retries by
+downloading again from zero, and takes no lock, so two processes download the same file twice;
+it would also add ``requests``. huggingface_hub's ``http_get`` resumes, but it is an internal
+helper tied to the Hub (its headers, Xet transfers) whose signature changes between releases.
+What we need on top of one GET with a ``Range`` header — a size check against
+``Content-Length``, sha256, ``os.replace`` into place, a lock, bounded retries with backoff — is
+short enough to own and test against a local server. ``hf-hub:`` sources go through
+``huggingface_hub`` (``hf_hub_download`` / ``snapshot_download``), which handles the Hub's API,
+revisions, its cache layout and ``local_files_only``; we add the sha256 check when the entry
+gives one, and pickle files are never downloaded from a repository.
+
+Security: only safetensors weights are fetched; a network source naming a pickle file
+(``.pth``, ``.bin``, ...) is refused when the entry is validated, before any download.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import importlib.resources
+import os
+import re
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from xmatch._bundle import WEIGHTS_FILE
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from xmatch._zoo import ZooEntry
+
+ENV_HOME = "XMATCH_HOME"
+ENV_OFFLINE = ("XMATCH_OFFLINE", "HF_HUB_OFFLINE")
+ENV_TIMEOUT = "XMATCH_DOWNLOAD_TIMEOUT"
+ENV_RETRIES = "XMATCH_DOWNLOAD_RETRIES"
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_RETRIES = 5
+RETRY_BACKOFF_S = 1.0  # first wait between attempts; doubles each time, capped at MAX_BACKOFF_S
+MAX_BACKOFF_S = 30.0
+CHUNK_BYTES = 1 << 20
+
+HF_HUB = "hf-hub:"
+PACKAGE = "package:"
+FILE_URL = "file://"
+PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl", ".pickle", ".tar")
+SOURCE_KEYS = ("source", "sha256", "size", "filename")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+
+
+class DownloadError(OSError):
+    """A weight source could not be fetched (HTTP error, connection lost, retries exhausted)."""
+
+
+class DownloadTimeoutError(DownloadError, TimeoutError):
+    """The server did not answer within the timeout, on every attempt."""
+
+
+class ChecksumError(ValueError):
+    """A file's size or sha256 differs from what the weight source declares."""
+
+
+class OfflineError(FileNotFoundError):
+    """Offline mode is on and the weights are not in the cache."""
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """A validated weight source (see :func:`validate_weight_source`).
+
+    ``kind`` is ``"url"``, ``"file"``, ``"package"`` or ``"hf-hub"``; ``filename`` is the name
+    of the weights file (in the cache for URLs; ``model.safetensors`` for a bundle).
+    """
+
+    kind: str
+    source: str
+    sha256: str | None
+    size: int | None
+    filename: str
+
+
+def validate_weight_source(table: Mapping[str, Any] | str) -> WeightSource:
+    """Check one entry of a zoo entry's ``weights`` list and return it parsed.
+
+    Raises ``ValueError`` naming every problem: unknown keys, an unsupported source, a URL
+    without ``sha256`` and ``size``, a malformed checksum, a pickle file from the network
+    (``TypeError`` when ``table`` is not a table at all).
+
+    Example:
+        >>> validate_weight_source({"source": "hf-hub:org/name@v1"}).kind
+        'hf-hub'
+        >>> validate_weight_source({"source": "https://example.org/m.safetensors"})
+        Traceback (most recent call last):
+        ...
+        ValueError: weight source 'https://example.org/m.safetensors': a URL needs sha256 and size.
+    """
+    if isinstance(table, str):
+        table = {"source": table}
+    if not isinstance(table, Mapping):
+        raise TypeError(f"a weight source is a table with {', '.join(SOURCE_KEYS)}, got {type(table).__name__}.")
+    source = table.get("source")
+    if not isinstance(source, str) or not source:
+        raise ValueError(f"weight source {dict(table)}: 'source' must be a non-empty string.")
+    problems: list[str] = []
+    unknown = sorted(set(table) - set(SOURCE_KEYS))
+    if unknown:
+        problems.append(f"unknown keys {unknown} (allowed: {', '.join(SOURCE_KEYS)})")
+    sha256 = table.get("sha256")
+    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256.lower())):
+        problems.append("sha256 must be 64 hexadecimal digits")
+    size = table.get("size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+        problems.append("size must be a positive number of bytes")
+    filename = table.get("filename")
+    if filename is not None and (not isinstance(filename, str) or not filename or Path(filename).name != filename):
+        problems.append("filename must be a plain file name")
+
+    scheme = urllib.parse.urlsplit(source).scheme.lower()
+    if scheme in ("http", "https"):
+        kind = "url"
+        if sha256 is None or size is None:
+            problems.append("a URL needs sha256 and size")
+        name = filename or Path(urllib.parse.unquote(urllib.parse.urlsplit(source).path)).name
+        if not name:
+            problems.append("the URL names no file; give filename")
+    elif source.startswith(HF_HUB):
+        kind = "hf-hub"
+        try:
+            _, _, path = _parse_hf(source)
+        except ValueError as exc:
+            problems.append(str(exc))
+            path = None
+        name = filename or (Path(path).name if path else WEIGHTS_FILE)
+    elif source.startswith(PACKAGE):
+        kind = "package"
+        if not source[len(PACKAGE) :].partition("/")[0]:
+            problems.append("expected package:some_pkg/path/inside")
+        name = filename or Path(source).name
+    elif source.startswith(FILE_URL) or "://" not in source:
+        kind = "file"
+        name = filename or Path(source).name
+    else:
+        kind, name = "", ""
+        problems.append(f"unsupported scheme '{scheme}' (use https://, http://, file://, hf-hub:, package: or a path)")
+    if name.lower().endswith(PICKLE_SUFFIXES):
+        problems.append(
+            "pickle checkpoints are never loaded from a weight source; publish .safetensors "
+            "(convert an original checkpoint with `xmatch convert`)"
+        )
+    elif kind in ("url", "hf-hub") and name and not name.endswith(".safetensors"):
+        problems.append("a network source must be a .safetensors file or an hf-hub bundle repository")
+    if problems:
+        raise ValueError(f"weight source '{source}': {'; '.join(problems)}.")
+    return WeightSource(kind, source, sha256.lower() if sha256 else None, size, name)
+
+
+def cache_dir() -> Path:
+    """The download cache: ``$XMATCH_HOME``, else ``$XDG_CACHE_HOME/xmatch``, else
+    ``~/.cache/xmatch``. It is created on the first download.
+
+    Example:
+        >>> os.environ["XMATCH_HOME"] = "/data/xmatch"  # doctest: +SKIP
+        >>> xmatch.hub.cache_dir()  # doctest: +SKIP
+        PosixPath('/data/xmatch')
+    """
+    home = os.environ.get(ENV_HOME)
+    if home:
+        return Path(home).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "xmatch"
+
+
+def offline_mode() -> bool:
+    """True when ``XMATCH_OFFLINE`` or ``HF_HUB_OFFLINE`` is set to 1/true/yes/on: fetches then
+    use the cache only and never touch the network.
+
+    Example:
+        >>> os.environ["XMATCH_OFFLINE"] = "1"  # doctest: +SKIP
+        >>> xmatch.hub.offline_mode()  # doctest: +SKIP
+        True
+    """
+    return _offline_switch() is not None
+
+
+def _offline_switch() -> str | None:
+    """The environment variable that turned offline mode on, if any."""
+    return next((v for v in ENV_OFFLINE if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")), None)
+
+
+def fetch(
+    source: Mapping[str, Any] | str,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    timeout: float | None = None,
+    progress: bool = True,
+) -> Path:
+    """Return a local path for a weight source, downloading and verifying it if needed.
+
+    Args:
+        source: a weights table (``{"source": ..., "sha256": ..., "size": ...}``) or a source
+            string (URLs need the table, for their checksum).
+        cache_dir: cache root; default :func:`cache_dir`.
+        timeout: seconds to wait for the server on each read; default
+            ``$XMATCH_DOWNLOAD_TIMEOUT`` or 30.
+        progress: show a progress bar on stderr while downloading.
+
+    Returns:
+        The ``.safetensors`` file, or the bundle directory for ``hf-hub:org/name`` and for a
+        local or package directory.
+
+    Raises:
+        DownloadError: the server failed (HTTP error, retries exhausted; a timeout raises
+            ``DownloadTimeoutError``). A partial download is kept as ``<name>.part`` and the
+            next call resumes from it.
+        ChecksumError: size or sha256 mismatch; nothing is left in the cache.
+        OfflineError: offline mode and the file is not cached.
+
+    Example:
+        >>> path = xmatch.hub.fetch({"source": "https://example.org/tiny.safetensors",
+        ...                          "sha256": "3f5a...", "size": 203256})  # doctest: +SKIP
+    """
+    return _fetch(validate_weight_source(source), _root(cache_dir), timeout, progress, entry=None)
+
+
+def download_entry(
+    name: str | ZooEntry,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    timeout: float | None = None,
+    progress: bool = True,
+) -> Path:
+    """Fetch the weights ``build(name, pretrained=True)`` loads: the first of the entry's
+    sources that can be fetched (the others are mirrors). Run it on a machine with network
+    access, then copy the cache directory to an offline one.
+
+    Raises:
+        ValueError: the entry publishes no xmatch weights (the message says where the
+            original checkpoints come from and how to convert them).
+        DownloadError, ChecksumError, OfflineError: no source could be fetched; the message
+            lists each source's failure.
+
+    Example:
+        >>> xmatch.hub.download_entry("my-entry")  # doctest: +SKIP
+        PosixPath('/home/me/.cache/xmatch/weights/3f5a.../model.safetensors')
+    """
+    from xmatch._zoo import ZooEntry
+
+    if isinstance(name, ZooEntry):
+        entry = name
+    else:
+        from xmatch._factory import info
+
+        entry = info(name)
+    if not entry.weights:
+        raise ValueError(f"zoo entry '{entry.name}' has no published xmatch weights. {entry.origin}")
+    root = _root(cache_dir)
+    errors: list[tuple[str, Exception]] = []
+    for table in entry.weights:
+        try:
+            return _fetch(validate_weight_source(table), root, timeout, progress, entry=entry.name)
+        except (OSError, ValueError) as exc:
+            errors.append((str(table.get("source")), exc))
+    if len(errors) == 1:
+        message = f"zoo entry '{entry.name}': {errors[0][1]}"
+    else:
+        reasons = "\n".join(f"  - {src}: {exc}" for src, exc in errors)
+        message = f"zoo entry '{entry.name}': none of its {len(errors)} weight sources could be fetched:\n{reasons}"
+    kinds = {type(exc) for _, exc in errors}
+    raise (kinds.pop() if len(kinds) == 1 else DownloadError)(message) from errors[-1][1]
+
+
+def _root(override: str | os.PathLike | None) -> Path:
+    return Path(override).expanduser() if override is not None else cache_dir()
+
+
+def _fetch(src: WeightSource, root: Path, timeout: float | None, progress: bool, entry: str | None) -> Path:
+    if src.kind == "url":
+        return _fetch_url(src, root, _timeout(timeout), progress, entry)
+    if src.kind == "hf-hub":
+        return _fetch_hf(src, root, _timeout(timeout), progress, entry)
+    if src.kind == "package":
+        return _checked_local(src, _package_path(src.source))
+    path = src.source
+    if path.startswith(FILE_URL):
+        parts = urllib.parse.urlsplit(path)
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"weight source '{path}': file:// URLs must name a local file (file:///abs/path).")
+        path = urllib.request.url2pathname(parts.path)
+    return _checked_local(src, Path(path).expanduser())
+
+
+def _timeout(value: float | None) -> float:
+    if value is not None:
+        return float(value)
+    text = os.environ.get(ENV_TIMEOUT)
+    try:
+        return float(text) if text else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"{ENV_TIMEOUT}={text!r} is not a number of seconds.") from None
+
+
+def _retries() -> int:
+    text = os.environ.get(ENV_RETRIES)
+    try:
+        return int(text) if text else DEFAULT_RETRIES
+    except ValueError:
+        raise ValueError(f"{ENV_RETRIES}={text!r} is not a whole number.") from None
+
+
+def _checked_local(src: WeightSource, path: Path) -> Path:
+    if not path.exists():
+        raise FileNotFoundError(f"weight source '{src.source}': {path} does not exist.")
+    weights = path / WEIGHTS_FILE if path.is_dir() else path
+    if path.is_dir() and not weights.is_file():
+        raise FileNotFoundError(
+            f"weight source '{src.source}': {path} is a directory without {WEIGHTS_FILE}; "
+            "a bundle is what xmatch.save_pretrained writes."
+        )
+    _verify(weights, src)
+    return path
+
+
+def _package_path(source: str) -> Path:
+    module, _, inside = source[len(PACKAGE) :].partition("/")
+    try:
+        root = importlib.resources.files(module)
+    except ModuleNotFoundError:
+        raise FileNotFoundError(
+            f"weight source '{source}': the Python package '{module}' is not installed; "
+            f"pip install {module.replace('_', '-')}."
+        ) from None
+    target = root.joinpath(inside) if inside else root
+    if not isinstance(target, Path):
+        raise FileNotFoundError(
+            f"weight source '{source}': '{module}' is installed as an archive; install it unpacked to use its files."
+        )
+    return target
+
+
+def _verify(path: Path, src: WeightSource) -> None:
+    """Size first (free), then sha256; a mismatch raises ChecksumError."""
+    if src.size is not None and (actual := path.stat().st_size) != src.size:
+        raise ChecksumError(
+            f"weight source '{src.source}': {path.name} has {actual} bytes, expected {src.size}."
+        )
+    if src.sha256 is not None and (digest := _sha256(path)) != src.sha256:
+        raise ChecksumError(
+            f"weight source '{src.source}': sha256 mismatch for {path.name}: got {digest}, expected {src.sha256}. "
+            "The file differs from the one the entry was published with."
+        )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _offline_error(src: WeightSource, expected: Path, root: Path, entry: str | None) -> OfflineError:
+    what = f"zoo entry '{entry}' (source '{src.source}')" if entry else f"'{src.source}'"
+    return OfflineError(
+        f"offline mode ({_offline_switch()} is set): the weights of {what} are not in the cache "
+        f"(expected {expected}). Prefetch them on a machine with network access with "
+        f"`xmatch download {entry or 'ENTRY'}` (or xmatch.hub.fetch), then copy that machine's cache "
+        f"directory to {root} here (or point {ENV_HOME} at the copy)."
+    )
+
+
+# -- plain URLs ------------------------------------------------------------------------------
+
+
+class _Retryable(Exception):
+    """A transient failure: the next attempt resumes from the partial file."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+def _fetch_url(src: WeightSource, root: Path, timeout: float, progress: bool, entry: str | None) -> Path:
+    assert src.sha256 is not None and src.size is not None  # validate_weight_source guarantees it
+    target = root / "weights" / src.sha256 / src.filename
+    if _is_cached(target, src.size):
+        return target
+    if offline_mode():
+        raise _offline_error(src, target, root, entry)
+    from filelock import FileLock, Timeout
+
+    (root / "locks").mkdir(parents=True, exist_ok=True)
+    lock = FileLock(root / "locks" / f"{src.sha256}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        if progress:
+            print(f"xmatch: waiting for another process downloading {src.filename}", file=sys.stderr)
+        lock.acquire()
+    try:
+        if _is_cached(target, src.size):  # the other process finished it
+            return target
+        part = target.with_name(target.name + ".part")
+        try:
+            _download(src, part, timeout, progress)
+            _verify(part, src)
+        except ChecksumError:
+            part.unlink(missing_ok=True)
+            _remove_if_empty(part.parent)
+            raise
+        os.replace(part, target)
+        return target
+    finally:
+        lock.release()
+
+
+def _is_cached(path: Path, size: int) -> bool:
+    return path.is_file() and path.stat().st_size == size
+
+
+def _remove_if_empty(directory: Path) -> None:
+    try:
+        directory.rmdir()
+    except OSError:
+        pass  # not empty or already gone
+
+
+def _download(src: WeightSource, part: Path, timeout: float, progress: bool) -> None:
+    """Fill ``part`` up to ``src.size`` bytes, resuming what is there; retry transient
+    failures with exponential backoff. Attempts that add bytes do not count as failures."""
+    from tqdm import tqdm
+
+    assert src.size is not None
+    retries, failures = _retries(), 0
+    with tqdm(
+        total=src.size, unit="B", unit_scale=True, unit_divisor=1024, desc=src.filename,
+        disable=not progress, file=sys.stderr, leave=False,
+    ) as bar:
+        while True:
+            have = part.stat().st_size if part.exists() else 0
+            if have > src.size:  # a stale partial of some other file: start again
+                part.unlink()
+                have = 0
+            if have == src.size:
+                return
+            try:
+                _get(src, part, have, timeout, bar)
+            except _Retryable as exc:
+                grew = part.exists() and part.stat().st_size > have
+                failures = 0 if grew else failures + 1
+                if failures > retries:
+                    kept = part.stat().st_size if part.exists() else 0
+                    cls = DownloadTimeoutError if exc.timed_out else DownloadError
+                    advice = f" (raise it with timeout= or {ENV_TIMEOUT})" if exc.timed_out else ""
+                    raise cls(
+                        f"downloading {src.source} failed after {retries + 1} attempts without progress: "
+                        f"{exc}{advice}. {kept} of {src.size} bytes are kept in {part}; "
+                        "the next call resumes from there."
+                    ) from None
+                if failures:
+                    time.sleep(min(RETRY_BACKOFF_S * 2 ** (failures - 1), MAX_BACKOFF_S))
+
+
+def _get(src: WeightSource, part: Path, have: int, timeout: float, bar: tqdm) -> None:
+    """One GET from byte ``have``; appends to ``part``. Raises _Retryable on transient failures."""
+    from xmatch import __version__
+
+    headers = {"User-Agent": f"xmatch/{__version__}"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    request = urllib.request.Request(src.source, headers=headers)
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416:  # our partial does not fit the server's file: start again
+            part.unlink(missing_ok=True)
+            raise _Retryable("the server refused to resume (HTTP 416)") from None
+        if exc.code in _RETRY_STATUS:
+            raise _Retryable(f"HTTP {exc.code} {exc.reason}") from None
+        hint = " (the file is not at that address; check the entry's source URL)" if exc.code == 404 else ""
+        raise DownloadError(f"downloading {src.source}: HTTP {exc.code} {exc.reason}{hint}.") from None
+    except urllib.error.URLError as exc:
+        timed_out = isinstance(exc.reason, TimeoutError)
+        raise _Retryable(f"timed out after {timeout} s" if timed_out else str(exc.reason), timed_out) from None
+    except TimeoutError:
+        raise _Retryable(f"timed out after {timeout} s", timed_out=True) from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise _Retryable(f"connection failed: {exc!r}") from None
+    with response:
+        start = _resume_offset(response, have)
+        if start is None:  # a range we did not ask for: drop the partial and start again
+            part.unlink(missing_ok=True)
+            raise _Retryable(f"unexpected Content-Range {response.headers.get('Content-Range')!r} for bytes={have}-")
+        length = response.headers.get("Content-Length")
+        if length is not None and start + int(length) != src.size:
+            raise ChecksumError(
+                f"weight source '{src.source}': the server's file has {start + int(length)} bytes, "
+                f"expected {src.size}; the file changed on the server or the entry is wrong."
+            )
+        bar.reset()
+        bar.update(start)
+        part.parent.mkdir(parents=True, exist_ok=True)
+        with open(part, "ab" if start else "wb") as f:
+            try:
+                while chunk := response.read(CHUNK_BYTES):
+                    if f.tell() + len(chunk) > src.size:
+                        raise ChecksumError(
+                            f"weight source '{src.source}': the server sent more than the expected {src.size} bytes."
+                        )
+                    f.write(chunk)
+                    bar.update(len(chunk))
+            except TimeoutError:
+                raise _Retryable(f"timed out after {timeout} s", timed_out=True) from None
+            except (OSError, http.client.HTTPException) as exc:
+                raise _Retryable(f"connection lost: {exc!r}") from None
+            received = f.tell()
+    if received < src.size:
+        raise _Retryable(f"connection closed after {received} of {src.size} bytes")
+
+
+def _resume_offset(response: http.client.HTTPResponse, have: int) -> int | None:
+    """Where the body starts: ``have`` for a matching 206, 0 when the server sent the whole
+    file (it ignored ``Range``: the partial is overwritten), None for any other range."""
+    if response.status != 206:
+        return 0
+    match = re.fullmatch(r"bytes (\d+)-\d+/(\d+|\*)", response.headers.get("Content-Range", "").strip())
+    return have if match is not None and int(match.group(1)) == have else None
+
+
+# -- Hugging Face Hub ------------------------------------------------------------------------
+
+
+def _parse_hf(source: str) -> tuple[str, str | None, str | None]:
+    """``hf-hub:org/name[@rev][/path]`` -> (repo id, revision, path in repo)."""
+    parts = source[len(HF_HUB) :].split("/")
+    if len(parts) < 2 or not parts[0] or not parts[1] or parts[1].startswith("@"):
+        raise ValueError("expected hf-hub:org/name[@revision][/path/in/repo.safetensors]")
+    name, _, revision = parts[1].partition("@")
+    path = "/".join(parts[2:]) or None
+    return f"{parts[0]}/{name}", revision or None, path
+
+
+def _fetch_hf(src: WeightSource, root: Path, timeout: float, progress: bool, entry: str | None) -> Path:
+    import huggingface_hub
+    from huggingface_hub.utils import LocalEntryNotFoundError
+
+    from xmatch import __version__
+
+    repo_id, revision, path = _parse_hf(src.source)
+    hf_cache = root / "huggingface"
+    options: dict[str, Any] = {
+        "revision": revision, "cache_dir": hf_cache, "local_files_only": offline_mode(),
+        "etag_timeout": timeout, "library_name": "xmatch", "library_version": __version__,
+    }
+    try:
+        with _hf_progress_bars(progress):
+            if path is not None:
+                local = Path(huggingface_hub.hf_hub_download(repo_id, path, **options))
+            else:
+                patterns = [f"*{suffix}" for suffix in PICKLE_SUFFIXES]
+                local = Path(huggingface_hub.snapshot_download(repo_id, ignore_patterns=patterns, **options))
+    except LocalEntryNotFoundError as exc:
+        if offline_mode():
+            expected = hf_cache / f"models--{repo_id.replace('/', '--')}"
+            raise _offline_error(src, expected, root, entry) from None
+        raise DownloadError(f"weight source '{src.source}': {exc}") from exc
+    except OSError as exc:  # huggingface_hub's HTTP errors (repository, revision, file not found)
+        raise DownloadError(f"weight source '{src.source}': {exc}") from exc
+    weights = local / WEIGHTS_FILE if local.is_dir() else local
+    if not weights.is_file():
+        raise DownloadError(
+            f"weight source '{src.source}': the repository has no {WEIGHTS_FILE}; "
+            "a bundle repository holds what xmatch.save_pretrained writes."
+        )
+    _verify(weights, src)
+    return local
+
+
+@contextlib.contextmanager
+def _hf_progress_bars(enabled: bool) -> Iterator[None]:
+    """Silence huggingface_hub's progress bars for one call when ``progress=False`` (its
+    ``tqdm_class`` argument is missing from hf_hub_download in older releases). A user's
+    ``HF_HUB_DISABLE_PROGRESS_BARS`` setting has priority, as in huggingface_hub."""
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    if enabled or "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ or are_progress_bars_disabled():
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
