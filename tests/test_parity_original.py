@@ -151,3 +151,22 @@ def test_pretrained_path_converts_on_the_fly(mrsw_small, mrsw_io, encoded):
     with torch.no_grad():
         scores = model.similarity(model.encode_images(regions, boxes, mask), encoded[1])
     np.testing.assert_allclose(scores.numpy(), mrsw_io["sim_MrSw"], **TOL)
+
+
+def test_original_to_bundle_round_trip_is_bit_exact(converted, mrsw_io, encoded, tmp_path):
+    xmatch.save_pretrained(converted, tmp_path / "bundle")
+    again = xmatch.build(f"local-dir:{tmp_path / 'bundle'}", pretrained=True).eval()
+    # the bundle keeps its own copy of the tokenizer / config: only the text source moves
+    moved = {**again.spec, "text_encoder": {**again.spec["text_encoder"], "source": converted.spec["text_encoder"]["source"]}}
+    assert moved == converted.spec
+    theirs = again.state_dict()
+    for key, value in converted.state_dict().items():
+        assert torch.equal(theirs[key], value), key
+    regions = torch.from_numpy(mrsw_io["region_features"])
+    boxes = torch.from_numpy(mrsw_io["boxes_norm"])
+    mask = lengths_to_mask(torch.from_numpy(mrsw_io["n_regions"]), regions.shape[1])
+    with torch.no_grad():
+        scores = again.similarity(again.encode_images(regions, boxes, mask),
+                                  again.encode_texts([str(c) for c in mrsw_io["captions"]]))
+        reference = converted.similarity(*encoded)
+    assert torch.equal(scores, reference)
