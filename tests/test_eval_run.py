@@ -120,5 +120,8 @@ def test_mismatched_dataset_is_a_clear_error(models, tiny_set):
     broken = TinySet(tiny_set.regions[:10], tiny_set.boxes[:10], tiny_set.mask[:10], tiny_set.captions)
     with pytest.raises(ValueError, match="yielded 10 images for 60 captions"):
         evaluate(models[0], broken, "full", progress=False)
+    uneven = TinySet(tiny_set.regions, tiny_set.boxes, tiny_set.mask, tiny_set.captions, captions_per_image=None)
+    with pytest.raises(ValueError, match="same number of captions for every image"):
+        evaluate(models[0], uneven, "full", progress=False)
     with pytest.raises(ValueError, match="folds of 5"):
         evaluate(models[0], tiny_set, "coco-1k", fold_images=5, progress=False)

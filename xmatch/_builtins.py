@@ -10,6 +10,7 @@ from xmatch.components.poolers import GlobalCosine, MrAvgw, MrSw, MwSr, Symm
 from xmatch.components.reasoners import IdentityReasoner, TransformerReasoner
 from xmatch.components.text_bert import BertTextEncoder
 from xmatch.components.text_rnn import BiGRUTextEncoder, BiLSTMTextEncoder
+from xmatch.data import ImageCaptionsDataset, PrecompDataset, TeranDataset
 
 _registered = False
 
@@ -29,5 +30,8 @@ def register_builtins() -> None:
         registry.poolers.register(name, pooler)
     registry.losses.register("hinge", HingeTripletLoss)
     registry.losses.register("uncertainty", UncertaintyWeightedLoss)
+    registry.datasets.register("teran", TeranDataset)
+    registry.datasets.register("scan-precomp", PrecompDataset)
+    registry.datasets.register("image-captions", ImageCaptionsDataset)
     for entry in builtin_entries():
         registry.models.register(entry.name, entry)

@@ -127,9 +127,9 @@ def build(
     spec = merge(spec, overrides)
     if pretrained and not isinstance(pretrained, bool):
         return _build_with_checkpoint(spec, Path(pretrained), overrides, device, dtype)
-    net = model_from_spec(spec)
-    if pretrained is True:
+    if pretrained is True:  # fetched (or refused) before the model is built
         weights = _entry_weights(entry, text if entry is None else entry.name, weights)
+    net = model_from_spec(spec)
     if weights is not None:
         _bundle.load_weights(net, weights)
     return net.to(device=device, dtype=dtype) if device is not None or dtype is not None else net

@@ -145,6 +145,11 @@ def evaluate(
     if not models:
         raise ValueError("evaluate needs at least one model.")
     c = dataset.captions_per_image
+    if not c:
+        raise ValueError(
+            "the papers' protocol needs the same number of captions for every image (5 for COCO "
+            "and Flickr30k); this dataset's images have different counts."
+        )
     n_images = len(dataset.captions) // c
     if n_images * c != len(dataset.captions):
         raise ValueError(f"{len(dataset.captions)} captions are not {c} per image.")

@@ -1,0 +1,152 @@
+"""Raw images with a captions file, for models whose image encoder takes pixels.
+
+The captions file is a CSV with a header ``image,caption`` or JSON lines
+``{"image": ..., "caption": ...}``; image paths are relative to the file's folder (absolute
+paths are kept). An image with several captions appears on several rows. Images are opened
+with Pillow only when an item is loaded.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+import numpy as np
+
+from xmatch.data._io import first_few
+from xmatch.data.base import ImageTextDataset, check_index
+from xmatch.data.errors import DataError, DataFileNotFoundError
+
+FORMATS = {".csv": "csv", ".jsonl": "jsonl"}
+COLUMNS = ("image", "caption")
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+PathArg = str | os.PathLike
+
+
+class ImageCaptionsDataset(ImageTextDataset):
+    """Image files and their captions from one CSV / JSONL file; items are PIL images.
+
+    Args:
+        root: the captions file (``.csv`` or ``.jsonl``), or a folder holding
+            ``<split>.csv`` or ``<split>.jsonl``.
+        split: which file of a folder to read; with a file as ``root`` it is only a label.
+
+    Captions are grouped image by image in the order images first appear in the file (rows
+    of one image need not be adjacent); ``caption_image`` maps each caption to its image.
+
+    Raises:
+        DataFileNotFoundError: the file or an image it names is missing.
+        DataError: a missing ``image`` / ``caption`` column, a malformed JSON line, an empty
+            caption or image path, a file without rows; at load time an unreadable image.
+
+    Example:
+        >>> ds = ImageCaptionsDataset("photos/captions.csv")  # doctest: +SKIP
+        >>> ds.image(0).size, ds.captions[:2]  # doctest: +SKIP
+        ((640, 480), ['a dog on a bench', 'a brown dog resting'])
+    """
+
+    def __init__(self, root: PathArg, split: str | None = None) -> None:
+        root = Path(root)
+        self.root, self.split = root, split
+        self.captions_file = self._captions_file(root, split)
+        rows = self._read_rows(self.captions_file)
+        folder = self.captions_file.parent
+        order: dict[str, list[str]] = {}
+        for image, caption in rows:
+            order.setdefault(image, []).append(caption)
+        self.image_paths = [folder / name for name in order]
+        missing = [str(p) for p in self.image_paths if not p.is_file()]
+        if missing:
+            raise DataFileNotFoundError(
+                f"{self.captions_file} names {len(missing)} image files that do not exist: {first_few(missing)}."
+            )
+        texts = [c for caps in order.values() for c in caps]
+        owner = np.repeat(np.arange(len(order)), [len(caps) for caps in order.values()])
+        self._set_index(texts, owner, list(order))
+
+    @staticmethod
+    def _captions_file(root: Path, split: str | None) -> Path:
+        if root.is_file():
+            if root.suffix not in FORMATS:
+                raise DataError(f"{root}: a captions file must end in {' or '.join(FORMATS)}.")
+            return root
+        if not root.is_dir():
+            raise DataFileNotFoundError(
+                f"image-captions: {root} does not exist (expected a .csv / .jsonl file or a folder)."
+            )
+        if split is None:
+            raise DataError(
+                f"image-captions: {root} is a folder; pass split= to read <split>.csv or <split>.jsonl from it."
+            )
+        candidates = [root / f"{split}{suffix}" for suffix in FORMATS]
+        found = [c for c in candidates if c.is_file()]
+        if not found:
+            raise DataFileNotFoundError(
+                f"image-captions: split {split!r}: neither {' nor '.join(map(str, candidates))} exists."
+            )
+        if len(found) > 1:
+            raise DataError(f"both {' and '.join(map(str, found))} exist; keep one.")
+        return found[0]
+
+    @staticmethod
+    def _read_rows(path: Path) -> list[tuple[str, str]]:
+        try:
+            with path.open("r", encoding="utf-8-sig", newline="") as f:
+                rows = _csv_rows(f, path) if FORMATS[path.suffix] == "csv" else _jsonl_rows(f, path)
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path} is not UTF-8 text: {exc}") from None
+        except csv.Error as exc:
+            raise DataError(f"{path} is not a valid CSV file: {exc}") from None
+        if not rows:
+            raise DataError(f"{path} has no rows (image, caption).")
+        for image, caption, where in rows:
+            if not image.strip():
+                raise DataError(f"{where}: empty image path.")
+            if not caption.strip():
+                raise DataError(f"{where}: empty caption for image {image!r}.")
+        return [(image.strip(), caption.strip()) for image, caption, _ in rows]
+
+    def image(self, index: int) -> Image:
+        """Image ``index`` as an RGB ``PIL.Image.Image`` (read from disk now)."""
+        from PIL import Image as PILImage
+
+        path = self.image_paths[check_index(index, self.num_images, "image")]
+        try:
+            with PILImage.open(path) as im:
+                return im.convert("RGB")
+        except FileNotFoundError:
+            raise DataFileNotFoundError(f"image-captions: image file {path} does not exist.") from None
+        except (OSError, ValueError, SyntaxError) as exc:  # PIL's errors for a corrupt file
+            raise DataError(f"{path} is not a readable image: {exc!r}") from None
+
+
+def _csv_rows(f: TextIO, path: Path) -> list[tuple[str, str, str]]:
+    """``(image, caption, "file:line")`` of each CSV row after the header."""
+    reader = csv.DictReader(f)
+    if not reader.fieldnames or not set(COLUMNS) <= set(reader.fieldnames):
+        raise DataError(
+            f"{path}: the first line must be a header with columns 'image' and 'caption', got {reader.fieldnames}."
+        )
+    return [(row["image"] or "", row["caption"] or "", f"{path}:{reader.line_num}") for row in reader]
+
+
+def _jsonl_rows(f: TextIO, path: Path) -> list[tuple[str, str, str]]:
+    """``(image, caption, "file:line")`` of each non-blank JSON line."""
+    rows = []
+    for n, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{n}: not a JSON object: {exc}") from None
+        if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in COLUMNS):
+            raise DataError(f'{path}:{n}: expected {{"image": str, "caption": str}}, got {line.strip()[:80]}')
+        rows.append((record["image"], record["caption"], f"{path}:{n}"))
+    return rows
