@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
-import importlib.resources
 import os
 import re
 import sys
@@ -51,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xmatch._bundle import WEIGHTS_FILE
+from xmatch.sources import PACKAGE_PREFIX, resolve_local_source
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -68,7 +68,6 @@ MAX_BACKOFF_S = 30.0
 CHUNK_BYTES = 1 << 20
 
 HF_HUB = "hf-hub:"
-PACKAGE = "package:"
 FILE_URL = "file://"
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl", ".pickle", ".tar")
 SOURCE_KEYS = ("source", "sha256", "size", "filename")
@@ -159,9 +158,9 @@ def validate_weight_source(table: Mapping[str, Any] | str) -> WeightSource:
             problems.append(str(exc))
             path = None
         name = filename or (Path(path).name if path else WEIGHTS_FILE)
-    elif source.startswith(PACKAGE):
+    elif source.startswith(PACKAGE_PREFIX):
         kind = "package"
-        if not source[len(PACKAGE) :].partition("/")[0]:
+        if not source[len(PACKAGE_PREFIX) :].partition("/")[0]:
             problems.append("expected package:some_pkg/path/inside")
         name = filename or Path(source).name
     elif source.startswith(FILE_URL) or "://" not in source:
@@ -306,7 +305,7 @@ def _fetch(src: WeightSource, root: Path, timeout: float | None, progress: bool,
     if src.kind == "hf-hub":
         return _fetch_hf(src, root, _timeout(timeout), progress, entry)
     if src.kind == "package":
-        return _checked_local(src, _package_path(src.source))
+        return _checked_local(src, Path(resolve_local_source(src.source)))
     path = src.source
     if path.startswith(FILE_URL):
         parts = urllib.parse.urlsplit(path)
@@ -345,23 +344,6 @@ def _checked_local(src: WeightSource, path: Path) -> Path:
         )
     _verify(weights, src)
     return path
-
-
-def _package_path(source: str) -> Path:
-    module, _, inside = source[len(PACKAGE) :].partition("/")
-    try:
-        root = importlib.resources.files(module)
-    except ModuleNotFoundError:
-        raise FileNotFoundError(
-            f"weight source '{source}': the Python package '{module}' is not installed; "
-            f"pip install {module.replace('_', '-')}."
-        ) from None
-    target = root.joinpath(inside) if inside else root
-    if not isinstance(target, Path):
-        raise FileNotFoundError(
-            f"weight source '{source}': '{module}' is installed as an archive; install it unpacked to use its files."
-        )
-    return target
 
 
 def _verify(path: Path, src: WeightSource) -> None:

@@ -74,8 +74,9 @@ BERT_BASE_UNCASED_VOCAB_MD5 = "64800d5d8528ce344256daf115d4965e"
 # tokenizer.json is left out: MiniLM's fixes truncation and padding to 128 tokens.
 TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 
-# Stands in for the caption-corpus vocabulary; its embedding table is not counted.
-_PLACEHOLDER_VOCAB = ["a"]
+# The word-level encoders need some vocabulary to be built; a one-word one keeps the
+# embedding table minimal, and that table is subtracted from the count below.
+_ONE_WORD_VOCABULARY = ["a"]
 
 
 def write_bert_base_dir(directory: str | os.PathLike) -> Path:
@@ -123,7 +124,7 @@ def count_parameters(model: str | ZooEntry | Mapping[str, Any], bert_dir: str | 
     arguments = signature_of(get_registry("text_encoders").get(text["name"])).parameters
     corpus_vocabulary = params_leave_out_vocabulary(spec)
     if corpus_vocabulary:
-        text["vocab"] = _PLACEHOLDER_VOCAB
+        text["vocab"] = _ONE_WORD_VOCABULARY
     if "source" in arguments and text.get("source", arguments["source"].default) == BERT_BASE:
         text["source"] = os.fspath(bert_dir)
     if "pretrained" in arguments:
