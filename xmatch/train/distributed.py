@@ -1,0 +1,158 @@
+"""Multi-process training with PyTorch DDP (launched by ``torchrun``).
+
+``torchrun`` sets ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``; :func:`setup` joins the process
+group (NCCL on CUDA, Gloo on CPU) and picks this process's device. Only rank 0 writes files.
+
+With ``global_negatives`` every process all-gathers the batch's embeddings, so the hinge loss
+mines its hardest negatives over the whole global batch; a process's own share keeps its
+autograd graph, the others' come in as constants. Every process then computes the same global
+loss and backpropagates it into its own share; DDP averages gradients over the N processes,
+so the loss is scaled by N before backward and the summed gradient equals a single process's on the global
+batch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from xmatch.components.base import LossOutput
+from xmatch.embeddings import Embeddings
+
+
+@dataclass
+class Context:
+    """Where this process stands: rank, number of processes, device."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def mean(self, values: dict[str, float]) -> dict[str, float]:
+        """Average logged figures over the processes."""
+        if not self.distributed or not values:
+            return values
+        keys = sorted(values)
+        t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return {k: float(v) / self.world_size for k, v in zip(keys, t.tolist())}
+
+    def any(self, flag: bool) -> bool:
+        """True on every process when any process says True."""
+        if not self.distributed:
+            return flag
+        t = torch.tensor([int(flag)], device=self.device)
+        dist.all_reduce(t)
+        return bool(t.item())
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every process."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every process's ``obj``, in rank order, on every process."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+
+def setup(device: str | torch.device | None = None) -> Context:
+    """Join the process group when launched by ``torchrun`` (``WORLD_SIZE`` > 1).
+
+    Args:
+        device: ``cpu``, ``cuda``, ``mps`` (default: CUDA when available). Under ``torchrun``
+            on CUDA each process takes ``cuda:LOCAL_RANK``.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    requested = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device; use --device cpu.")
+        requested = torch.device("cuda", local if world > 1 else (requested.index or 0))
+        torch.cuda.set_device(requested)
+    if requested.type == "mps" and not torch.backends.mps.is_available():
+        raise RuntimeError("device 'mps' was asked for but MPS is not available here; use --device cpu.")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if requested.type == "cuda" else "gloo")
+    return Context(rank, world, local, requested)
+
+
+def teardown(ctx: Context) -> None:
+    if ctx.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def gather_embeddings(e: Embeddings, ctx: Context) -> Embeddings:
+    """All processes' embeddings, in rank order; this process's share keeps its gradient."""
+    n, width = len(e), e.tokens.shape[1]
+    sizes = torch.tensor([[n, width]], device=e.tokens.device)
+    all_sizes = [torch.zeros_like(sizes) for _ in range(ctx.world_size)]
+    dist.all_gather(all_sizes, sizes)
+    counts = [int(s[0, 0]) for s in all_sizes]
+    max_n, max_w = max(counts), max(int(s[0, 1]) for s in all_sizes)
+    tokens = nn.functional.pad(e.tokens, (0, 0, 0, max_w - width, 0, max_n - n))
+    mask = nn.functional.pad(e.mask.to(torch.uint8), (0, max_w - width, 0, max_n - n))
+    parts = {"tokens": tokens, "mask": mask}
+    if e.pooled is not None:
+        parts["pooled"] = nn.functional.pad(e.pooled, (0, 0, 0, max_n - n))
+    gathered: dict[str, list[torch.Tensor]] = {}
+    for key, local in parts.items():
+        bucket = [torch.empty_like(local) for _ in range(ctx.world_size)]
+        dist.all_gather(bucket, local.detach().contiguous())
+        bucket[ctx.rank] = local  # the own share keeps its autograd graph
+        gathered[key] = [t[:c] for t, c in zip(bucket, counts)]
+    pooled = torch.cat(gathered["pooled"]) if "pooled" in gathered else None
+    return Embeddings(torch.cat(gathered["tokens"]), torch.cat(gathered["mask"]).bool(), pooled).trimmed()
+
+
+def gather_ids(ids: torch.Tensor, ctx: Context) -> torch.Tensor:
+    """All processes' image ids (variable counts), in rank order."""
+    return torch.cat([torch.as_tensor(t, device=ids.device) for t in ctx.gather_objects(ids.cpu())])
+
+
+class TrainStep(nn.Module):
+    """One forward pass of training: encode the local share, optionally gather the global
+    batch, pool and score. This is the module DDP wraps (its parameters are the model's)."""
+
+    def __init__(self, model: nn.Module, ctx: Context, global_negatives: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.ctx = ctx
+        self.gather = global_negatives and ctx.distributed
+        #: what the loss is multiplied by before backward (DDP averages gradients)
+        self.loss_scale = ctx.world_size if self.gather else 1
+
+    def forward(self, batch: dict[str, Any]) -> LossOutput:
+        img, txt = self.model.encode_batch(batch)
+        ids = batch.get("image_ids")
+        if not self.gather:
+            return self.model.batch_loss(img, txt, ids)
+        img, txt = gather_embeddings(img, self.ctx), gather_embeddings(txt, self.ctx)
+        ids = gather_ids(ids, self.ctx) if ids is not None else None
+        return self.model.batch_loss(img, txt, ids)

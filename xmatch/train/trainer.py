@@ -1,0 +1,524 @@
+"""One trainer for every model: any device, AMP, parameter groups, schedules, accumulation,
+validation with best-model selection, exact resumption, and DDP through ``torchrun``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from xmatch.data.base import ImageTextDataset
+from xmatch.data.collate import collate
+from xmatch.data.items import RegionImage
+from xmatch.model import MatchingModel
+from xmatch.train import checkpoint as ckpt
+from xmatch.train.config import ConfigError, TrainConfig
+from xmatch.train.distributed import Context, TrainStep, setup
+from xmatch.train.logs import CsvLog, TensorBoardLog, tensorboard_available
+from xmatch.train.optim import build_optimizer, build_scheduler, plan_groups
+from xmatch.train.sampler import EpochBatches, epoch_sampler
+from xmatch.train.selection import check_metric_name, metric_value, minimised
+
+RUN_FILE = "run.json"
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on; the message says why and what to change."""
+
+
+class NonFiniteLossError(TrainingError):
+    """The loss became NaN or infinite; nothing of the step was applied or saved.
+
+    Attributes:
+        step: the optimizer step that failed (0-based count of steps done before it).
+        epoch: its epoch.
+        caption_indices: the dataset indices of this process's pairs in the failing batch.
+    """
+
+    def __init__(self, message: str, step: int, epoch: int, caption_indices: list[int]) -> None:
+        super().__init__(message)
+        self.step, self.epoch, self.caption_indices = step, epoch, caption_indices
+
+
+class Callback:
+    """Hooks into training; override what you need (every hook runs on every process).
+
+    Example:
+        >>> class PrintLoss(Callback):
+        ...     def on_step_end(self, trainer, step, logs):
+        ...         print(step, logs["loss"])
+    """
+
+    def on_step_end(self, trainer: Trainer, step: int, logs: dict[str, float]) -> None:
+        """After optimizer step ``step`` (1-based count of steps done)."""
+
+    def on_validation_end(self, trainer: Trainer, step: int, figures: dict[str, Any]) -> None:
+        """After a validation (figures of :meth:`xmatch.eval.EvalResult.figures`)."""
+
+
+@dataclass
+class TrainResult:
+    """What a finished run reports.
+
+    Attributes:
+        steps: optimizer steps done.
+        epochs: complete epochs done.
+        best_metric: the best validation value of ``select_metric`` (None without validation).
+        best_step: the step of the best model.
+        validations: ``{"step", "epoch", "metric", figures...}`` per validation.
+        last_loss: the loss of the last logged step.
+        stopped_early: early stopping ended the run.
+        run_dir: the run folder (``final/`` and ``best/`` bundles, logs, checkpoints).
+    """
+
+    steps: int
+    epochs: int
+    best_metric: float | None
+    best_step: int | None
+    validations: list[dict[str, Any]] = field(default_factory=list)
+    last_loss: float | None = None
+    stopped_early: bool = False
+    run_dir: Path | None = None
+
+
+class Trainer:
+    """Train a :class:`~xmatch.MatchingModel` on an image-caption dataset.
+
+    Args:
+        model: a model built by :func:`xmatch.build` (its spec goes into every checkpoint).
+        train_data: a dataset of :mod:`xmatch.data` (pairs, ``collate``-able).
+        config: the recipe (default: TERAN's, :class:`TrainConfig`).
+        val_data: validation set (any :class:`xmatch.eval.RetrievalSet`); None: no validation.
+        run_dir: where checkpoints, ``best/``, ``final/`` and the logs go.
+        device: ``cpu``, ``cuda``, ``cuda:1``, ``mps`` (default: CUDA when available). Under
+            ``torchrun`` each process takes its local GPU.
+        resume: continue from the run folder's latest checkpoint.
+        progress: show progress bars.
+        callbacks: :class:`Callback` objects.
+
+    Example:
+        >>> model = xmatch.build("teran-mrsw-coco")  # doctest: +SKIP
+        >>> train = xmatch.data.open_dataset("teran", "data/coco", split="train", restval=True)  # doctest: +SKIP
+        >>> val = xmatch.data.open_dataset("teran", "data/coco", split="val", max_images=1000)  # doctest: +SKIP
+        >>> Trainer(model, train, load_recipe("teran-coco"), val_data=val, run_dir="runs/teran").fit()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: MatchingModel,
+        train_data: Any,
+        config: TrainConfig | None = None,
+        *,
+        val_data: Any | None = None,
+        run_dir: str | Path = "runs/xmatch",
+        device: str | torch.device | None = None,
+        resume: bool = False,
+        progress: bool = True,
+        callbacks: Sequence[Callback] = (),
+        context: Context | None = None,
+    ) -> None:
+        self.config = config or TrainConfig()
+        self.ctx = context or setup(device)
+        self.model = model
+        self.train_data = train_data
+        self.val_data = val_data
+        self.run_dir = Path(run_dir)
+        self.resume = resume
+        self.progress = progress and self.ctx.is_main
+        self.callbacks = list(callbacks)
+        self.stop_requested = False
+        _check_model(model)
+        check_data_fits(model, train_data, "training")
+        if val_data is not None:
+            check_metric_name(self.config.select_metric, self.config.val_relevance)
+        if isinstance(val_data, ImageTextDataset):
+            check_data_fits(model, val_data, "validation")
+        self._check_amp()
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def _check_amp(self) -> None:
+        amp, kind = self.config.amp, self.ctx.device.type
+        if amp == "none":
+            return
+        if amp == "bf16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ConfigError("train -> amp: this GPU has no bfloat16 support; use amp = 'fp16'.")
+        if amp == "fp16" and kind == "cpu":
+            raise ConfigError("train -> amp: fp16 needs a GPU; on the CPU use amp = 'bf16' or 'none'.")
+        if not torch.amp.is_autocast_available(kind):
+            raise ConfigError(f"train -> amp: autocast is not available on '{kind}'; use amp = 'none'.")
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.config.amp == "none":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.config.amp == "bf16" else torch.float16
+        return torch.autocast(self.ctx.device.type, dtype=dtype)
+
+    def _prepare(self) -> None:
+        cfg, ctx = self.config, self.ctx
+        self.model.to(ctx.device)
+        self.groups = plan_groups(self.model, cfg)
+        self.optimizer = build_optimizer(self.groups, cfg)
+        self.batches = EpochBatches(
+            len(self.train_data), cfg.batch_size, cfg.seed,
+            drop_last=cfg.drop_last, rank=ctx.rank, world_size=ctx.world_size,
+        )
+        self.steps_per_epoch = math.ceil(len(self.batches) / cfg.accumulate)
+        self.scheduler = build_scheduler(self.optimizer, cfg, self.steps_per_epoch)
+        use_scaler = cfg.amp == "fp16"
+        self.scaler = torch.amp.GradScaler(ctx.device.type) if use_scaler else None
+        step = TrainStep(self.model, ctx, cfg.global_negatives)
+        self.loss_scale = step.loss_scale
+        if ctx.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+            step = DistributedDataParallel(step, device_ids=ids)
+        self.step_module = step
+        self.relevance = self._validation_relevance()
+
+    def _validation_relevance(self) -> dict[str, np.ndarray]:
+        if self.val_data is None or not self.config.val_relevance or not self.ctx.is_main:
+            return {}
+        from xmatch.eval.relevance import relevance_matrix
+
+        return {
+            name.lower(): relevance_matrix(
+                self.val_data.captions, name.lower(), self.val_data.captions_per_image,
+                cache_dir=self.run_dir / "relevance",
+            )
+            for name in self.config.val_relevance
+        }
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _fresh_state(self) -> dict[str, Any]:
+        seed = self.config.seed + self.ctx.rank
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        if self.ctx.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            run = {"spec": self.model.spec, "train": self.config.to_mapping(), "world_size": self.ctx.world_size}
+            (self.run_dir / RUN_FILE).write_text(json.dumps(run, indent=1), encoding="utf-8")
+        return {"epoch": 0, "batch": 0, "step": 0, "best": None, "best_step": None, "bad_validations": 0,
+                "validations": []}
+
+    def _restored_state(self) -> dict[str, Any] | None:
+        folder = ckpt.latest_checkpoint(self.run_dir)
+        if folder is None:
+            return None
+        run_file = self.run_dir / RUN_FILE
+        if run_file.is_file():
+            saved = json.loads(run_file.read_text(encoding="utf-8"))
+            if json.dumps(saved["spec"], sort_keys=True) != json.dumps(self.model.spec, sort_keys=True):
+                raise TrainingError(
+                    f"{self.run_dir} was started with another model spec ({run_file}); resume with "
+                    "the same spec, or start a new run folder."
+                )
+        state = ckpt.read_checkpoint(folder, self.model)
+        self.model.to(self.ctx.device)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        rng = state["rng"]
+        if len(rng) == self.ctx.world_size:
+            ckpt.restore_rng(rng[self.ctx.rank], self.ctx.device)
+        else:
+            seed = self.config.seed + self.ctx.rank + state["step"]
+            torch.manual_seed(seed)
+            if self.ctx.is_main:
+                print(f"resuming {len(rng)} processes' run on {self.ctx.world_size}: the data order "
+                      "continues exactly, dropout draws are reseeded")
+        if self.ctx.is_main:
+            print(f"resuming from {folder} (epoch {state['epoch'] + 1}, batch {state['batch']}, step {state['step']})")
+        return state
+
+    def _save(self, state: dict[str, Any]) -> None:
+        rng = self.ctx.gather_objects(ckpt.capture_rng(self.ctx.device))
+        if self.ctx.is_main:
+            payload = {
+                **{k: state[k] for k in ("epoch", "batch", "step", "best", "best_step", "bad_validations")},
+                "validations": json.dumps(state["validations"]),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else {},
+                "rng": rng,
+                "world_size": self.ctx.world_size,
+            }
+            ckpt.write_checkpoint(self.run_dir, state["step"], self.model, payload, self.config.keep_checkpoints)
+        self.ctx.barrier()
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def fit(self) -> TrainResult:
+        """Train to the end of the recipe (or early stopping, or ``max_steps``).
+
+        Raises:
+            NonFiniteLossError: the loss became NaN/inf (the last good checkpoint is kept).
+            TrainingError: out of memory (with advice) or a resume that does not fit.
+        """
+        cfg, ctx = self.config, self.ctx
+        self._prepare()
+        restored = self._restored_state() if self.resume else None
+        if self.resume and restored is None and ctx.is_main:
+            print(f"no checkpoint in {self.run_dir}: starting a new run")
+        state = restored or self._fresh_state()
+        if isinstance(state["validations"], str):
+            state["validations"] = json.loads(state["validations"])
+        self._open_logs(state["step"] if restored else None)
+        total = min(cfg.max_steps or math.inf, cfg.epochs * self.steps_per_epoch)
+        bar = tqdm(total=total, initial=state["step"], desc="train", unit="step", disable=not self.progress,
+                   dynamic_ncols=True)
+        last_loss: float | None = None
+        stopped_early = False
+        self.model.train()
+        try:
+            while state["epoch"] < cfg.epochs and not self._budget_spent(state):
+                last_loss = self._run_epoch(state, bar) or last_loss
+                if state["batch"] < len(self.batches):  # stopped inside the epoch (max_steps, stop_requested)
+                    self._save(state)
+                    break
+                state["epoch"] += 1
+                state["batch"] = 0
+                if self.val_data is not None and not self._budget_spent(state):
+                    self._validate(state)
+                self._save(state)
+                if cfg.early_stopping and state["bad_validations"] >= cfg.early_stopping:
+                    stopped_early = True
+                    if ctx.is_main:
+                        print(f"early stopping: no better {cfg.select_metric} for {cfg.early_stopping} validations")
+                    break
+                if self.stop_requested:
+                    break
+        finally:
+            bar.close()
+            self._close_logs()
+        if ctx.is_main:
+            ckpt.write_bundle(self.run_dir / "final", self.model)
+        ctx.barrier()
+        return TrainResult(
+            steps=state["step"], epochs=state["epoch"], best_metric=state["best"], best_step=state["best_step"],
+            validations=state["validations"], last_loss=last_loss, stopped_early=stopped_early, run_dir=self.run_dir,
+        )
+
+    def _budget_spent(self, state: dict[str, Any]) -> bool:
+        return self.config.max_steps is not None and state["step"] >= self.config.max_steps
+
+    def _loader(self, epoch: int, start: int) -> DataLoader:
+        # a private generator: creating the iterator must not draw from the global RNG, or a
+        # resumed run's dropout would diverge from the uninterrupted run's
+        return DataLoader(
+            self.train_data, batch_sampler=epoch_sampler(self.batches, epoch, start), collate_fn=collate,
+            num_workers=self.config.num_workers, generator=torch.Generator().manual_seed(self.config.seed + epoch),
+        )
+
+    def _run_epoch(self, state: dict[str, Any], bar: tqdm) -> float | None:
+        cfg = self.config
+        n_batches = len(self.batches)
+        window: dict[str, list[float]] = {}
+        window_start, window_pairs = time.perf_counter(), 0
+        last_loss = None
+        for batch in self._loader(state["epoch"], state["batch"]):
+            b = state["batch"]
+            group_start = b - b % cfg.accumulate
+            group_len = min(cfg.accumulate, n_batches - group_start)
+            last_in_group = b - group_start == group_len - 1
+            logs = self._micro_step(batch, state, group_len, last_in_group)
+            for k, v in logs.items():
+                window.setdefault(k, []).append(v)
+            window_pairs += len(batch["texts"]) * self.ctx.world_size
+            state["batch"] += 1
+            if not last_in_group:
+                continue
+            self._optimizer_step()
+            state["step"] += 1
+            step = state["step"]
+            bar.update(1)
+            means = self.ctx.mean({k: float(np.mean(v)) for k, v in window.items()})
+            window.clear()
+            last_loss = means.get("loss", last_loss)
+            if step % cfg.log_every_steps == 0 or step == 1:
+                elapsed = time.perf_counter() - window_start
+                self._log_step(state, means, window_pairs / max(elapsed, 1e-9))
+                window_start, window_pairs = time.perf_counter(), 0
+            bar.set_postfix(loss=f"{means['loss']:.4f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
+                            epoch=state["epoch"] + 1, refresh=False)
+            for cb in self.callbacks:
+                cb.on_step_end(self, step, means)
+            at_epoch_end = state["batch"] == n_batches
+            if cfg.val_every_steps and step % cfg.val_every_steps == 0 and not at_epoch_end and self.val_data is not None:
+                self._validate(state)
+            if cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0 and not at_epoch_end:
+                self._save(state)
+            if self._budget_spent(state) or self.stop_requested:
+                break
+        return last_loss
+
+    def _micro_step(self, batch: dict[str, Any], state: dict[str, Any], group_len: int, last: bool) -> dict[str, float]:
+        batch = _to_device(batch, self.ctx.device)
+        sync = contextlib.nullcontext() if last or not self.ctx.distributed else self.step_module.no_sync()
+        try:
+            with sync:
+                with self._autocast():
+                    out = self.step_module(batch)
+                loss = out.loss.float()
+                finite = bool(torch.isfinite(loss))
+                if self.ctx.any(not finite):
+                    indices = batch["indices"].tolist() if "indices" in batch else []
+                    raise NonFiniteLossError(
+                        f"the loss is {float(loss)} at step {state['step'] + 1} (epoch {state['epoch'] + 1}, "
+                        f"process {self.ctx.rank}'s caption indices {indices}); nothing of this step was "
+                        f"applied and the last good checkpoint in {self.run_dir / 'checkpoints'} is kept. "
+                        "Check those captions/images for bad values, lower the learning rate or turn off fp16.",
+                        state["step"], state["epoch"], indices,
+                    )
+                scaled = loss * self.loss_scale / group_len
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        except torch.OutOfMemoryError as exc:
+            raise TrainingError(
+                f"out of memory at step {state['step'] + 1} with a batch of {len(batch['texts'])} pairs on "
+                f"{self.ctx.device}: lower train.batch_size and raise train.accumulate, use amp = 'bf16' "
+                "or 'fp16' on a GPU, or freeze the text encoder (finetune = false)."
+            ) from exc
+        return {"loss": float(loss.detach()), **out.logs}
+
+    def _optimizer_step(self) -> None:
+        cfg = self.config
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if cfg.grad_clip is not None:
+            params = [p for g in self.groups for p in g.params]
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+
+    # -- validation --------------------------------------------------------------------------
+
+    def _validate(self, state: dict[str, Any]) -> None:
+        from xmatch.eval import evaluate
+
+        cfg = self.config
+        payload = None
+        if self.ctx.is_main:
+            result = evaluate(self.model, self.val_data, cfg.val_protocol, relevance=self.relevance, progress=False)
+            figures = result.figures()
+            payload = (metric_value(figures, cfg.select_metric), figures)
+        self.model.train()
+        value, figures = self.ctx.broadcast(payload)
+        best = state["best"]
+        better = best is None or (value < best if minimised(cfg.select_metric) else value > best)
+        record = {"step": state["step"], "epoch": state["epoch"], "metric": value, **_flat(figures)}
+        state["validations"].append(record)
+        if better:
+            state["best"], state["best_step"], state["bad_validations"] = value, state["step"], 0
+            if self.ctx.is_main:
+                ckpt.write_bundle(self.run_dir / "best", self.model, {"metrics.json": json.dumps(record, indent=1)})
+        else:
+            state["bad_validations"] += 1
+        if self.ctx.is_main:
+            self.val_log.write(record)
+            if self.tb is not None:
+                self.tb.write(state["step"], {k: v for k, v in record.items() if isinstance(v, float)}, "val")
+            mark = " (best)" if better else ""
+            tqdm.write(f"validation at step {state['step']}: {cfg.select_metric} = {value:.4f}{mark}")
+        for cb in self.callbacks:
+            cb.on_validation_end(self, state["step"], figures)
+
+    # -- logs --------------------------------------------------------------------------------
+
+    def _open_logs(self, resume_step: int | None) -> None:
+        self.train_log = self.val_log = None
+        self.tb = None
+        if not self.ctx.is_main:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.train_log = CsvLog(self.run_dir / "train.csv", resume_step)
+        self.val_log = CsvLog(self.run_dir / "val.csv", resume_step)
+        want_tb = self.config.tensorboard
+        if want_tb is None:
+            want_tb = tensorboard_available()
+        if want_tb:
+            if not tensorboard_available():
+                raise ConfigError("train -> tensorboard = true but the tensorboard package is not installed: pip install tensorboard.")
+            self.tb = TensorBoardLog(self.run_dir / "tensorboard", resume_step)
+
+    def _log_step(self, state: dict[str, Any], means: dict[str, float], pairs_per_s: float) -> None:
+        if not self.ctx.is_main:
+            return
+        lrs = self.scheduler.get_last_lr()
+        row = {"step": state["step"], "epoch": state["epoch"] + state["batch"] / len(self.batches),
+               "lr": lrs[0], **means, "pairs_per_s": pairs_per_s}
+        self.train_log.write(row)
+        if self.tb is not None:
+            self.tb.write(state["step"], {k: float(v) for k, v in row.items() if k != "step"}, "train")
+
+    def _close_logs(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def _flat(figures: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"rsum": figures["rsum"]}
+    for direction in ("i2t", "t2i"):
+        out.update({f"{direction}_{k}": v for k, v in figures[direction].items()})
+    return out
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, MatchingModel):
+        raise TypeError(f"Trainer trains an xmatch MatchingModel (xmatch.build(...)), got {type(model).__name__}.")
+    try:
+        model.spec
+    except AttributeError:
+        raise TypeError("Trainer needs a model built from a spec (xmatch.build); its checkpoints store the spec.") from None
+
+
+def check_data_fits(model: MatchingModel, dataset: Any, role: str) -> None:
+    """Fail before training when the dataset's images do not fit the image encoder
+    (precomputed regions vs pixels, region feature width)."""
+    if len(dataset) == 0:
+        raise ValueError(f"the {role} set is empty.")
+    image = dataset[0].image
+    encoder = model.image_encoder
+    name = type(encoder).__name__
+    if isinstance(image, RegionImage):
+        if encoder.takes_pixels:
+            raise ValueError(
+                f"the {role} set gives precomputed region features but the image encoder {name} takes "
+                "pixels; use an image-captions dataset, or a region encoder (e.g. 'bottomup') in the spec."
+            )
+        expected = getattr(encoder, "feature_dim", None)
+        width = int(image.regions.shape[1])
+        if expected is not None and width != expected:
+            raise ValueError(
+                f"the {role} set's region features are {width}-wide but the spec's image encoder expects "
+                f"feature_dim = {expected}; set image_encoder.feature_dim = {width} in the spec "
+                "(--model-set image_encoder.feature_dim=...) or use features of the matching extractor."
+            )
+    elif not encoder.takes_pixels:
+        raise ValueError(
+            f"the {role} set gives raw images but the image encoder {name} takes precomputed regions; "
+            "use a pixel image encoder (e.g. 'timm-grid') or a dataset of region features."
+        )
