@@ -379,7 +379,7 @@ class Trainer:
                 if self.ctx.any(not finite):
                     indices = batch["indices"].tolist() if "indices" in batch else []
                     raise NonFiniteLossError(
-                        f"the loss is {float(loss)} at step {state['step'] + 1} (epoch {state['epoch'] + 1}, "
+                        f"the loss is {float(loss.detach())} at step {state['step'] + 1} (epoch {state['epoch'] + 1}, "
                         f"process {self.ctx.rank}'s caption indices {indices}); nothing of this step was "
                         f"applied and the last good checkpoint in {self.run_dir / 'checkpoints'} is kept. "
                         "Check those captions/images for bad values, lower the learning rate or turn off fp16.",
