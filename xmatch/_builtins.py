@@ -5,12 +5,14 @@ from __future__ import annotations
 from xmatch import registry
 from xmatch._zoo import builtin_entries
 from xmatch.components.image_bottomup import BottomUpEncoder
+from xmatch.components.image_timm import TimmGridEncoder
 from xmatch.components.losses import HingeTripletLoss, UncertaintyWeightedLoss
 from xmatch.components.poolers import GlobalCosine, MrAvgw, MrSw, MwSr, Symm
 from xmatch.components.reasoners import IdentityReasoner, TransformerReasoner
 from xmatch.components.text_bert import BertTextEncoder
 from xmatch.components.text_rnn import BiGRUTextEncoder, BiLSTMTextEncoder
 from xmatch.data import ImageCaptionsDataset, PrecompDataset, TeranDataset
+from xmatch.data.scenes import open_scenes
 
 _registered = False
 
@@ -21,6 +23,7 @@ def register_builtins() -> None:
         return
     _registered = True
     registry.image_encoders.register("bottomup", BottomUpEncoder)
+    registry.image_encoders.register("timm-grid", TimmGridEncoder)
     registry.text_encoders.register("bert", BertTextEncoder)
     registry.text_encoders.register("bigru", BiGRUTextEncoder)
     registry.text_encoders.register("bilstm", BiLSTMTextEncoder)
@@ -33,5 +36,6 @@ def register_builtins() -> None:
     registry.datasets.register("teran", TeranDataset)
     registry.datasets.register("scan-precomp", PrecompDataset)
     registry.datasets.register("image-captions", ImageCaptionsDataset)
+    registry.datasets.register("scenes", open_scenes)
     for entry in builtin_entries():
         registry.models.register(entry.name, entry)

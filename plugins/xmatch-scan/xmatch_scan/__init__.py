@@ -1,0 +1,34 @@
+"""xmatch-scan: Stacked Cross Attention (Lee, Chen, Hua, Hu, He, "Stacked Cross Attention for
+Image-Text Matching", ECCV 2018) as an xmatch plugin.
+
+Installing the distribution registers, through entry points (nothing in xmatch is edited):
+
+- image encoder ``scan-precomp``: precomputed region features (SCAN's ``fc`` is the model's
+  image projection);
+- text encoder ``scan-bigru``: Bi-GRU with averaged directions and ``<start>`` / ``<end>``;
+- poolers ``scan-t2i`` and ``scan-i2t`` (Stacked Cross Attention, LogSumExp / average /
+  max / sum pooling) and the ``scan-sum-max-t2i`` / ``scan-sum-max-i2t`` baselines;
+- the zoo entries ``scan-{t2i,i2t}-{lse,avg}-{f30k,coco}``.
+
+Example:
+    >>> import xmatch
+    >>> model = xmatch.build("scan-t2i-avg-f30k", text_encoder={"vocab": "captions.txt"})  # doctest: +SKIP
+    >>> scores = model.similarity(model.encode_images(regions, boxes), model.encode_texts(["a dog"]))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from xmatch_scan.attention import aggregate, normalize_raw_scores, sum_max_scores, xattn_relevance, xattn_scores
+from xmatch_scan.image import ScanPrecompEncoder
+from xmatch_scan.init import init_like_original
+from xmatch_scan.poolers import ScanI2T, ScanT2I, StackedCrossAttention, SumMaxI2T, SumMaxT2I
+from xmatch_scan.text import ScanBiGRUTextEncoder, load_original_vocab
+from xmatch_scan.zoo import PaperEnsemble, entry, entry_names, paper_ensembles
+
+__all__ = [
+    "PaperEnsemble", "ScanBiGRUTextEncoder", "ScanI2T", "ScanPrecompEncoder", "ScanT2I", "StackedCrossAttention",
+    "SumMaxI2T", "SumMaxT2I", "aggregate", "entry", "entry_names", "init_like_original", "load_original_vocab",
+    "normalize_raw_scores", "paper_ensembles", "sum_max_scores", "xattn_relevance", "xattn_scores",
+]

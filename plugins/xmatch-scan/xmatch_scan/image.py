@@ -1,0 +1,55 @@
+"""SCAN's region encoder for precomputed bottom-up features.
+
+Lee, Chen, Hua, Hu, He. "Stacked Cross Attention for Image-Text Matching", ECCV 2018:
+``v_i = W f_i + b``, then L2-normalised (the code's ``EncoderImagePrecomp``); no boxes or
+positions are used.
+
+In an xmatch model the encoder's output goes through the model's image projection
+(``Linear(output_dim, embed_dim)``), the image reasoner and a final L2 normalisation. This
+encoder therefore hands the raw region features on unchanged (``output_dim = feature_dim``):
+with the ``identity`` reasoner the model computes exactly SCAN's ``l2norm(W f + b)``, the
+projection being SCAN's ``fc`` (``Linear(2048, 1024)``; :func:`xmatch_scan.init_like_original`
+gives it the original Xavier initialisation).
+"""
+
+from __future__ import annotations
+
+import torch
+from xmatch import EncoderOutput, ImageEncoder
+from xmatch.components.image_bottomup import check_region_inputs
+
+
+class ScanPrecompEncoder(ImageEncoder):
+    """Precomputed region features, as SCAN reads them: features only, boxes ignored.
+
+    Takes the same inputs as xmatch's ``bottomup`` encoder (regions, boxes, mask); padded
+    regions are zeroed and masked out. Every real region takes part in the attention.
+
+    Args:
+        feature_dim: width of the region features (2048 for bottom-up Faster R-CNN).
+
+    Example:
+        >>> enc = ScanPrecompEncoder(feature_dim=8)
+        >>> out = enc(torch.rand(2, 3, 8), mask=torch.tensor([[True, True, False], [True] * 3]))
+        >>> out.tokens.shape, out.tokens[0, 2].abs().sum().item(), out.content.sum().item()
+        (torch.Size([2, 3, 8]), 0.0, 5)
+    """
+
+    def __init__(self, feature_dim: int = 2048) -> None:
+        super().__init__()
+        if feature_dim < 1:
+            raise ValueError(f"feature_dim must be positive, got {feature_dim}.")
+        self.feature_dim = feature_dim
+        self.output_dim = feature_dim
+
+    def forward(
+        self, regions: torch.Tensor, boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None
+    ) -> EncoderOutput:
+        """Validate ``regions [B, R, F]`` (and ``boxes [B, R, 4]`` when given) and return them
+        with padded slots zeroed."""
+        if boxes is None and isinstance(regions, torch.Tensor):
+            # SCAN has no geometry; full-image boxes let the shared input checks run unchanged.
+            boxes = regions.new_tensor([0.0, 0.0, 1.0, 1.0]).expand(*regions.shape[:2], 4)
+        mask = check_region_inputs(regions, boxes, mask, self.feature_dim)
+        tokens = regions.masked_fill(~mask.unsqueeze(-1), 0.0)
+        return EncoderOutput(tokens, mask, mask.clone(), global_slot=False)

