@@ -105,7 +105,10 @@ class Trainer:
             ``torchrun`` each process takes its local GPU.
         resume: continue from the run folder's latest checkpoint.
         progress: show progress bars.
-        callbacks: :class:`Callback` objects.
+        callbacks: :class:`Callback` objects; one can end the run cleanly (with a checkpoint)
+            by setting ``trainer.stop_requested = True``.
+        context: the process context of :func:`xmatch.train.distributed.setup` (default: set
+            up here from ``device`` and the ``torchrun`` environment).
 
     Example:
         >>> model = xmatch.build("teran-mrsw-coco")  # doctest: +SKIP
