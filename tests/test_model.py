@@ -177,3 +177,14 @@ def test_pretrained_true_without_weights_says_how_to_get_them():
 def test_pretrained_true_on_a_plain_spec_is_a_clear_error(fixture_bert):
     with pytest.raises(ValueError, match="'<spec dict>' is a spec without weights"):
         xmatch.build(tiny_spec(fixture_bert), pretrained=True)
+
+
+def test_a_side_without_projection_uses_the_encoder_output_as_is(fixture_bert):
+    spec = tiny_spec(fixture_bert, embed_dim=40, text_projection=False)  # the tiny BERT is 40-wide
+    model = xmatch.build(spec)
+    assert isinstance(model.text_projection, torch.nn.Identity)
+    assert isinstance(model.image_projection, torch.nn.Linear)
+    assert model.spec["text_projection"] is False and model.spec["image_projection"] is True
+    assert not any(n.startswith("text_projection.") for n, _ in model.named_parameters())
+    with pytest.raises(xmatch.SpecError, match=r"text_projection = false uses the text encoder's 40-wide output .* embed_dim = 16"):
+        xmatch.build(tiny_spec(fixture_bert, text_projection=False))

@@ -37,14 +37,23 @@ def model_from_spec(spec: Mapping[str, Any]) -> MatchingModel:
             extra[name] = instantiate(table, "poolers")
         except (ValueError, TypeError) as exc:
             raise SpecError(f"model -> extra_poolers -> {name}: {exc}") from exc
+    image_encoder, text_encoder = make("image_encoder", "image_encoders"), make("text_encoder", "text_encoders")
+    for side, encoder in (("image", image_encoder), ("text", text_encoder)):
+        if not canonical[f"{side}_projection"] and encoder.output_dim != dim:
+            raise SpecError(
+                f"model -> {side}_projection = false uses the {side} encoder's {encoder.output_dim}-wide output "
+                f"as the embedding, but embed_dim = {dim}; set embed_dim = {encoder.output_dim} or keep the projection."
+            )
     return MatchingModel(
-        image_encoder=make("image_encoder", "image_encoders"),
-        text_encoder=make("text_encoder", "text_encoders"),
+        image_encoder=image_encoder,
+        text_encoder=text_encoder,
         image_reasoner=image_reasoner,
         text_reasoner=text_reasoner,
         pooler=make("pooler", "poolers"),
         loss=make("loss", "losses"),
         embed_dim=dim,
+        image_projection=canonical["image_projection"],
+        text_projection=canonical["text_projection"],
         extra_poolers=extra,
         spec=canonical,
     )

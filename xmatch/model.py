@@ -23,6 +23,11 @@ from xmatch.components.base import (
 from xmatch.embeddings import Embeddings
 
 
+def _projection(width: int, embed_dim: int, learned: bool) -> nn.Module:
+    """The layer from an encoder's width to the joint space: linear, or none at all."""
+    return nn.Linear(width, embed_dim) if learned else nn.Identity()
+
+
 class MatchingModel(nn.Module):
     """Image encoder -> projection -> image reasoner; text encoder -> projection -> text
     reasoner; a pooler scores image-text pairs; a loss trains them.
@@ -48,12 +53,14 @@ class MatchingModel(nn.Module):
         embed_dim: int,
         extra_poolers: Mapping[str, Pooler] | None = None,
         spec: dict[str, Any] | None = None,
+        image_projection: bool = True,
+        text_projection: bool = True,
     ) -> None:
         super().__init__()
         self.image_encoder = image_encoder
         self.text_encoder = text_encoder
-        self.image_projection = nn.Linear(image_encoder.output_dim, embed_dim)
-        self.text_projection = nn.Linear(text_encoder.output_dim, embed_dim)
+        self.image_projection = _projection(image_encoder.output_dim, embed_dim, image_projection)
+        self.text_projection = _projection(text_encoder.output_dim, embed_dim, text_projection)
         self.image_reasoner = image_reasoner
         self.text_reasoner = text_reasoner
         self.pooler = pooler
@@ -71,14 +78,14 @@ class MatchingModel(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.image_projection.weight.device
+        return next(self.parameters()).device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.image_projection.weight.dtype
+        return next(p for p in self.parameters() if p.is_floating_point()).dtype
 
-    def _finish(self, out: EncoderOutput, projection: nn.Linear, reasoner: Reasoner) -> Embeddings:
-        x = reasoner(projection(out.tokens.to(projection.weight.dtype)), out.mask)
+    def _finish(self, out: EncoderOutput, projection: nn.Module, reasoner: Reasoner) -> Embeddings:
+        x = reasoner(projection(out.tokens.to(self.dtype)), out.mask)
         pooled = F.normalize(x[:, 0], dim=-1) if out.global_slot else None
         tokens, content = (x[:, 1:], out.content[:, 1:]) if out.global_slot else (x, out.content)
         return Embeddings(F.normalize(tokens, dim=-1), content, pooled).trimmed()

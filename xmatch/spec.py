@@ -38,7 +38,14 @@ COMPONENTS: dict[str, str] = {
     "loss": "losses",
 }
 #: top-level scalar keys of a model spec and their defaults
-MODEL_OPTIONS: dict[str, Any] = {"embed_dim": 1024, "shared_reasoner": False}
+MODEL_OPTIONS: dict[str, Any] = {
+    "embed_dim": 1024,
+    "shared_reasoner": False,
+    # False: the encoder's output is used as is (its width must be embed_dim), for models whose
+    # paper has no layer between encoder and scoring (SCAN's text side, VSE++)
+    "image_projection": True,
+    "text_projection": True,
+}
 #: arguments the model builder passes itself; a spec must not set them
 INJECTED: dict[str, tuple[str, ...]] = {"image_reasoner": ("dim",), "text_reasoner": ("dim",)}
 
