@@ -333,6 +333,7 @@ class Trainer:
         n_batches = len(self.batches)
         window: dict[str, list[float]] = {}
         window_start, window_pairs = time.perf_counter(), 0
+        step_start, step_pairs = time.perf_counter(), 0
         last_loss = None
         for batch in self._loader(state["epoch"], state["batch"]):
             b = state["batch"]
@@ -343,6 +344,7 @@ class Trainer:
             for k, v in logs.items():
                 window.setdefault(k, []).append(v)
             window_pairs += len(batch["texts"]) * self.ctx.world_size
+            step_pairs += len(batch["texts"]) * self.ctx.world_size
             state["batch"] += 1
             if not last_in_group:
                 continue
@@ -357,8 +359,11 @@ class Trainer:
                 elapsed = time.perf_counter() - window_start
                 self._log_step(state, means, window_pairs / max(elapsed, 1e-9))
                 window_start, window_pairs = time.perf_counter(), 0
+            now = time.perf_counter()
             bar.set_postfix(loss=f"{means['loss']:.4f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
-                            epoch=state["epoch"] + 1, refresh=False)
+                            pairs_s=f"{step_pairs / max(now - step_start, 1e-9):.1f}", epoch=state["epoch"] + 1,
+                            refresh=False)
+            step_start, step_pairs = now, 0
             for cb in self.callbacks:
                 cb.on_step_end(self, step, means)
             at_epoch_end = state["batch"] == n_batches
