@@ -25,41 +25,78 @@ def inputs(n=4, r=5, f=12, seed=0):
     return regions, torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64).expand(n, r, 4)
 
 
-@pytest.mark.parametrize("name", ["scan-t2i-lse-coco", "scan-i2t-avg-f30k", "scan-i2t-lse-coco"])
-def test_model_scores_and_loss_are_the_original_pipeline(name):
-    torch.manual_seed(0)
-    model = init_like_original(xmatch.build(name, **TINY)).double().eval()
-    regions, boxes = inputs()
-    # the original: v = l2norm(fc(f)); e = l2norm((h_fwd + h_bwd) / 2) with <start>/<end>
+def original_scores_and_loss(model, regions, captions):
+    """The original pipeline on the model's own parameters: v = l2norm(fc(f)),
+    e = l2norm((h_fwd + h_bwd) / 2) with <start>/<end>, stacked cross attention, and
+    SCAN's ContrastiveLoss with --max_violation (hardest negatives, summed)."""
     v = l2norm(model.image_projection(regions), dim=-1)
-    batch = model.text_encoder.tokenize(CAPTIONS[:4])
+    batch = model.text_encoder.tokenize(captions)
     e = l2norm(model.text_encoder(batch).tokens, dim=-1)
-    pooler = model.pooler
-    expected = xattn_score(v, e, batch.mask.sum(1), pooler.direction, pooler.lambda_softmax,
-                           pooler.agg_func, pooler.lambda_lse, pooler.raw_feature_norm)
-    scores = model.similarity(model.encode_images(regions, boxes), model.encode_texts(CAPTIONS[:4]))
-    # xmatch's final F.normalize divides by max(|x|, 1e-12), the original by |x| + 1e-8
-    torch.testing.assert_close(scores, expected, rtol=1e-7, atol=1e-7)
-    # SCAN's ContrastiveLoss with --max_violation: hardest negatives, summed
-    d = expected.diagonal()
-    eye = torch.eye(4, dtype=torch.bool)
-    cost_s = (0.2 + expected - d[:, None]).clamp_min(0).masked_fill(eye, 0)
-    cost_im = (0.2 + expected - d[None, :]).clamp_min(0).masked_fill(eye, 0)
-    loss = model({"regions": regions, "boxes": boxes, "texts": CAPTIONS[:4]}).loss
-    assert loss.item() == pytest.approx((cost_s.amax(1).sum() + cost_im.amax(0).sum()).item(), abs=1e-6)
+    p = model.pooler
+    scores = xattn_score(v, e, batch.mask.sum(1), p.direction, p.lambda_softmax, p.agg_func, p.lambda_lse, p.raw_feature_norm)
+    d = scores.diagonal()
+    eye = torch.eye(len(captions), dtype=torch.bool)
+    cost_s = (0.2 + scores - d[:, None]).clamp_min(0).masked_fill(eye, 0)
+    cost_im = (0.2 + scores - d[None, :]).clamp_min(0).masked_fill(eye, 0)
+    return scores, cost_s.amax(1).sum() + cost_im.amax(0).sum()
 
 
-def test_init_like_original_is_xavier_fc_and_an_identity_text_projection():
+@pytest.mark.parametrize("name", ["scan-t2i-lse-coco", "scan-i2t-avg-f30k", "scan-i2t-lse-coco"])
+def test_model_scores_and_loss_are_the_original_pipeline_before_and_after_training(name):
+    torch.manual_seed(0)
+    model = xmatch.build(name, **TINY).double()
+    regions, boxes = inputs()
+    batch = {"regions": regions, "boxes": boxes, "texts": CAPTIONS[:4]}
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(2):
+        # step 0: as built (no init_like_original needed); step 1: after an Adam step moved
+        # every parameter, which a layer SCAN does not have would make visible
+        with torch.no_grad():
+            expected, expected_loss = original_scores_and_loss(model, regions, CAPTIONS[:4])
+            scores = model.similarity(model.encode_images(regions, boxes), model.encode_texts(CAPTIONS[:4]))
+        # xmatch's final F.normalize divides by max(|x|, 1e-12), the original by |x| + 1e-8
+        torch.testing.assert_close(scores, expected, rtol=1e-7, atol=1e-7)
+        loss = model(batch).loss
+        assert loss.item() == pytest.approx(expected_loss.item(), abs=1e-6)
+        if step == 0:
+            gru_before = model.text_encoder.rnn.weight_hh_l0.detach().clone()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    assert (model.text_encoder.rnn.weight_hh_l0 - gru_before).abs().max() > 1e-3
+
+
+def test_only_scan_parameters_are_trained():
+    model = xmatch.build("scan-t2i-avg-f30k", text_encoder={"vocab": WORDS})
+    assert isinstance(model.text_projection, torch.nn.Identity)
+    # the original's SCAN.params: img_enc.fc and txt_enc (embedding + GRU)
+    names = {n.split(".")[0] for n, _ in model.named_parameters()}
+    assert names == {"image_projection", "text_encoder"}
+    assert {n for n, _ in model.image_projection.named_parameters()} == {"weight", "bias"}
+
+
+def test_init_like_original_is_xavier_fc():
     model = init_like_original(xmatch.build("scan-t2i-avg-f30k", text_encoder={"vocab": WORDS}))
     w = model.image_projection.weight
     r = math.sqrt(6 / (2048 + 1024))
     assert w.abs().max() <= r and w.abs().max() > 0.99 * r and abs(w.std().item() - r / math.sqrt(3)) < 1e-3
     assert model.image_projection.bias.abs().max() == 0
-    assert torch.equal(model.text_projection.weight, torch.eye(1024)) and model.text_projection.bias.abs().max() == 0
-    with pytest.raises(ValueError, match="hidden_dim equals embed_dim"):
-        init_like_original(xmatch.build("scan-t2i-avg-f30k", embed_dim=32, text_encoder={"vocab": WORDS, "hidden_dim": 16}))
+    embed = model.text_encoder.embed.weight[2:]  # past <pad> (zero) and <unk>
+    assert embed.abs().max() <= 0.1 and embed.abs().max() > 0.09
+
+
+def test_init_like_original_refuses_models_that_are_not_scan():
+    with pytest.raises(ValueError, match="build it with text_projection = false"):
+        init_like_original(xmatch.build("scan-t2i-avg-f30k", text_projection=True, text_encoder={"vocab": WORDS}))
+    with pytest.raises(ValueError, match="no SCAN fc to initialise"):
+        init_like_original(xmatch.build("scan-t2i-avg-f30k", image_projection=False, **TINY | {"image_encoder": {"feature_dim": 16}}))
     with pytest.raises(TypeError, match="initialises SCAN models"):
         init_like_original(xmatch.build("scan-t2i-avg-f30k", text_encoder={"name": "bigru", "vocab": WORDS}))
+
+
+def test_text_width_must_be_the_embedding_width():
+    with pytest.raises(xmatch.SpecError, match="set embed_dim = 16 or keep the projection"):
+        xmatch.build("scan-t2i-avg-f30k", embed_dim=32, text_encoder={"vocab": WORDS, "hidden_dim": 16})
 
 
 def test_bundle_round_trip_gives_the_same_scores(tmp_path):

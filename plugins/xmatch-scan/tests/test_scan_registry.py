@@ -78,6 +78,8 @@ def test_entry_card_and_spec_follow_the_readme(name):
     assert spec["pooler"].get("raw_feature_norm", "clipped_l2norm") == "clipped_l2norm"
     assert spec["embed_dim"] == 1024 and spec["image_encoder"] == {"name": "scan-precomp", "feature_dim": 2048}
     assert spec["text_encoder"]["word_dim"] == 300 and spec["text_encoder"]["hidden_dim"] == 1024
+    # fc is the image projection; the Bi-GRU states go straight to the L2 norm
+    assert spec["image_projection"] is True and spec["text_projection"] is False
     assert spec["image_reasoner"]["name"] == spec["text_reasoner"]["name"] == "identity"
     assert spec["loss"] == {"name": "hinge", "margin": 0.2, "max_violation": True, "reduction": "sum"}
     check_model_spec(spec)
@@ -91,11 +93,12 @@ def test_entry_card_and_spec_follow_the_readme(name):
 @pytest.mark.parametrize("name", ENTRIES)
 def test_stated_params_are_the_built_models(name, tmp_path):
     entry = xmatch.info(name)
-    assert count_parameters(entry, tmp_path) == entry.params == 11_294_720
-    # by hand: SCAN's fc, the bidirectional GRU (r, z, n gates), the text projection
+    assert count_parameters(entry, tmp_path) == entry.params == 10_245_120
+    # by hand: SCAN's fc and the bidirectional GRU (r, z, n gates), nothing else (SCAN.params
+    # of the original: img_enc.fc + txt_enc less the word embeddings)
     fc = 2048 * 1024 + 1024
     gru = 2 * (3 * 1024 * 300 + 3 * 1024 * 1024 + 2 * 3 * 1024)
-    assert entry.params == fc + gru + (1024 * 1024 + 1024)
+    assert entry.params == fc + gru
 
 
 def test_paper_ensembles_name_plugin_entries_and_part_a_figures():
@@ -114,7 +117,7 @@ def test_paper_ensembles_name_plugin_entries_and_part_a_figures():
 def test_zoo_entry_builds_without_a_vocabulary_but_says_what_is_missing():
     model = xmatch.build("scan-t2i-avg-f30k")
     assert isinstance(model.pooler, ScanT2I) and model.pooler.agg_func == "Mean"
-    assert model.image_projection.in_features == 2048 and model.text_projection.in_features == 1024
+    assert model.image_projection.in_features == 2048 and isinstance(model.text_projection, torch.nn.Identity)
     with pytest.raises(ValueError, match="text_encoder=\\{'vocab': ...\\}"):
         model.encode_texts(["a dog"])
 

@@ -5,7 +5,8 @@ Installing the distribution registers, through entry points (nothing in xmatch i
 
 - image encoder ``scan-precomp``: precomputed region features (SCAN's ``fc`` is the model's
   image projection);
-- text encoder ``scan-bigru``: Bi-GRU with averaged directions and ``<start>`` / ``<end>``;
+- text encoder ``scan-bigru``: Bi-GRU with averaged directions and ``<start>`` / ``<end>``
+  (no text projection follows it: ``text_projection = false``);
 - poolers ``scan-t2i`` and ``scan-i2t`` (Stacked Cross Attention, LogSumExp / average /
   max / sum pooling) and the ``scan-sum-max-t2i`` / ``scan-sum-max-i2t`` baselines;
 - the zoo entries ``scan-{t2i,i2t}-{lse,avg}-{f30k,coco}``.

@@ -5,11 +5,11 @@ Lee, Chen, Hua, Hu, He. "Stacked Cross Attention for Image-Text Matching", ECCV 
 positions are used.
 
 In an xmatch model the encoder's output goes through the model's image projection
-(``Linear(output_dim, embed_dim)``), the image reasoner and a final L2 normalisation. This
-encoder therefore hands the raw region features on unchanged (``output_dim = feature_dim``):
-with the ``identity`` reasoner the model computes exactly SCAN's ``l2norm(W f + b)``, the
-projection being SCAN's ``fc`` (``Linear(2048, 1024)``; :func:`xmatch_scan.init_like_original`
-gives it the original Xavier initialisation).
+(``Linear(output_dim, embed_dim)``, kept on: ``image_projection = true``), the image reasoner
+and a final L2 normalisation. This encoder therefore hands the raw region features on
+unchanged (``output_dim = feature_dim``): with the ``identity`` reasoner the model computes
+exactly SCAN's ``l2norm(W f + b)``, the projection being SCAN's ``fc`` (``Linear(2048, 1024)``;
+:func:`xmatch_scan.init_like_original` gives it the original Xavier initialisation).
 """
 
 from __future__ import annotations

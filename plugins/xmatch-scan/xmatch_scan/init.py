@@ -3,9 +3,9 @@
 Lee, Chen, Hua, Hu, He. "Stacked Cross Attention for Image-Text Matching", ECCV 2018
 (kuanghuei/SCAN ``model.py:EncoderImagePrecomp.init_weights``).
 
-``xmatch.build`` creates the model's two projections with PyTorch's default ``nn.Linear``
-initialisation, and a plugin component cannot reach them. This function sets them as the
-original would have them.
+``xmatch.build`` creates the model's image projection (SCAN's ``fc``) with PyTorch's default
+``nn.Linear`` initialisation, and a plugin component cannot reach it. This function gives it
+the original's.
 """
 
 from __future__ import annotations
@@ -20,20 +20,17 @@ from xmatch_scan.text import ScanBiGRUTextEncoder
 
 @torch.no_grad()
 def init_like_original(model: MatchingModel) -> MatchingModel:
-    """Initialise a SCAN model's projections as the original code does, in place.
-
-    - The image projection is SCAN's ``fc``: Xavier-uniform weights, U(-r, r) with
-      r = sqrt(6 / (in + out)), and a zero bias.
-    - The text projection has no counterpart in SCAN (its words go straight from the GRU to
-      the L2 norm); it becomes the identity, so the model computes SCAN's function exactly
-      until training moves it.
+    """Initialise a SCAN model's ``fc`` (the image projection) as the original code does, in place:
+    Xavier-uniform weights, U(-r, r) with r = sqrt(6 / (in + out)), and a zero bias.
 
     The word embeddings (U(-0.1, 0.1)) and the GRU (PyTorch defaults) already start as in the
-    original.
+    original, and the text side has no layer to initialise (``text_projection = false``: the
+    Bi-GRU's averaged states go straight to the L2 norm), so afterwards every parameter starts
+    as in the original.
 
     Args:
-        model: a model with a ``scan-precomp`` image encoder and a ``scan-bigru`` text encoder
-            whose ``hidden_dim`` equals the model's ``embed_dim``.
+        model: a model with a ``scan-precomp`` image encoder followed by a linear image projection
+            and a ``scan-bigru`` text encoder with no text projection (the zoo entries' layout).
 
     Returns:
         The same model.
@@ -46,14 +43,16 @@ def init_like_original(model: MatchingModel) -> MatchingModel:
             "init_like_original initialises SCAN models: image encoder 'scan-precomp' and text encoder "
             f"'scan-bigru'; this model has {type(model.image_encoder).__name__} and {type(model.text_encoder).__name__}."
         )
-    text = model.text_projection
-    if text.in_features != text.out_features:
+    if not isinstance(model.image_projection, nn.Linear):
         raise ValueError(
-            f"the text projection maps {text.in_features} to {text.out_features} features; it can only start "
-            f"as the identity when the text encoder's hidden_dim equals embed_dim ({text.out_features})."
+            "this model has no image projection (image_projection = false), so it has no SCAN fc to "
+            "initialise; build it with image_projection = true, as the scan-* zoo entries are."
+        )
+    if not isinstance(model.text_projection, nn.Identity):
+        raise ValueError(
+            "this model has a text projection, a layer SCAN does not have (its Bi-GRU states go straight "
+            "to the L2 norm); build it with text_projection = false, as the scan-* zoo entries are."
         )
     nn.init.xavier_uniform_(model.image_projection.weight)
     model.image_projection.bias.zero_()
-    text.weight.copy_(torch.eye(text.in_features, dtype=text.weight.dtype, device=text.weight.device))
-    text.bias.zero_()
     return model

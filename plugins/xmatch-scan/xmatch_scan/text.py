@@ -7,7 +7,9 @@ its code (kuanghuei/SCAN ``model.py:EncoderText``, ``data.py``, ``vocab.py``):
   them and take part in the GRU and in the cross attention like any word;
 - ``Embedding(vocabulary, 300)`` initialised U(-0.1, 0.1), then ``GRU(300, 1024,
   bidirectional)`` over the packed sequence; each word's feature is the mean of its forward
-  and backward states (``e_j = (h_fwd_j + h_bwd_j) / 2``), L2-normalised by the model.
+  and backward states (``e_j = (h_fwd_j + h_bwd_j) / 2``), L2-normalised by the model. The
+  zoo entries set ``text_projection = false``, so no layer comes between the two (the
+  output width ``hidden_dim`` is then the model's ``embed_dim``).
 
 This is xmatch's ``bigru`` encoder (:class:`xmatch.components.text_rnn.BiGRUTextEncoder`,
 ``merge="mean"``) with SCAN's start / end markers and vocabulary rules (words seen at least 4

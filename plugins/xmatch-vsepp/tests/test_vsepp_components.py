@@ -16,7 +16,7 @@ from PIL import Image
 import xmatch
 from xmatch import Embeddings
 from xmatch.components.losses import hinge_triplet
-from xmatch_vsepp import OrderPooler, VSEPPImageEncoder, VSEPPPrecompEncoder, VSEPPTextEncoder
+from xmatch_vsepp import OrderPooler, VSEPPImageEncoder, VSEPPPrecompEncoder, VSEPPTextEncoder, init_like_original
 from vsepp_fixtures import one_thread  # noqa: F401  (autouse: one torch thread)
 
 WORDS = ["a", "dog", "on", "the", "bench", "cat"]
@@ -141,7 +141,7 @@ def lite0() -> VSEPPImageEncoder:
 def test_cnn_path_is_l2norm_fc_l2norm():
     torch.manual_seed(0)
     model = xmatch.build("vsepp-resnet152-coco", embed_dim=6, image_encoder={"backbone": "efficientnet_lite0"},
-                         text_encoder={"vocab": WORDS, "word_dim": 4, "hidden_dim": 3}).eval()
+                         text_encoder={"vocab": WORDS, "word_dim": 4, "hidden_dim": 6}).eval()
     pixels = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         features = model.image_encoder.cnn(pixels)
@@ -204,6 +204,77 @@ def test_image_encoder_errors(lite0):
         lite0(torch.rand(3, 64, 64))
     with pytest.raises(TypeError, match="not PIL images"):
         lite0([np.zeros((8, 8, 3))])
+
+
+# --- the whole model ---------------------------------------------------------------------
+
+
+def original_scores_and_loss(model, regions, captions, margin=0.2):
+    """The original pipeline on the model's own parameters: im = l2norm(fc(f)) (precomp, no
+    input norm), s = l2norm(GRU state at the last word), cosine_sim = im . s^T, and the summed
+    hinge with the hardest negative (--max_violation)."""
+    im = F.normalize(model.image_projection(regions[:, 0]), dim=-1)
+    batch = model.text_encoder.tokenize(captions)
+    x = model.text_encoder.embed(batch.inputs["input_ids"])
+    states, _ = model.text_encoder.rnn(x)
+    s = F.normalize(states[torch.arange(len(captions)), batch.mask.sum(1) - 1], dim=-1)  # gather at length - 1
+    scores = im @ s.T
+    d = scores.diagonal()
+    eye = torch.eye(len(captions), dtype=torch.bool)
+    cost_s = (margin + scores - d[:, None]).clamp_min(0).masked_fill(eye, 0)
+    cost_im = (margin + scores - d[None, :]).clamp_min(0).masked_fill(eye, 0)
+    return scores, cost_s.amax(1).sum() + cost_im.amax(0).sum()
+
+
+def test_whole_model_is_the_original_pipeline_before_and_after_training():
+    torch.manual_seed(0)
+    model = xmatch.build("vsepp-precomp-coco", embed_dim=6, image_encoder={"feature_dim": 5},
+                         text_encoder={"vocab": WORDS, "word_dim": 4, "hidden_dim": 6}).double()
+    regions = torch.rand(4, 1, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    captions = ["a dog on the bench", "a cat", "the dog", "cat on a bench"]
+    batch = {"regions": regions, "boxes": torch.zeros(4, 1, 4, dtype=torch.float64), "texts": captions}
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    gru_before = model.text_encoder.rnn.weight_hh_l0.detach().clone()
+    for step in range(2):
+        # step 0: as built; step 1: after an Adam step moved every parameter, which a layer
+        # VSE++ does not have (a caption projection) would make visible
+        with torch.no_grad():
+            expected, expected_loss = original_scores_and_loss(model, regions, captions)
+            scores = model.similarity(model.encode_images(regions, batch["boxes"]), model.encode_texts(captions))
+        torch.testing.assert_close(scores, expected, rtol=1e-12, atol=1e-12)
+        loss = model(batch).loss
+        torch.testing.assert_close(loss, expected_loss, rtol=1e-12, atol=1e-12)
+        if step == 0:
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    assert (model.text_encoder.rnn.weight_hh_l0 - gru_before).abs().max() > 1e-3
+    assert isinstance(model.text_projection, torch.nn.Identity)
+    assert {n.split(".")[0] for n, _ in model.named_parameters()} == {"image_projection", "text_encoder"}
+
+
+def test_init_like_original_is_xavier_fc():
+    model = init_like_original(xmatch.build("vsepp-precomp-coco", text_encoder={"vocab": WORDS}))
+    w = model.image_projection.weight
+    r = (6 / (4096 + 1024)) ** 0.5
+    assert w.abs().max() <= r and w.abs().max() > 0.99 * r and abs(w.std().item() - r / 3**0.5) < 1e-3
+    assert model.image_projection.bias.abs().max() == 0
+
+
+def test_init_like_original_refuses_models_that_are_not_vsepp():
+    tiny = {"embed_dim": 6, "text_encoder": {"vocab": WORDS, "word_dim": 4, "hidden_dim": 6}}
+    with pytest.raises(ValueError, match="build it with text_projection = false"):
+        init_like_original(xmatch.build("vsepp-precomp-coco", text_projection=True, image_encoder={"feature_dim": 5}, **tiny))
+    with pytest.raises(ValueError, match="no VSE\\+\\+ fc to initialise"):
+        init_like_original(xmatch.build("vsepp-precomp-coco", image_projection=False, image_encoder={"feature_dim": 6}, **tiny))
+    with pytest.raises(TypeError, match="initialises VSE\\+\\+ models"):
+        init_like_original(xmatch.build("vsepp-precomp-coco", embed_dim=6, image_encoder={"feature_dim": 5},
+                                        text_encoder={"name": "bigru", "vocab": WORDS, "word_dim": 4, "hidden_dim": 3}))  # 2 x 3
+
+
+def test_caption_width_must_be_the_embedding_width():
+    with pytest.raises(xmatch.SpecError, match="set embed_dim = 3 or keep the projection"):
+        xmatch.build("vsepp-precomp-coco", embed_dim=6, text_encoder={"vocab": WORDS, "word_dim": 4, "hidden_dim": 3})
 
 
 # --- scores and loss --------------------------------------------------------------------

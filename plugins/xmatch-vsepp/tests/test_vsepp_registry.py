@@ -28,7 +28,7 @@ def tiny(entry: str) -> dict:
     return {
         "embed_dim": 16,
         "image_encoder": image,
-        "text_encoder": {"vocab": WORDS, "word_dim": 8, "hidden_dim": 10},
+        "text_encoder": {"vocab": WORDS, "word_dim": 8, "hidden_dim": 16},  # = embed_dim: no text projection
     }
 
 
@@ -62,6 +62,8 @@ def test_entry_schema(name):
     assert "No" in entry.origin and not entry.weights, "no weights exist: the entry says so and lists none"
     assert type(entry.params) is int
     assert entry.spec["loss"]["name"] == "hinge" and entry.spec["text_encoder"]["name"] == "vsepp-gru"
+    # fc is the image projection; the GRU state goes straight to the l2norm
+    assert entry.spec["image_projection"] is True and entry.spec["text_projection"] is False
     for bench, figures in entry.metrics.items():
         assert bench.startswith(entry.dataset) and figures["source"]
 
@@ -105,11 +107,11 @@ def test_params_are_the_built_models_by_hand():
         return i * o + o
 
     gru = 3 * (linear(300, 1024) + linear(1024, 1024))  # reset, update, new gates: W_i, W_h, b_i, b_h
-    precomp = linear(4096, 1024) + gru + linear(1024, 1024)  # fc, GRU, text projection
-    assert precomp == 9_318_400 == xmatch.info("vsepp-precomp-coco").params
+    precomp = linear(4096, 1024) + gru  # fc and the GRU: the original's parameters, no others
+    assert precomp == 8_268_800 == xmatch.info("vsepp-precomp-coco").params
     for name in ENTRIES:
         assert count_parameters(name, os.devnull) == xmatch.info(name).params, name
-    resnet = xmatch.info("vsepp-resnet152-coco").params - gru - linear(1024, 1024) - linear(2048, 1024)
+    resnet = xmatch.info("vsepp-resnet152-coco").params - gru - linear(2048, 1024)
     assert resnet == 60_192_808 - linear(2048, 1000)  # timm resnet152 without its classifier
 
 

@@ -5,7 +5,8 @@ Installing the distribution registers, through entry points (nothing in xmatch i
 image encoders ``vsepp-cnn`` (timm CNN on pixels) and ``vsepp-precomp`` (precomputed global
 features), the text encoder ``vsepp-gru`` and the pooler ``vsepp-order``, plus the
 ``vsepp-*`` zoo entries. Cosine scoring and the hardest-negative hinge are xmatch's own
-``global-cosine`` pooler and ``hinge`` loss.
+``global-cosine`` pooler and ``hinge`` loss. :func:`init_like_original` gives a built model's
+``fc`` (its image projection) VSE++'s Xavier initialisation.
 
 Example:
     >>> import xmatch
@@ -14,7 +15,8 @@ Example:
 """
 
 from xmatch_vsepp.image import VSEPPImageEncoder, VSEPPPrecompEncoder
+from xmatch_vsepp.init import init_like_original
 from xmatch_vsepp.order import OrderPooler
 from xmatch_vsepp.text import VSEPPTextEncoder
 
-__all__ = ["OrderPooler", "VSEPPImageEncoder", "VSEPPPrecompEncoder", "VSEPPTextEncoder"]
+__all__ = ["OrderPooler", "VSEPPImageEncoder", "VSEPPPrecompEncoder", "VSEPPTextEncoder", "init_like_original"]

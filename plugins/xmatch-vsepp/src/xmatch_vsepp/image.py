@@ -1,7 +1,9 @@
 """VSE++ image encoders (Faghri, Fleet, Kiros, Fidler, "VSE++: Improving Visual-Semantic
 Embeddings with Hard Negatives", BMVC 2018; code: fartashf/vsepp ``model.py``).
 
-Both return one global slot, so the model's pooled vector is the image embedding:
+Both return one global slot, so the model's pooled vector is the image embedding. Both stop
+before VSE++'s ``fc``, which is the model's image projection (``image_projection = true``;
+:func:`xmatch_vsepp.init_like_original` gives it the original Xavier initialisation):
 
 - ``vsepp-cnn`` (``EncoderImageFull``): pixels -> ImageNet CNN (a timm backbone, its
   classifier removed) -> l2norm. The model's projection is VSE++'s ``fc`` and the model

@@ -2,8 +2,9 @@
 
 Words -> ``Embedding(vocab, 300)`` initialised U(-0.1, 0.1) -> one-layer unidirectional GRU
 (batch first, on the packed sequence) -> the hidden state at each caption's last word
-(``<start>`` ... ``<end>`` inclusive, as the original) -> one global slot. The model's
-projection and l2-normalisation follow (see the README for that extra linear layer).
+(``<start>`` ... ``<end>`` inclusive, as the original) -> one global slot. The zoo entries set
+``text_projection = false``, so the model l2-normalises this state directly, as the original
+does (the output width ``hidden_dim`` is then the model's ``embed_dim``).
 
 The vocabulary and word splitting are xmatch's (:class:`xmatch.components.text_rnn.Vocabulary`,
 NLTK-like clitic splitting); ``<start>`` and ``<end>`` are ordinary words of it, added when
