@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 from xmatch._builtins import register_builtins
 from xmatch._bundle import save_pretrained
 from xmatch._factory import build, convert_original, info, list_models, model_from_spec
-from xmatch._zoo import ZooEntry
+from xmatch._zoo import ZooEntry, zoo_entries_from_toml
 from xmatch.components.base import (
     EncoderOutput,
     ImageEncoder,
@@ -60,4 +60,5 @@ __all__ = [
     "info", "list_components", "list_models", "model_from_spec", "normalize_boxes",
     "register_dataset", "register_image_encoder", "register_loss", "register_model",
     "register_pooler", "register_reasoner", "register_text_encoder", "save_pretrained",
+    "zoo_entries_from_toml",
 ]

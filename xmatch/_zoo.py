@@ -85,15 +85,20 @@ def _read_zoo_files() -> dict[str, dict[str, Any]]:
     for resource in sorted(importlib.resources.files("xmatch.zoo").iterdir(), key=lambda r: r.name):
         if not resource.name.endswith(".toml"):
             continue
-        data = tomllib.loads(resource.read_text(encoding="utf-8"))
-        for name, table in data.items():
+        tables = _checked_tables(tomllib.loads(resource.read_text(encoding="utf-8")), resource.name)
+        for name, table in tables.items():
             if name in raw:
                 raise ValueError(f"zoo entry '{name}' is defined twice (second time in {resource.name}).")
-            unknown = set(table) - ENTRY_KEYS
-            if unknown:
-                raise ValueError(f"zoo entry '{name}' ({resource.name}) has unknown keys {sorted(unknown)}.")
             raw[name] = table
     return raw
+
+
+def _checked_tables(data: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    for name, table in data.items():
+        unknown = set(table) - ENTRY_KEYS if isinstance(table, dict) else {"<not a table>"}
+        if unknown:
+            raise ValueError(f"zoo entry '{name}' ({where}) has unknown keys {sorted(unknown)}.")
+    return data
 
 
 def _resolve(name: str, raw: dict[str, dict[str, Any]], seen: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -141,12 +146,27 @@ def builtin_entries() -> list[ZooEntry]:
     return [ZooEntry(name=name, **_resolve(name, raw)) for name in raw]
 
 
+def zoo_entries_from_toml(package: str, resource: str = "zoo.toml") -> dict[str, ZooEntry]:
+    """The zoo entries of a TOML file shipped inside ``package``, in the layout of xmatch's
+    own ``zoo/*.toml`` (one table per entry; ``base`` + ``overrides``; the paper's figures,
+    weights and parameter count are not inherited). For plugins: point each entry point of
+    the group ``xmatch_models`` at one of the returned entries.
+
+    Example:
+        >>> ENTRIES = zoo_entries_from_toml("my_plugin", "zoo.toml")  # doctest: +SKIP
+        >>> my_model_coco = ENTRIES["my-model-coco"]  # doctest: +SKIP
+    """
+    text = importlib.resources.files(package).joinpath(resource).read_text(encoding="utf-8")
+    raw = _checked_tables(tomllib.loads(text), f"{package}/{resource}")
+    return {name: ZooEntry(name=name, **_resolve(name, raw)) for name in raw}
+
+
 def as_entry(name: str, obj: Any) -> ZooEntry:
     """Accept a ZooEntry, a dict of entry fields, or a callable returning either (plugins)."""
     if callable(obj) and not isinstance(obj, ZooEntry):
         obj = obj()
     if isinstance(obj, ZooEntry):
-        return obj
+        return copy.deepcopy(obj)  # callers may edit the spec they get; the registered entry stays
     if isinstance(obj, dict) and "spec" in obj:
         return ZooEntry(name=name, **{k: v for k, v in obj.items() if k != "name"})
     raise TypeError(f"zoo entry '{name}' must be a ZooEntry or a dict with a 'spec', got {type(obj).__name__}.")

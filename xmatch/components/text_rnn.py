@@ -230,6 +230,39 @@ def _load_glove_text(path: Path) -> tuple[list[str], np.ndarray]:
     return words, np.stack(rows)
 
 
+def load_vocabulary(vocab: str | list[str] | None, min_count: int, component: str) -> Vocabulary:
+    """A word-level encoder's vocabulary from a caption file (words seen ``min_count``+ times),
+    a ``vocab.json`` saved with a model, a ``package:`` path to either, or a list of words.
+
+    Args:
+        component: the encoder's registered name, for the error messages.
+
+    Example:
+        >>> load_vocabulary(["a", "dog"], 1, "bigru").words[-2:]
+        ['a', 'dog']
+    """
+    if vocab is None:
+        raise ValueError(
+            f"text encoder '{component}' needs a vocabulary: vocab='captions.txt' (a caption file, one "
+            "caption per line, to build it from), a vocab.json saved with the model, or a list of words."
+        )
+    if not isinstance(vocab, str):
+        return Vocabulary(vocab)
+    path = Path(resolve_local_source(vocab))
+    if path.suffix == ".json":
+        return Vocabulary.load(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"text encoder '{component}': vocab='{vocab}' does not exist; give a caption file (one caption "
+            "per line) or a vocab.json saved with the model."
+        )
+    with open(path, encoding="utf-8") as f:
+        vocabulary = Vocabulary.from_captions(f, min_count)
+    if len(vocabulary) == len(SPECIALS):
+        raise ValueError(f"text encoder '{component}': no word of {path} is seen {min_count}+ times.")
+    return vocabulary
+
+
 class RNNTextEncoder(TextEncoder):
     """Word embeddings -> bidirectional recurrent network -> one feature per word.
 
@@ -286,7 +319,7 @@ class RNNTextEncoder(TextEncoder):
             raise ValueError(f"text encoder '{self.component_name}': merge must be 'concat' or 'mean', got {merge!r}.")
         if max_length < 1:
             raise ValueError(f"text encoder '{self.component_name}': max_length must be at least 1, got {max_length}.")
-        self.vocabulary = self._vocabulary(vocab, min_count)
+        self.vocabulary = load_vocabulary(vocab, min_count, self.component_name)
         self.merge = merge
         self.max_length = max_length
         self.finetune = finetune
@@ -320,29 +353,6 @@ class RNNTextEncoder(TextEncoder):
             # PyTorch applies RNN dropout between layers only (and warns when there is one).
             dropout=dropout if layers > 1 else 0.0,
         )
-
-    def _vocabulary(self, vocab: str | list[str] | None, min_count: int) -> Vocabulary:
-        if vocab is None:
-            raise ValueError(
-                f"text encoder '{self.component_name}' needs a vocabulary: vocab='captions.txt' "
-                "(a caption file, one caption per line, to build it from), a vocab.json saved with "
-                "the model, or a list of words."
-            )
-        if not isinstance(vocab, str):
-            return Vocabulary(vocab)
-        path = Path(resolve_local_source(vocab))
-        if path.suffix == ".json":
-            return Vocabulary.load(path)
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"text encoder '{self.component_name}': vocab='{vocab}' does not exist; give a caption "
-                "file (one caption per line) or a vocab.json saved with the model."
-            )
-        with open(path, encoding="utf-8") as f:
-            vocabulary = Vocabulary.from_captions(f, min_count)
-        if len(vocabulary) == len(SPECIALS):
-            raise ValueError(f"text encoder '{self.component_name}': no word of {path} is seen {min_count}+ times.")
-        return vocabulary
 
     def _glove_table(self, glove: str) -> torch.Tensor:
         """An embedding table of GloVe's width: GloVe rows for known words, random rows of the

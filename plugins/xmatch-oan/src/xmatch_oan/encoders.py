@@ -16,9 +16,8 @@ from torch import nn
 
 from xmatch.components.base import EncoderOutput, ImageEncoder, TextEncoder, TokenBatch
 from xmatch.components.image_bottomup import check_region_inputs
-from xmatch.components.text_rnn import SPECIALS, VOCAB_FILE, Vocabulary
+from xmatch.components.text_rnn import VOCAB_FILE, load_vocabulary
 from xmatch.masks import lengths_to_mask
-from xmatch.sources import resolve_local_source
 
 
 class OANRegionEncoder(ImageEncoder):
@@ -45,29 +44,6 @@ class OANRegionEncoder(ImageEncoder):
         # Padded slots become zeros so that what they held can never leak anywhere.
         tokens = regions.masked_fill(~mask.unsqueeze(-1), 0)
         return EncoderOutput(tokens, mask, mask.clone(), global_slot=False)
-
-
-def _vocabulary(vocab: str | list[str] | None, min_count: int) -> Vocabulary:
-    if vocab is None:
-        raise ValueError(
-            "text encoder 'oan-textcnn' needs a vocabulary: vocab='captions.txt' (a caption file, one caption "
-            "per line, to build it from), a vocab.json saved with the model, or a list of words."
-        )
-    if not isinstance(vocab, str):
-        return Vocabulary(vocab)
-    path = Path(resolve_local_source(vocab))
-    if path.suffix == ".json":
-        return Vocabulary.load(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"text encoder 'oan-textcnn': vocab='{vocab}' does not exist; give a caption file (one caption "
-            "per line) or a vocab.json saved with the model."
-        )
-    with open(path, encoding="utf-8") as f:
-        vocabulary = Vocabulary.from_captions(f, min_count)
-    if len(vocabulary) == len(SPECIALS):
-        raise ValueError(f"text encoder 'oan-textcnn': no word of {path} is seen {min_count}+ times.")
-    return vocabulary
 
 
 class OANTextCNN(TextEncoder):
@@ -109,7 +85,7 @@ class OANTextCNN(TextEncoder):
             raise ValueError(f"text encoder 'oan-textcnn': min_count and channels must be >= 1, got {min_count}, {channels}.")
         if max_length is not None and max_length < 1:
             raise ValueError(f"text encoder 'oan-textcnn': max_length must be at least 1, got {max_length}.")
-        self.vocabulary = _vocabulary(vocab, min_count)
+        self.vocabulary = load_vocabulary(vocab, min_count, "oan-textcnn")
         self.kernel_sizes = kernel_sizes
         self.max_length = max_length
         self.output_dim = channels * len(kernel_sizes)

@@ -22,40 +22,10 @@ import torch
 from torch import nn
 
 from xmatch.components.base import EncoderOutput, TextEncoder, TokenBatch
-from xmatch.components.text_rnn import SPECIALS, VOCAB_FILE, Vocabulary
+from xmatch.components.text_rnn import SPECIALS, VOCAB_FILE, Vocabulary, load_vocabulary
 from xmatch.masks import lengths_to_mask
-from xmatch.sources import resolve_local_source
 
 START, END = "<start>", "<end>"
-
-
-def load_vocabulary(vocab: str | list[str] | None, min_count: int, component: str) -> Vocabulary:
-    """A :class:`Vocabulary` from a word list, a ``vocab.json`` or a caption file (one per line).
-
-    Example:
-        >>> load_vocabulary(["a", "dog"], 1, "vsepp-gru").words
-        ['<pad>', '<unk>', 'a', 'dog']
-    """
-    if vocab is None:
-        raise ValueError(
-            f"text encoder '{component}' needs a vocabulary: vocab='captions.txt' (a caption file, one "
-            "caption per line, to build it from), a vocab.json saved with the model, or a list of words."
-        )
-    if not isinstance(vocab, str):
-        return Vocabulary(vocab)
-    path = Path(resolve_local_source(vocab))
-    if path.suffix == ".json":
-        return Vocabulary.load(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"text encoder '{component}': vocab='{vocab}' does not exist; give a caption file (one caption "
-            "per line) or a vocab.json saved with the model."
-        )
-    with open(path, encoding="utf-8") as f:
-        vocabulary = Vocabulary.from_captions(f, min_count)
-    if len(vocabulary) == len(SPECIALS):
-        raise ValueError(f"text encoder '{component}': no word of {path} is seen {min_count}+ times.")
-    return vocabulary
 
 
 class VSEPPTextEncoder(TextEncoder):
