@@ -19,7 +19,7 @@ from xmatch.zoo_params import (
     zoo_files,
 )
 
-BENCHMARKS = {"coco-1k", "coco-5k", "f30k-1k"}
+BENCHMARKS = {"coco-1k", "coco-5k", "f30k-1k", "scenes-test"}
 METRIC_KEYS = {f"{d}_{m}" for d in ("i2t", "t2i") for m in ("r1", "r5", "r10", "ndcg_rougel", "ndcg_spice")}
 
 
@@ -29,14 +29,15 @@ def test_all_paper_variants_are_listed():
         for variant in ("mrsw", "mwsr", "symm", "mravgw", "mrsw-sharedw", "mrsw-stopwords", "bigru", "bilstm"):
             assert f"teran-{variant}-{ds}" in names
     assert {"tern-coco", "tern-align-coco"} <= names
-    assert xmatch.list_models("teran-mrsw-*") == ["teran-mrsw-coco", "teran-mrsw-f30k", "teran-mrsw-sharedw-coco",
-                                                  "teran-mrsw-sharedw-f30k", "teran-mrsw-stopwords-coco", "teran-mrsw-stopwords-f30k"]
+    assert xmatch.list_models("teran-mrsw-*") == ["teran-mrsw-coco", "teran-mrsw-f30k", "teran-mrsw-scenes",
+                                                  "teran-mrsw-sharedw-coco", "teran-mrsw-sharedw-f30k",
+                                                  "teran-mrsw-stopwords-coco", "teran-mrsw-stopwords-f30k"]
 
 
 @pytest.mark.parametrize("name", xmatch.list_models())
 def test_entry_schema(name):
     entry = xmatch.info(name)
-    assert entry.description and entry.paper and entry.dataset in {"coco", "f30k"}
+    assert entry.description and entry.paper and entry.dataset in {"coco", "f30k", "scenes"}
     assert entry.origin, "every entry says where its weights come from"
     check_model_spec(entry.spec)
     assert type(entry.params) is int and entry.params > 0, "every entry states its parameter count"

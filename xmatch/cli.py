@@ -1,4 +1,4 @@
-"""The ``xmatch`` command line: ``models``, ``info``, ``download``, ``convert``, ``eval``, ``train``."""
+"""The ``xmatch`` command line: ``models``, ``info``, ``download``, ``convert``, ``eval``, ``train``, ``demo``."""
 
 from __future__ import annotations
 
@@ -179,6 +179,13 @@ def _download(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from xmatch.demo import run_demo
+
+    run_demo(args.model, size=args.size, out=args.out, train=args.train, progress=not args.no_progress)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xmatch", description="Fine-grained image-text matching model zoo.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -250,6 +257,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--cache-dir", type=Path, help="cache directory (default: $XMATCH_HOME or ~/.cache/xmatch)")
     p.set_defaults(run=_download)
+    p = sub.add_parser(
+        "demo", help="TERAN end to end on the built-in scenes benchmark, offline",
+        description="Prepare the scenes data (cached), load the demo model, evaluate it, print ranked "
+        "queries, and draw a region-word alignment and a retrieval grid into --out.",
+    )
+    p.add_argument("--model", default="teran-mrsw-scenes", help="zoo entry with weights (default: teran-mrsw-scenes)")
+    p.add_argument("--size", default="small", help="scenes preset: tiny, small (default), large")
+    p.add_argument("--train", action="store_true", help="train the model from scratch with the shipped recipe instead")
+    p.add_argument("--out", type=Path, default=Path("demo-out"), help="output folder (default: demo-out)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(run=_demo)
     return parser
 
 

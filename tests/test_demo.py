@@ -1,0 +1,263 @@
+"""``xmatch demo`` and the demo zoo entries trained on the scenes benchmark."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import xmatch
+from xmatch import hub
+from xmatch.cli import build_parser
+from xmatch.demo import (
+    RECIPES,
+    figures_table,
+    rank_images_to_texts,
+    rank_texts_to_images,
+    run_demo,
+    token_labels,
+)
+from xmatch.demo_draw import (
+    PALETTE,
+    RIGHT,
+    WRONG,
+    GridRow,
+    draw_alignment,
+    draw_retrieval_grid,
+)
+from xmatch.eval import evaluate
+from xmatch.eval.relevance import relevance_matrix
+
+pytest.importorskip("sklearn")
+pytest.importorskip("timm")
+
+DEMO_ENTRIES = ("teran-mrsw-scenes", "tern-scenes")
+FAST = {"backbone": "test_efficientnet", "weights": "random"}  # 256-d random features, seconds to make
+ZOO = Path(__file__).resolve().parents[1] / "zoo"
+
+
+def tiny_spec() -> dict:
+    return {
+        "embed_dim": 32,
+        "image_encoder": {"name": "bottomup", "feature_dim": 256, "layers": 0, "box_hidden_dim": 16},
+        "text_encoder": {"name": "bigru", "vocab": str(ZOO / "weights/teran-mrsw-scenes/vocab.json"),
+                         "word_dim": 16, "hidden_dim": 8},
+        "image_reasoner": {"name": "transformer", "layers": 1, "heads": 2, "ff_dim": 32},
+        "text_reasoner": {"name": "transformer", "layers": 1, "heads": 2, "ff_dim": 32},
+        "pooler": {"name": "MrSw"},
+        "loss": {"name": "hinge", "ignore_same_image": True},
+    }
+
+
+@pytest.fixture(scope="module")
+def scenes_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("scenes")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("xmatch-home")
+
+
+@pytest.fixture()
+def offline_home(tmp_path, monkeypatch) -> Path:
+    """An empty cache in offline mode: nothing can be downloaded."""
+    monkeypatch.setenv("XMATCH_HOME", str(tmp_path))
+    monkeypatch.setenv("XMATCH_OFFLINE", "1")
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> xmatch.MatchingModel:
+    torch.manual_seed(0)
+    return xmatch.build(tiny_spec()).eval()
+
+
+# --- the demo end to end, tiny data, tiny random model -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_model, scenes_root, tmp_path_factory, home):
+    out = tmp_path_factory.mktemp("demo-out")
+    stream = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XMATCH_HOME", str(home))
+        result = run_demo(
+            tiny_model, size="tiny", root=scenes_root, data_options=FAST, out=out, queries=2, top_k=2,
+            progress=False, stream=stream,
+        )
+    return result, stream.getvalue(), out
+
+
+def test_demo_prints_the_figures_of_the_eval_pipeline(tiny_run, tiny_model, scenes_root, home):
+    result, text, _ = tiny_run
+    from xmatch.data.scenes import open_scenes
+
+    test = open_scenes(scenes_root, "test", size="tiny", progress=False, **FAST)
+    # The same figures as `xmatch eval` with ROUGE-L relevance.
+    reference = evaluate(tiny_model, test, "full", relevance={"rougel": relevance_matrix(
+        test.captions, "rougel", 5, progress=False)}, progress=False)
+    for direction in ("i2t", "t2i"):
+        for key in ("r1", "r5", "r10", "ndcg_rougel"):
+            assert getattr(result.figures, direction)[key] == pytest.approx(getattr(reference, direction)[key], abs=1e-6)
+    table = figures_table(result.figures)
+    assert table in text
+    header, i2t, t2i, rsum = table.splitlines()
+    assert header.split() == ["R@1", "R@5", "R@10", "NDCG", "ROUGE-L"]
+    assert i2t.startswith("image -> text") and t2i.startswith("text -> image")
+    assert float(rsum.split()[1]) == pytest.approx(reference.rsum, abs=1e-4)
+
+
+def test_demo_prints_ranked_lists_marking_the_correct_results(tiny_run):
+    result, text, _ = tiny_run
+    t2i = [r for r in result.rankings if r.direction == "t2i"]
+    i2t = [r for r in result.rankings if r.direction == "i2t"]
+    assert len(t2i) == len(i2t) == 2  # 2 test images in the tiny preset
+    for ranking in result.rankings:
+        assert ranking.text() in text
+        scores = [h.score for h in ranking.hits]
+        assert scores == sorted(scores, reverse=True) and len(ranking.hits) == 2
+    # Text -> image over 2 images: exactly one of the two is the caption's own image.
+    assert all(sum(h.correct for h in r.hits) == 1 for r in t2i)
+    # The twin of the right image is marked (tiny test split = one twin group).
+    assert all(h.note == "twin" for r in t2i for h in r.hits if not h.correct)
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("1.") and "image #" in ln)
+    assert ("*" in line) == t2i[0].hits[0].correct
+
+
+def test_demo_writes_the_alignment_picture_with_boxes(tiny_run, tiny_model, scenes_root):
+    result, _, out = tiny_run
+    assert result.files["alignment"] == out / "alignment.png"
+    picture = Image.open(out / "alignment.png").convert("RGB")
+    # The 224-pixel scene shown at 2x, plus the word column on the right.
+    assert picture.width > 2 * 224 + 150 and picture.height >= 2 * 224
+    colours = {tuple(c) for c in np.asarray(picture).reshape(-1, 3)[::7]}
+    assert any(c in colours for c in PALETTE), "region boxes and word links are drawn in the palette"
+
+
+def test_demo_writes_the_retrieval_grid(tiny_run):
+    result, _, _ = tiny_run
+    grid = np.asarray(Image.open(result.files["retrieval"]).convert("RGB"))
+    assert grid.shape[0] > 2 * 160 and grid.shape[1] > 2 * 160  # 2 queries x top-2 thumbnails
+    pixels = {tuple(c) for c in grid.reshape(-1, 3)}
+    assert RIGHT in pixels and WRONG in pixels  # 2 images, 1 right and 1 wrong per query
+
+
+def test_demo_trains_from_scratch_with_the_recipe(tiny_model, scenes_root, tmp_path, home, monkeypatch):
+    monkeypatch.setenv("XMATCH_HOME", str(home))
+    result = run_demo(
+        tiny_model, size="tiny", root=scenes_root, data_options=FAST, out=tmp_path, train=True,
+        train_settings={"epochs": 1, "tensorboard": False}, progress=False, stream=io.StringIO(),
+    )
+    assert (tmp_path / "train" / "best" / "model.safetensors").is_file()
+    assert result.model is not tiny_model and result.files["alignment"].is_file()
+
+
+# --- pieces ---------------------------------------------------------------------------------
+
+
+def test_rankings_against_a_loop_reference():
+    rng = np.random.default_rng(0)
+    scores = rng.normal(size=(4, 8)).astype(np.float32)  # 4 images, 2 captions each
+    owner = np.repeat(np.arange(4), 2)
+    top, right = rank_texts_to_images(scores, owner, [1, 6], 3)
+    for q, caption in enumerate([1, 6]):
+        expected = sorted(range(4), key=lambda i: -scores[i, caption])[:3]
+        assert top[q].tolist() == expected
+        assert right[q].tolist() == [owner[caption] == i for i in expected]
+    top, right = rank_images_to_texts(scores, owner, [2], 4)
+    expected = sorted(range(8), key=lambda j: -scores[2, j])[:4]
+    assert top[0].tolist() == expected and right[0].tolist() == [owner[j] == 2 for j in expected]
+
+
+def test_token_labels_are_the_words_the_encoder_aligns(tiny_model):
+    assert token_labels(tiny_model, "A big Red 7, left of a circle") == ["a", "big", "red", "7", ",", "left", "of", "a", "circle"]
+
+
+def test_alignment_picture_links_each_word_to_its_best_box():
+    image = Image.new("RGB", (100, 100), (128, 128, 128))
+    boxes = np.array([[0.1, 0.1, 0.4, 0.4], [0.5, 0.5, 0.9, 0.9]])
+    alignment = np.array([[0.9, 0.1, 0.2], [0.3, 0.8, 0.7]])  # word 0 -> box 0; words 1, 2 -> box 1
+    picture = np.asarray(draw_alignment(image, boxes, ["red", "blue", "circle"], alignment, scale=1))
+    margin = 12  # image origin inside the canvas (no title)
+    # Box 0 has the colour of word 0; box 1 that of word 1 (0.8 beats word 2's 0.7).
+    assert tuple(picture[margin + 25, margin + 10]) == PALETTE[0]  # left edge of box 0
+    assert tuple(picture[margin + 70, margin + 50]) == PALETTE[1]  # left edge of box 1
+    with pytest.raises(ValueError, match=r"alignment must be \[regions, words\]"):
+        draw_alignment(image, boxes, ["red"], alignment)
+
+
+def test_grid_frames_right_and_wrong_results():
+    ims = [Image.new("RGB", (32, 32), (0, 0, 0))] * 2
+    grid = np.asarray(draw_retrieval_grid([GridRow("a red 7", ims, ["#1", "#2"], [True, False])], thumb=40))
+    frame_row = 10 + 26 + 1  # pad + caption line + inside the frame
+    assert tuple(grid[frame_row, 10 + 1]) == RIGHT and tuple(grid[frame_row, 10 + 48 + 10 + 1]) == WRONG
+    with pytest.raises(ValueError, match="at least one query"):
+        draw_retrieval_grid([])
+
+
+def test_cli_demo_options():
+    args = build_parser().parse_args(["demo"])
+    assert (args.model, args.size, args.train, args.out) == ("teran-mrsw-scenes", "small", False, Path("demo-out"))
+    args = build_parser().parse_args(["demo", "--model", "tern-scenes", "--size", "tiny", "--train", "--out", "x"])
+    assert (args.model, args.size, args.train, args.out) == ("tern-scenes", "tiny", True, Path("x"))
+
+
+# --- the shipped entries ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", DEMO_ENTRIES)
+def test_shipped_bundle_matches_its_entry(name):
+    entry = xmatch.info(name)
+    assert entry.dataset == "scenes" and name in RECIPES
+    (source,) = entry.weights
+    path = hub.fetch(source, progress=False)
+    weights = path / "model.safetensors"
+    data = weights.read_bytes()
+    assert len(data) == source["size"] and hashlib.sha256(data).hexdigest() == source["sha256"]
+    assert source["size"] < 12_000_000
+    assert entry.metrics["scenes-test"]["source"].startswith("xmatch eval")
+
+
+def test_shipped_bundles_fit_in_the_package_budget():
+    total = sum(p.stat().st_size for p in (ZOO / "weights").rglob("*") if p.is_file())
+    assert total <= 20_000_000
+
+
+@pytest.mark.parametrize("name", DEMO_ENTRIES)
+def test_shipped_entries_load_offline(name, offline_home):
+    from safetensors.torch import load_file
+
+    model = xmatch.build(name, pretrained=True)
+    entry = xmatch.info(name)
+    stored = load_file(str(hub.fetch(entry.weights[0], progress=False) / "model.safetensors"))
+    state = model.state_dict()
+    assert set(stored) <= set(state)
+    for key, tensor in stored.items():
+        assert torch.equal(state[key], tensor), key
+    # The same bundle loads as a local directory (what save_pretrained wrote).
+    bundle = xmatch.build(f"local-dir:{ZOO / 'weights' / name}", pretrained=True)
+    assert all(torch.equal(bundle.state_dict()[k], v) for k, v in stored.items())
+    assert not any(offline_home.iterdir()), "package weights are used in place, nothing is cached"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DEMO_ENTRIES)
+def test_shipped_metrics_reproduce_on_the_scenes_test_split(name):
+    """The figures in the entry are what `xmatch eval` measures (default scenes, test split)."""
+    from xmatch.data.scenes import open_scenes
+
+    test = open_scenes(None, "test")
+    model = xmatch.build(name, pretrained=True).eval()
+    relevance = {"rougel": relevance_matrix(test.captions, "rougel", 5, progress=False)}
+    result = evaluate(model, test, "full", relevance=relevance, progress=False)
+    stated = xmatch.info(name).metrics["scenes-test"]
+    for direction in ("i2t", "t2i"):
+        figures = getattr(result, direction)
+        for key in ("r1", "r5", "r10", "ndcg_rougel"):
+            assert figures[key] == pytest.approx(stated[f"{direction}_{key}"], abs=1e-6), f"{direction}_{key}"
