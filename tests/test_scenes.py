@@ -19,6 +19,7 @@ from xmatch.data.scenes import (
     read_scenes,
     scene_from_record,
     scenes_folder,
+    twin_accuracy,
 )
 from xmatch.data.scenes_captions import describe
 from xmatch.data.scenes_features import RegionFeatureExtractor, pool_regions, proposal_boxes
@@ -391,3 +392,20 @@ def test_default_features_come_from_the_real_efficientnet_lite0(tmp_path):
     # the head's ReLU6 bounds the pooled activations; real weights make them sparse, not constant
     assert feats.min() >= 0 and feats.max() <= 6
     assert 0.05 < (feats > 0.01).mean() < 0.95 and feats.std() > 0.05
+
+
+def test_twin_accuracy_counts_captions_whose_own_scene_beats_its_twin(cache):
+    test = open_scenes(cache, "test", **FAST)  # tiny: one twin pair, 10 captions
+    owner = np.asarray(test.caption_image)
+    groups = [r["group"] for r in read_scenes(test.root) if r["split"] == "test"]
+    assert test.num_images == 2 and len(groups) == 2 and groups[0] == groups[1]
+    right = np.zeros((2, len(owner)))
+    right[owner, np.arange(len(owner))] = 1.0
+    assert twin_accuracy(right, test) == (1.0, 10)
+    assert twin_accuracy(1.0 - right, test) == (0.0, 10)
+    assert twin_accuracy(np.zeros_like(right), test)[0] == 0.0  # ties count as wrong
+    half = right.copy()
+    half[:, owner == 0] = 1.0 - half[:, owner == 0]  # the first scene's captions now prefer its twin
+    assert twin_accuracy(torch.tensor(half), test) == (0.5, 10)
+    with pytest.raises(ValueError, match=r"\[images, captions\] = \[2, 10\]"):
+        twin_accuracy(right.T, test)

@@ -326,3 +326,45 @@ def scene_from_record(record: dict[str, Any]) -> Scene:
         for o in record["objects"]
     )
     return Scene(objects, record["relation"], record["variant"], tuple(record["background"]))
+
+
+def twin_accuracy(scores: np.ndarray | Any, dataset: Any) -> tuple[float, int]:
+    """How often a caption scores its own scene above that scene's twin (chance: 0.5).
+
+    Twins share their objects and words but differ in a relation, a colour or a size
+    (:func:`~xmatch.data.scenes_render.sample_group`), so a model that matches bags of words
+    or pools global features sits near 0.5; fine-grained alignment is needed to go above it.
+    Ties count as wrong.
+
+    Args:
+        scores: ``[images, captions]`` similarities over the whole split, in the dataset's
+            order (``model.similarity(img, txt)`` or :func:`xmatch.eval.score_blocks`).
+        dataset: a scenes split opened with either layout.
+
+    Returns:
+        (accuracy in [0, 1], number of captions whose scene has its twin in the split).
+
+    Example:
+        >>> test = open_scenes(split="test")  # doctest: +SKIP
+        >>> twin_accuracy(model.similarity(img, txt), test)  # doctest: +SKIP
+        (0.71, 500)
+    """
+    scores = np.asarray(scores.detach().cpu() if hasattr(scores, "detach") else scores, dtype=np.float64)
+    if scores.shape != (dataset.num_images, len(dataset.captions)):
+        raise ValueError(
+            f"scores must be [images, captions] = [{dataset.num_images}, {len(dataset.captions)}] over the "
+            f"whole split, got {list(scores.shape)}."
+        )
+    row = {int(Path(name).stem): i for i, name in enumerate(dataset.image_names)}
+    members: dict[int, list[int]] = {}
+    for record in read_scenes(dataset.root):
+        if record["id"] in row:
+            members.setdefault(record["group"], []).append(row[record["id"]])
+    twin_of = {i: j for pair in members.values() if len(pair) == 2 for i, j in (pair, pair[::-1])}
+    owner = np.asarray(dataset.caption_image)
+    captions = np.array([k for k in range(len(owner)) if owner[k] in twin_of], dtype=np.int64)
+    if not len(captions):
+        raise ValueError("no scene of this split has its twin in the split; twin accuracy needs whole pairs.")
+    own = scores[owner[captions], captions]
+    twin = scores[[twin_of[i] for i in owner[captions]], captions]
+    return float(np.mean(own > twin)), len(captions)
