@@ -270,3 +270,35 @@ def test_packaged_efficientnet_lite0_weights_classify_real_photos():
     with torch.no_grad():
         torch.testing.assert_close(backbone(backbone.preprocess(photos)), net.forward_features(pixels))
     assert backbone.feature_dim == 1280 and backbone.grid == (7, 7)
+
+
+def test_store_backbone_false_saves_only_what_trains_and_rebuilds_the_backbone(fixture_bert, timm_grid, tmp_path):
+    torch.manual_seed(1)
+    from safetensors.torch import save_file
+
+    weights = tmp_path / "backbone.safetensors"
+    save_file({k: v.contiguous() for k, v in timm.create_model("test_efficientnet").state_dict().items()}, str(weights))
+    spec = tiny_spec(fixture_bert, image_encoder={"name": timm_grid, **SMALL, "weights": str(weights), "store_backbone": False})
+    torch.manual_seed(2)
+    model = xmatch.build(spec).eval()
+    saved = model.state_dict()
+    assert not any(k.startswith("image_encoder.backbone.") for k in saved)
+    assert any(k.startswith("image_encoder.regions.") for k in saved)
+    bundle = xmatch.save_pretrained(model, tmp_path / "bundle")
+    full = xmatch.save_pretrained(xmatch.build({**spec, "image_encoder": {**spec["image_encoder"], "store_backbone": True}}),
+                                  tmp_path / "full")
+    assert (bundle / "model.safetensors").stat().st_size < (full / "model.safetensors").stat().st_size
+    torch.manual_seed(3)  # other random weights everywhere: all but the backbone must come from the bundle
+    loaded = xmatch.build(f"local-dir:{bundle}", pretrained=True).eval()
+    with torch.no_grad():
+        images = [picture(1), picture(2)]
+        torch.testing.assert_close(loaded.encode_images(images=images).tokens, model.encode_images(images=images).tokens)
+    with pytest.raises(ValueError, match="unexpected.*image_encoder.backbone"):
+        xmatch.build(f"local-dir:{full}", pretrained=True, image_encoder={"store_backbone": False})
+
+
+def test_store_backbone_false_needs_a_frozen_backbone_from_a_weight_source():
+    with pytest.raises(ValueError, match="weight source"):
+        TimmGridEncoder(**SMALL, store_backbone=False)
+    with pytest.raises(ValueError, match="finetune=False"):
+        TimmGridEncoder(**SMALL, weights="package:efficientnet-lite0", store_backbone=False, finetune=True)

@@ -84,6 +84,22 @@ def test_save_and_reload_round_trip(fixture_bert, tmp_path):
     assert again.spec["image_encoder"] == model.spec["image_encoder"]
 
 
+def test_save_in_float16_halves_the_file_and_loads_back_as_float32(fixture_bert, tmp_path):
+    model = xmatch.build(tiny_spec(fixture_bert)).eval()
+    full = xmatch.save_pretrained(model, tmp_path / "full") / "model.safetensors"
+    half = xmatch.save_pretrained(model, tmp_path / "half", dtype=torch.float16) / "model.safetensors"
+    assert next(model.parameters()).dtype == torch.float32  # the saved model is left as it was
+    assert half.stat().st_size < 0.6 * full.stat().st_size
+    again = xmatch.build(f"local-dir:{tmp_path / 'half'}", pretrained=True).eval()
+    for name, value in again.state_dict().items():
+        reference = model.state_dict()[name]
+        assert value.dtype == reference.dtype, name
+        if value.is_floating_point():
+            torch.testing.assert_close(value, reference.half().float(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="floating-point dtype"):
+        xmatch.save_pretrained(model, tmp_path / "int", dtype=torch.int8)
+
+
 def test_mismatched_weights_are_an_error(fixture_bert, tmp_path):
     xmatch.save_pretrained(xmatch.build(tiny_spec(fixture_bert)), tmp_path / "a")
     other = tiny_spec(fixture_bert, embed_dim=8)

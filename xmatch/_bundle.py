@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -21,10 +22,16 @@ def _version() -> str:
     return __version__
 
 
-def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike) -> Path:
+def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
     """Write ``model`` as a bundle: ``model.safetensors`` (spec and version in the metadata)
     and the text encoder's assets (tokenizer / vocabulary). Load it with
     ``xmatch.build("local-dir:DIR")``.
+
+    Args:
+        model: the model to save (left unchanged).
+        directory: the bundle folder (created).
+        dtype: store the floating-point tensors in this dtype, e.g. ``torch.float16`` to halve
+            the file; loading casts them to the model's dtype. Default: as they are.
 
     Example:
         >>> xmatch.save_pretrained(model, "my-model")  # doctest: +SKIP
@@ -32,6 +39,8 @@ def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike) -> Pat
     """
     from safetensors.torch import save_model
 
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype such as torch.float16, got {dtype}.")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     assets = model.text_encoder.save_assets(directory)
@@ -43,7 +52,8 @@ def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike) -> Pat
         "assets": json.dumps({"text_encoder": sorted(k for k, v in assets.items() if isinstance(v, str))}),
     }
     tmp = directory / (WEIGHTS_FILE + ".partial")
-    save_model(model, str(tmp), metadata=metadata)
+    # a cast copy: the caller's model keeps its precision
+    save_model(copy.deepcopy(model).to(dtype) if dtype is not None else model, str(tmp), metadata=metadata)
     os.replace(tmp, directory / WEIGHTS_FILE)
     return directory
 

@@ -434,6 +434,11 @@ class TimmGridEncoder(ImageEncoder):
         finetune: train the backbone too. Default False: the backbone is frozen (no
             gradients, BatchNorm statistics fixed, kept in eval mode) and only the box
             conditioning and transformer train, like the precomputed-feature models.
+        store_backbone: keep the backbone's tensors in ``state_dict()`` (default). False
+            leaves them out of saved weights and checkpoints and expects them absent when
+            loading: a frozen backbone loaded from ``weights`` / ``pretrained`` is rebuilt from
+            that source, so a bundle carries only what was trained (the demo's 5.7 MB instead
+            of 19 MB). Needs ``finetune=False`` and a weight source.
         image_size: square input side (default: the pretrained config's input size).
         crop_pct: eval-transform centre crop (default: the config's; 1.0 shows the whole of a
             square image). Cell boxes are in the frame the backbone sees, i.e. of the crop.
@@ -460,6 +465,7 @@ class TimmGridEncoder(ImageEncoder):
         weights: str | None = None,
         weights_by_position: bool = False,
         finetune: bool = False,
+        store_backbone: bool = True,
         image_size: int | None = None,
         crop_pct: float | None = None,
         grid_size: int | None = None,
@@ -473,6 +479,12 @@ class TimmGridEncoder(ImageEncoder):
         super().__init__()
         if grid_size is not None and grid_size < 1:
             raise ValueError(f"grid_size must be at least 1 or None, got {grid_size}.")
+        if not store_backbone and (finetune or not (pretrained or weights)):
+            raise ValueError(
+                "store_backbone=False leaves the backbone out of the saved weights, so it must be frozen "
+                "(finetune=False) and come from a weight source (weights=... or pretrained=True) that rebuilds it; "
+                "otherwise keep store_backbone=True."
+            )
         self.backbone = TimmBackbone(
             model,
             pretrained=pretrained,
@@ -504,6 +516,10 @@ class TimmGridEncoder(ImageEncoder):
         if not finetune:
             self.backbone.requires_grad_(False)
             self.backbone.eval()
+        self.store_backbone = store_backbone
+        if not store_backbone:
+            self.backbone.register_state_dict_post_hook(_drop_own_keys)
+            self.backbone.register_load_state_dict_pre_hook(_keep_own_tensors)
 
     def train(self, mode: bool = True) -> TimmGridEncoder:
         super().train(mode)
@@ -536,3 +552,15 @@ class TimmGridEncoder(ImageEncoder):
         cells = fmap.flatten(2).transpose(1, 2)  # [B, h*w, C], row by row like grid_boxes
         boxes = self.cell_boxes.unsqueeze(0).expand(len(cells), -1, -1)
         return self.regions(cells, boxes)
+
+
+def _drop_own_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    """``state_dict`` post-hook: the module's tensors are rebuilt from their source, not saved."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        del state_dict[key]
+
+
+def _keep_own_tensors(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """``load_state_dict`` pre-hook: tensors the module does not save keep their current values."""
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        state_dict.setdefault(prefix + name, tensor.detach())
