@@ -115,7 +115,7 @@ def twin_figure(row: Row, out: Path) -> tuple[float, int]:
     model = xmatch.build(f"local-dir:{out / row.key / 'run' / 'best'}", pretrained=True).eval()
     with torch.no_grad():
         encoded = encode_dataset(model, test, image_batch_size=64, text_batch_size=256, progress=False)
-        scores = score_blocks(model, encoded, fold_layout(test.num_images, "full"), len(test.captions), progress=False)[0]
+        scores = score_blocks(model, encoded, fold_layout(test.num_images, "full"), test.captions_per_image, progress=False)[0]
     return twin_accuracy(scores, test)
 
 

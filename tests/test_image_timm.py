@@ -302,3 +302,31 @@ def test_store_backbone_false_needs_a_frozen_backbone_from_a_weight_source():
         TimmGridEncoder(**SMALL, store_backbone=False)
     with pytest.raises(ValueError, match="finetune=False"):
         TimmGridEncoder(**SMALL, weights="package:efficientnet-lite0", store_backbone=False, finetune=True)
+
+
+@pytest.mark.parametrize("crop_pct", [0.875, 1.0])
+@pytest.mark.parametrize("size", [(256, 256), (320, 200)])
+def test_image_boxes_undo_the_resize_and_centre_crop(crop_pct, size):
+    """A picture whose red channel is its x coordinate and green its y: the pixels the backbone
+    sees at a cell's corner come from where image_boxes puts that corner."""
+    enc = TimmGridEncoder(**SMALL, crop_pct=crop_pct)
+    width, height = size
+    x = np.linspace(0, 255, width)[None, :].repeat(height, 0)
+    y = np.linspace(0, 255, height)[:, None].repeat(width, 1)
+    picture = Image.fromarray(np.stack([x, y, np.zeros_like(x)], axis=-1).round().astype(np.uint8))
+    config = enc.backbone.data_config
+    pixels = enc.preprocess([picture])[0]
+    rgb = pixels * torch.tensor(config["std"])[:, None, None] + torch.tensor(config["mean"])[:, None, None]
+    side = pixels.shape[-1]
+    boxes = enc.image_boxes(width, height)
+    assert boxes.shape == (9, 4)
+    first, last = boxes[0], boxes[-1]
+    # the crop's first and last pixel columns / rows, as fractions of the image
+    seen_x = rgb[0, side // 2, [0, side - 1]]
+    seen_y = rgb[1, [0, side - 1], side // 2]
+    assert seen_x.tolist() == pytest.approx([first[0].item(), last[2].item()], abs=0.02)
+    assert seen_y.tolist() == pytest.approx([first[1].item(), last[3].item()], abs=0.02)
+    if crop_pct == 1.0 and width == height:
+        torch.testing.assert_close(boxes, enc.cell_boxes)
+    with pytest.raises(ValueError, match="positive"):
+        enc.image_boxes(0, 10)

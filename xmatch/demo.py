@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
-from xmatch.data import TeranDataset
+from xmatch.data import ImageCaptionsDataset, TeranDataset
 from xmatch.eval import (
     EvalResult,
     encode_dataset,
@@ -38,7 +38,7 @@ from xmatch.model import MatchingModel
 DEFAULT_MODEL = "teran-mrsw-scenes"
 DEFAULT_RECIPE = "scenes-teran"
 # The recipe each demo entry was trained with (docs/demo.md); other models use DEFAULT_RECIPE.
-RECIPES = {"teran-mrsw-scenes": "scenes-teran", "tern-scenes": "scenes-tern"}
+RECIPES = {"teran-mrsw-scenes": "scenes-teran", "tern-scenes": "scenes-tern", "teran-mrsw-grid-scenes": "scenes-teran"}
 # The batch sizes of `xmatch eval` (--batch-size 64, captions 4x): the same figures to the digit.
 IMAGE_BATCH, TEXT_BATCH = 64, 256
 
@@ -90,8 +90,9 @@ class DemoResult:
 
 def prepare_scenes(
     split: str, size: str = "small", root: str | os.PathLike | None = None, progress: bool = True, **options: Any
-) -> TeranDataset:
-    """Open a split of the scenes benchmark, generating it into the cache the first time.
+) -> TeranDataset | ImageCaptionsDataset:
+    """Open a split of the scenes benchmark, generating it into the cache the first time
+    (``layout="images"`` for models that take pixels).
 
     Example:
         >>> prepare_scenes("test").num_images  # doctest: +SKIP
@@ -99,10 +100,25 @@ def prepare_scenes(
     """
     from xmatch.data.scenes import open_scenes
 
-    dataset = open_scenes(root, split, size=size, progress=progress, **options)
-    if not isinstance(dataset, TeranDataset):
-        raise TypeError("the demo reads the scenes 'regions' layout; leave out the layout option.")
-    return dataset
+    return open_scenes(root, split, size=size, progress=progress, **options)
+
+
+def scenes_layout(model: str | Mapping[str, Any] | MatchingModel) -> str:
+    """The scenes layout a model reads: ``"images"`` when its image encoder takes pixels
+    (``timm-grid``), else ``"regions"``.
+
+    Example:
+        >>> scenes_layout("teran-mrsw-grid-scenes")
+        'images'
+    """
+    import xmatch
+    from xmatch.registry import image_encoders
+
+    if isinstance(model, MatchingModel):
+        return "images" if model.image_encoder.takes_pixels else "regions"
+    spec = xmatch.info(model).spec if isinstance(model, str) else model
+    encoder = image_encoders.get(spec["image_encoder"]["name"])
+    return "images" if getattr(encoder, "takes_pixels", False) else "regions"
 
 
 def train_demo_model(
@@ -131,6 +147,7 @@ def train_demo_model(
     if train_settings:
         config = config.merged(dict(train_settings))
     options = dict(data_options or {})
+    options.setdefault("layout", scenes_layout(model))
     train = prepare_scenes("train", size, root, progress, **options)
     val = prepare_scenes("val", size, root, progress, **options)
     torch.manual_seed(config.seed)
@@ -187,20 +204,25 @@ def token_labels(model: MatchingModel, caption: str) -> list[str]:
     return [f"#{k}" for k in range(len(ids))]
 
 
-def _twins(dataset: TeranDataset) -> dict[int, int]:
+def _twins(dataset: TeranDataset | ImageCaptionsDataset) -> dict[int, int]:
     """Image index -> the index of its hard-negative twin (scenes metadata)."""
     from xmatch.data.scenes import read_scenes
 
-    row = {name: i for i, name in enumerate(dataset.image_names)}
+    row = {_image_id(dataset, i): i for i in range(dataset.num_images)}
     groups: dict[int, list[int]] = {}
     for record in read_scenes(dataset.root):
-        if str(record["id"]) in row:
-            groups.setdefault(record["group"], []).append(row[str(record["id"])])
+        if record["id"] in row:
+            groups.setdefault(record["group"], []).append(row[record["id"]])
     return {a: b for pair in groups.values() if len(pair) == 2 for a, b in (pair, pair[::-1])}
 
 
-def _image_file(dataset: TeranDataset, index: int) -> Path:
-    return Path(dataset.root) / "images" / f"{dataset.image_names[index]}.png"
+def _image_id(dataset: TeranDataset | ImageCaptionsDataset, index: int) -> int:
+    """The scene id of image ``index`` (a feature id, or ``images/<id>.png`` in the images layout)."""
+    return int(Path(dataset.image_names[index]).stem)
+
+
+def _image_file(dataset: TeranDataset | ImageCaptionsDataset, index: int) -> Path:
+    return Path(dataset.root) / "images" / f"{_image_id(dataset, index)}.png"
 
 
 def figures_table(result: EvalResult) -> str:
@@ -270,6 +292,7 @@ def run_demo(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     options = dict(data_options or {})
+    options.setdefault("layout", scenes_layout(model))
 
     def say(text: str) -> None:
         print(text, file=stream, flush=True)
@@ -309,14 +332,14 @@ def run_demo(
     k_img = min(top_k, test.num_images)
     top, right = rank_texts_to_images(scores, caption_image, [int(i) * c for i in images], k_img)
     for image, row, ok in zip(images, top, right):
-        hits = [Hit(f"image #{test.image_names[j]}", float(scores[j, image * c]), bool(o),
+        hits = [Hit(f"image #{_image_id(test, j)}", float(scores[j, image * c]), bool(o),
                     "twin" if twins.get(int(image)) == j else "") for j, o in zip(row, ok)]
         rankings.append(Ranking("t2i", f'"{test.captions[image * c]}"', hits))
     top, right = rank_images_to_texts(scores, caption_image, list(images), min(top_k, len(test.captions)))
     for image, row, ok in zip(images, top, right):
         hits = [Hit(test.captions[j], float(scores[image, j]), bool(o),
                     "twin's" if twins.get(int(image)) == caption_image[j] else "") for j, o in zip(row, ok)]
-        rankings.append(Ranking("i2t", f"image #{test.image_names[image]}", hits))
+        rankings.append(Ranking("i2t", f"image #{_image_id(test, image)}", hits))
     for ranking in rankings:
         say(ranking.text())
 
@@ -330,7 +353,9 @@ def run_demo(
     return DemoResult(figures, rankings, files, net)
 
 
-def _write_alignment(net: MatchingModel, test: TeranDataset, encoded: Any, pair: int, path: Path) -> Path:
+def _write_alignment(
+    net: MatchingModel, test: TeranDataset | ImageCaptionsDataset, encoded: Any, pair: int, path: Path
+) -> Path:
     from PIL import Image
 
     from xmatch.demo_draw import draw_alignment
@@ -343,18 +368,21 @@ def _write_alignment(net: MatchingModel, test: TeranDataset, encoded: Any, pair:
         matrix = net.alignment(img, encoded.captions[caption]).float().cpu().numpy()
     # Token t of the image is region t (padding, if any, comes last): keep the real ones' boxes.
     real = img.mask[0].cpu().numpy()
-    boxes = test.image(pair).boxes[: len(real)][real]
     words = token_labels(net, test.captions[caption])
     with Image.open(_image_file(test, pair)) as picture:
+        if net.image_encoder.takes_pixels:  # grid cells, drawn where they lie in the original image
+            boxes = net.image_encoder.image_boxes(*picture.size).numpy()[: len(real)][real]
+        else:
+            boxes = test.image(pair).boxes[: len(real)][real]
         drawing = draw_alignment(
-            picture, boxes, words, matrix, title=f"image #{test.image_names[pair]}: \"{test.captions[caption]}\""
+            picture, boxes, words, matrix, title=f"image #{_image_id(test, pair)}: \"{test.captions[caption]}\""
         )
     drawing.save(path)
     return path
 
 
 def _write_grid(
-    test: TeranDataset, scores: np.ndarray, caption_image: np.ndarray, images: np.ndarray, k: int, path: Path
+    test: TeranDataset | ImageCaptionsDataset, scores: np.ndarray, caption_image: np.ndarray, images: np.ndarray, k: int, path: Path
 ) -> Path:
     from PIL import Image
 
@@ -368,7 +396,7 @@ def _write_grid(
         for j in row:
             with Image.open(_image_file(test, int(j))) as im:
                 pictures.append(im.convert("RGB"))
-        labels = [f"#{test.image_names[j]} {scores[j, image * c]:.3f}" for j in row]
+        labels = [f"#{_image_id(test, j)} {scores[j, image * c]:.3f}" for j in row]
         rows.append(GridRow(test.captions[image * c], pictures, labels, [bool(o) for o in ok]))
     draw_retrieval_grid(rows).save(path)
     return path

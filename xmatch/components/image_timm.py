@@ -531,6 +531,36 @@ class TimmGridEncoder(ImageEncoder):
         """Images -> ``[B, 3, H, W]`` pixels by the backbone's timm eval transform."""
         return self.backbone.preprocess(images)
 
+    def image_boxes(self, width: int, height: int) -> torch.Tensor:
+        """The cells' boxes ``[cells, 4]`` (x1, y1, x2, y2) normalised to an original image of
+        ``width x height`` pixels, undoing the eval transform's resize and centre crop (the
+        encoder's own boxes are in the crop's frame). For drawing the cells on the image.
+
+        Example:
+            >>> enc = TimmGridEncoder(weights="package:efficientnet-lite0", layers=0)  # doctest: +SKIP
+            >>> enc.image_boxes(224, 224)[0]  # crop_pct 0.875: the crop starts 6.25% in  # doctest: +SKIP
+            tensor([0.0625, 0.0625, 0.1875, 0.1875])
+        """
+        import math
+
+        if width < 1 or height < 1:
+            raise ValueError(f"width and height must be positive pixel counts, got {width} x {height}.")
+        config = self.backbone.data_config
+        size_y, size_x = config["input_size"][1:]
+        crop_pct = config.get("crop_pct") or 1.0
+        mode = config.get("crop_mode", "center")
+        if mode == "center":  # shorter side resized to size / crop_pct, then a centre crop
+            scale = math.floor(min(size_x, size_y) / crop_pct) / min(width, height)
+            crop_w, crop_h = size_x / scale / width, size_y / scale / height
+        elif mode == "squash":  # both sides resized to size / crop_pct, then a centre crop
+            crop_w, crop_h = size_x / math.floor(size_x / crop_pct), size_y / math.floor(size_y / crop_pct)
+        else:
+            raise ValueError(f"image_boxes supports timm's 'center' and 'squash' crop modes, not {mode!r}.")
+        cells = self.cell_boxes.cpu()
+        x = (1 - crop_w) / 2 + cells[:, 0::2] * crop_w
+        y = (1 - crop_h) / 2 + cells[:, 1::2] * crop_h
+        return torch.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], dim=1)
+
     def forward(self, images: Sequence[Any] | torch.Tensor) -> EncoderOutput:
         pixels = images if isinstance(images, torch.Tensor) else self.preprocess(images)
         size = self.backbone.data_config["input_size"]
