@@ -158,6 +158,30 @@ def test_demo_trains_from_scratch_with_the_recipe(tiny_model, scenes_root, tmp_p
     assert result.model is not tiny_model and result.files["alignment"].is_file()
 
 
+def test_demo_runs_a_raw_image_model_on_the_images_layout(scenes_root, tmp_path, home, monkeypatch):
+    """A timm-grid model reads the scenes PNGs; its grid cells are drawn on the image."""
+    from xmatch.demo import scenes_layout
+
+    monkeypatch.setenv("XMATCH_HOME", str(home))
+    spec = {**tiny_spec(), "image_encoder": {
+        "name": "timm-grid", "model": "test_efficientnet", "image_size": 96, "layers": 0, "box_hidden_dim": 16,
+    }}
+    assert scenes_layout(spec) == "images" and scenes_layout(tiny_spec()) == "regions"
+    torch.manual_seed(0)
+    stream = io.StringIO()
+    result = run_demo(
+        xmatch.build(spec), size="tiny", root=scenes_root, data_options=FAST, out=tmp_path, queries=2, top_k=2,
+        progress=False, stream=stream,
+    )
+    text = stream.getvalue()
+    assert "ImageCaptionsDataset" in text and "image #10" in text  # tiny test images are scenes 10 and 11
+    assert result.figures.t2i["r10"] == 100.0  # two images: both are in every top 10
+    picture = Image.open(result.files["alignment"]).convert("RGB")
+    assert picture.width > 2 * 224 and picture.height >= 2 * 224
+    colours = {tuple(c) for c in np.asarray(picture).reshape(-1, 3)[::7]}
+    assert any(c in colours for c in PALETTE)
+
+
 # --- pieces ---------------------------------------------------------------------------------
 
 
