@@ -261,12 +261,13 @@ def test_shipped_entries_load_offline(name, offline_home):
     entry = xmatch.info(name)
     stored = load_file(str(hub.fetch(entry.weights[0], progress=False) / "model.safetensors"))
     state = model.state_dict()
-    assert set(stored) <= set(state)
+    assert set(stored) <= set(state)  # tied tensors (a shared reasoner) are stored once
     for key, tensor in stored.items():
-        assert torch.equal(state[key], tensor), key
+        assert tensor.dtype == torch.float16 or not tensor.is_floating_point(), key  # shipped at half size
+        assert torch.equal(state[key], tensor.to(state[key].dtype)), key
     # The same bundle loads as a local directory (what save_pretrained wrote).
     bundle = xmatch.build(f"local-dir:{ZOO / 'weights' / name}", pretrained=True)
-    assert all(torch.equal(bundle.state_dict()[k], v) for k, v in stored.items())
+    assert all(torch.equal(bundle.state_dict()[k], v.to(state[k].dtype)) for k, v in stored.items())
     assert not any(offline_home.iterdir()), "package weights are used in place, nothing is cached"
 
 
