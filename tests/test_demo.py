@@ -36,7 +36,7 @@ from xmatch.eval.relevance import relevance_matrix
 pytest.importorskip("sklearn")
 pytest.importorskip("timm")
 
-DEMO_ENTRIES = ("teran-mrsw-scenes", "tern-scenes")
+DEMO_ENTRIES = ("teran-mrsw-scenes", "tern-scenes", "teran-mrsw-grid-scenes")
 FAST = {"backbone": "test_efficientnet", "weights": "random"}  # 256-d random features, seconds to make
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
 
@@ -276,8 +276,9 @@ def test_shipped_entries_load_offline(name, offline_home):
 def test_shipped_metrics_reproduce_on_the_scenes_test_split(name):
     """The figures in the entry are what `xmatch eval` measures (default scenes, test split)."""
     from xmatch.data.scenes import open_scenes
+    from xmatch.demo import scenes_layout
 
-    test = open_scenes(None, "test")
+    test = open_scenes(None, "test", layout=scenes_layout(name))
     model = xmatch.build(name, pretrained=True).eval()
     relevance = {"rougel": relevance_matrix(test.captions, "rougel", 5, progress=False)}
     result = evaluate(model, test, "full", relevance=relevance, progress=False)

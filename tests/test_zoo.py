@@ -29,7 +29,7 @@ def test_all_paper_variants_are_listed():
         for variant in ("mrsw", "mwsr", "symm", "mravgw", "mrsw-sharedw", "mrsw-stopwords", "bigru", "bilstm"):
             assert f"teran-{variant}-{ds}" in names
     assert {"tern-coco", "tern-align-coco"} <= names
-    assert xmatch.list_models("teran-mrsw-*") == ["teran-mrsw-coco", "teran-mrsw-f30k", "teran-mrsw-scenes",
+    assert xmatch.list_models("teran-mrsw-*") == ["teran-mrsw-coco", "teran-mrsw-f30k", "teran-mrsw-grid-scenes", "teran-mrsw-scenes",
                                                   "teran-mrsw-sharedw-coco", "teran-mrsw-sharedw-f30k",
                                                   "teran-mrsw-stopwords-coco", "teran-mrsw-stopwords-f30k"]
 
