@@ -154,9 +154,18 @@ def test_every_zoo_entry_trains_in_miniature(entry, fixture_bert):
         overrides.pop("text_reasoner")
         if "text_reasoner" in spec:
             overrides["text_reasoner"] = TINY["image_reasoner"]
-    model = xmatch.build(entry, **overrides)
-    regions, boxes, mask = random_regions(4, 5, 12)
-    out = model({"regions": regions, "boxes": boxes, "region_mask": mask, "texts": CAPTIONS})
+    if get_registry("image_encoders").get(spec["image_encoder"]["name"]).takes_pixels:
+        # raw-image entries: timm's tiny test network, random and stored, instead of their backbone
+        overrides["image_encoder"] = {"model": "test_efficientnet", "weights": None, "store_backbone": True,
+                                      "image_size": 64, "layers": 1, "ff_dim": 32}
+        model = xmatch.build(entry, **overrides)
+        pictures = list(np.random.default_rng(0).integers(0, 256, size=(4, 48, 40, 3), dtype=np.uint8))
+        batch = {"images": pictures, "texts": CAPTIONS}
+    else:
+        model = xmatch.build(entry, **overrides)
+        regions, boxes, mask = random_regions(4, 5, 12)
+        batch = {"regions": regions, "boxes": boxes, "region_mask": mask, "texts": CAPTIONS}
+    out = model(batch)
     assert out.loss.dim() == 0 and torch.isfinite(out.loss)
     out.loss.backward()
     assert_all_grads(model)

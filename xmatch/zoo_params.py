@@ -28,6 +28,7 @@ import re
 import shutil
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,9 @@ def count_parameters(model: str | ZooEntry | Mapping[str, Any], bert_dir: str | 
     if "pretrained" in arguments:
         text["pretrained"] = False
     # Only shapes: nothing is allocated, so BERT-base sized models count in a fraction of a second.
-    with torch.device("meta"):
+    with torch.device("meta"), warnings.catch_warnings():
+        # weight files an encoder loads itself (a timm backbone's) are copied into meta tensors: a no-op here
+        warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter")
         net = xmatch.build(spec, text_encoder=text)
     total = sum(p.numel() for p in net.parameters())
     if corpus_vocabulary:
