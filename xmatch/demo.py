@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from xmatch.data import ImageCaptionsDataset, TeranDataset
+from xmatch.data.scenes import twins
 from xmatch.eval import (
     EvalResult,
     encode_dataset,
@@ -204,18 +205,6 @@ def token_labels(model: MatchingModel, caption: str) -> list[str]:
     return [f"#{k}" for k in range(len(ids))]
 
 
-def _twins(dataset: TeranDataset | ImageCaptionsDataset) -> dict[int, int]:
-    """Image index -> the index of its hard-negative twin (scenes metadata)."""
-    from xmatch.data.scenes import read_scenes
-
-    row = {_image_id(dataset, i): i for i in range(dataset.num_images)}
-    groups: dict[int, list[int]] = {}
-    for record in read_scenes(dataset.root):
-        if record["id"] in row:
-            groups.setdefault(record["group"], []).append(row[record["id"]])
-    return {a: b for pair in groups.values() if len(pair) == 2 for a, b in (pair, pair[::-1])}
-
-
 def _image_id(dataset: TeranDataset | ImageCaptionsDataset, index: int) -> int:
     """The scene id of image ``index`` (a feature id, or ``images/<id>.png`` in the images layout)."""
     return int(Path(dataset.image_names[index]).stem)
@@ -327,18 +316,18 @@ def run_demo(
     say("[4/5] queries (* = correct)")
     caption_image = np.asarray(test.caption_image)
     images = np.unique(np.linspace(0, test.num_images - 1, min(queries, test.num_images)).round().astype(int))
-    twins = _twins(test)
+    twin_of = twins(test)
     rankings: list[Ranking] = []
     k_img = min(top_k, test.num_images)
     top, right = rank_texts_to_images(scores, caption_image, [int(i) * c for i in images], k_img)
     for image, row, ok in zip(images, top, right):
         hits = [Hit(f"image #{_image_id(test, j)}", float(scores[j, image * c]), bool(o),
-                    "twin" if twins.get(int(image)) == j else "") for j, o in zip(row, ok)]
+                    "twin" if twin_of.get(int(image)) == j else "") for j, o in zip(row, ok)]
         rankings.append(Ranking("t2i", f'"{test.captions[image * c]}"', hits))
     top, right = rank_images_to_texts(scores, caption_image, list(images), min(top_k, len(test.captions)))
     for image, row, ok in zip(images, top, right):
         hits = [Hit(test.captions[j], float(scores[image, j]), bool(o),
-                    "twin's" if twins.get(int(image)) == caption_image[j] else "") for j, o in zip(row, ok)]
+                    "twin's" if twin_of.get(int(image)) == caption_image[j] else "") for j, o in zip(row, ok)]
         rankings.append(Ranking("i2t", f"image #{_image_id(test, image)}", hits))
     for ranking in rankings:
         say(ranking.text())

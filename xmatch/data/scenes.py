@@ -328,6 +328,22 @@ def scene_from_record(record: dict[str, Any]) -> Scene:
     return Scene(objects, record["relation"], record["variant"], tuple(record["background"]))
 
 
+def twins(dataset: Any) -> dict[int, int]:
+    """Image index -> the index of its twin, for the scenes of a split opened with either
+    layout whose twin is in the same split.
+
+    Example:
+        >>> twins(open_scenes(split="test"))[0]  # doctest: +SKIP
+        1
+    """
+    row = {int(Path(name).stem): i for i, name in enumerate(dataset.image_names)}
+    members: dict[int, list[int]] = {}
+    for record in read_scenes(dataset.root):
+        if record["id"] in row:
+            members.setdefault(record["group"], []).append(row[record["id"]])
+    return {i: j for pair in members.values() if len(pair) == 2 for i, j in (pair, pair[::-1])}
+
+
 def twin_accuracy(scores: np.ndarray | Any, dataset: Any) -> tuple[float, int]:
     """How often a caption scores its own scene above that scene's twin (chance: 0.5).
 
@@ -355,12 +371,7 @@ def twin_accuracy(scores: np.ndarray | Any, dataset: Any) -> tuple[float, int]:
             f"scores must be [images, captions] = [{dataset.num_images}, {len(dataset.captions)}] over the "
             f"whole split, got {list(scores.shape)}."
         )
-    row = {int(Path(name).stem): i for i, name in enumerate(dataset.image_names)}
-    members: dict[int, list[int]] = {}
-    for record in read_scenes(dataset.root):
-        if record["id"] in row:
-            members.setdefault(record["group"], []).append(row[record["id"]])
-    twin_of = {i: j for pair in members.values() if len(pair) == 2 for i, j in (pair, pair[::-1])}
+    twin_of = twins(dataset)
     owner = np.asarray(dataset.caption_image)
     captions = np.array([k for k in range(len(owner)) if owner[k] in twin_of], dtype=np.int64)
     if not len(captions):
