@@ -27,8 +27,7 @@ from xmatch.eval.relevance import (
 )
 from xmatch.eval.spice import SpiceError, find_spice_jar, spice_relevance
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-FIXTURES = Path(os.environ.get("XMATCH_FIXTURES", SHARED / "fixtures"))
+from conftest import FIXTURES  # noqa: E402
 EVAL_SMALL = FIXTURES / "teran-original" / "eval-small"
 B2 = 1.2**2
 
