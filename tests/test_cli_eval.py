@@ -69,8 +69,10 @@ def test_eval_command_computes_and_caches_rouge_l(mrsw_small, mrsw_io, teran_lay
 
 
 def test_eval_command_errors_are_one_line(teran_layout, tmp_path, capsys):
-    assert main(["eval", "teran-mrsw-coco", "--data", str(tmp_path / "nowhere")]) == 2
+    assert main(["eval", "teran-mrsw-coco", "--data", str(tmp_path / "nowhere"), "--dataset", "teran"]) == 2
     assert capsys.readouterr().err == f"xmatch eval: teran dataset root: folder {tmp_path / 'nowhere'} does not exist.\n"
+    assert main(["eval", "teran-mrsw-coco", "--data", str(tmp_path / "nowhere")]) == 2  # no layout to recognise
+    assert capsys.readouterr().err == f"xmatch eval: the data folder {tmp_path / 'nowhere'} does not exist.\n"
     assert main(["eval", "teran-mrsw-coco", "--data", str(teran_layout), "--dataset", "tern"]) == 2
     assert "Did you mean: 'teran'?" in capsys.readouterr().err
     assert main(["eval", "teran-mrsw-coco", "--data", str(teran_layout), "--data-option", f"sizes={teran_layout / 'sizes.json'}"]) == 2

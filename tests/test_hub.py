@@ -1,7 +1,7 @@
 """Weight sources and the download cache, against a real HTTP server on 127.0.0.1.
 
 The server serves a real bundle written by ``save_pretrained`` and can resume (Range), ignore
-Range, drop the connection mid-file, answer 404, stall, and counts every request.
+Range, drop the connection mid-file, answer 404, stall, trickle, and counts every request.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class Served:
     ignore_range: bool = False
     delay: float = 0.0  # seconds between the headers and the body
     chunk_delay: float = 0.0  # seconds between 16 KiB chunks
+    trickle: float = 0.0  # seconds between single bytes (a stalled server); 0: normal chunks
     finished: list[float] = field(default_factory=list)  # when each full body was sent
 
 
@@ -69,9 +70,10 @@ class Server:
                 self.end_headers()
                 time.sleep(item.delay)
                 data = item.body[start:] if cut is None else item.body[start : start + cut]
-                for i in range(0, len(data), 16384):
-                    self.wfile.write(data[i : i + 16384])
-                    time.sleep(item.chunk_delay)
+                step = 1 if item.trickle else 16384
+                for i in range(0, len(data), step):
+                    self.wfile.write(data[i : i + step])
+                    time.sleep(item.trickle or item.chunk_delay)
                 if cut is None:
                     item.finished.append(time.time())
                 # a cut answer closes the connection short of Content-Length (HTTP/1.0)
@@ -116,8 +118,10 @@ def home(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("XMATCH_OFFLINE", raising=False)
     monkeypatch.delenv("XMATCH_DOWNLOAD_TIMEOUT", raising=False)
+    monkeypatch.delenv("XMATCH_DOWNLOAD_MIN_RATE", raising=False)
     monkeypatch.setenv("XMATCH_DOWNLOAD_RETRIES", "2")
     monkeypatch.setattr(hub, "RETRY_BACKOFF_S", 0.01)
+    monkeypatch.setattr(hub, "_DIGESTS", {})  # what this "process" has verified so far
     return tmp_path / "cache"
 
 

@@ -1,6 +1,8 @@
-"""Parity with the original TERAN code on the stored fixture (REFERENCE.md, compat 'original')."""
+"""Parity with the original TERAN and TERN code on the stored fixtures (REFERENCE.md, compat 'original')."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,3 +172,129 @@ def test_original_to_bundle_round_trip_is_bit_exact(converted, mrsw_io, encoded,
                                   again.encode_texts([str(c) for c in mrsw_io["captions"]]))
         reference = converted.similarity(*encoded)
     assert torch.equal(scores, reference)
+
+
+# --- TERN -------------------------------------------------------------------------------------
+# tests/fixtures/tern-original/tern-small: a checkpoint written like mesnico/TERN's train.py,
+# whose config (configs/tern.yaml) has neither training.loss-type nor alignment-mode; its
+# outputs come from make_fixture.py, a line-by-line port of the original TERN code.
+
+TERN_SMALL = Path(__file__).resolve().parent / "fixtures" / "tern-original" / "tern-small"
+
+
+@pytest.fixture(scope="module")
+def tern_io():
+    return dict(np.load(TERN_SMALL / "io.npz"))
+
+
+@pytest.fixture(scope="module")
+def tern():
+    return xmatch.convert_original(TERN_SMALL / "checkpoint.pth").eval()
+
+
+def _tern_images(io):
+    regions = torch.from_numpy(io["region_features"])
+    boxes = torch.from_numpy(io["boxes_norm"])
+    return regions, boxes, lengths_to_mask(torch.from_numpy(io["n_regions"]), regions.shape[1])
+
+
+@pytest.fixture(scope="module")
+def tern_encoded(tern, tern_io):
+    with torch.no_grad():
+        return tern.encode_images(*_tern_images(tern_io)), tern.encode_texts([str(c) for c in tern_io["captions"]])
+
+
+def _unit(x):
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)  # padded slots are zeros
+
+
+def test_tern_config_converts_to_shared_cls_cosine(tern):
+    spec = tern.spec
+    assert spec["pooler"] == {"name": "global-cosine"}
+    assert spec["shared_reasoner"] is True and "text_reasoner" not in xmatch.info("tern-coco").spec
+    assert tern.text_reasoner is tern.image_reasoner
+    # TERN has no alignment, so none of TERAN's [:, 1:-2] slicing
+    assert spec["text_encoder"]["drop_last_wordpiece"] is False
+    assert (spec["embed_dim"], spec["image_encoder"]["feature_dim"], spec["image_encoder"]["layers"]) == (12, 20, 2)
+    assert spec["text_encoder"]["layers"] == 2 and spec["image_reasoner"]["layers"] == 2
+    assert spec["loss"]["name"] == "hinge" and spec["loss"]["margin"] == 0.2 and spec["loss"]["max_violation"] is True
+
+
+def test_tern_tokenizer_reproduces_original_ids(tern, tern_io):
+    batch = tern.tokenize([str(c) for c in tern_io["captions"]])
+    np.testing.assert_array_equal(batch.inputs["input_ids"].numpy(), tern_io["token_ids"])
+    np.testing.assert_array_equal(batch.mask.sum(1).numpy(), tern_io["cap_lengths"])
+
+
+def test_tern_cls_embeddings_and_scores_match(tern, tern_encoded, tern_io):
+    img, txt = tern_encoded
+    np.testing.assert_allclose(img.pooled.numpy(), tern_io["img_emb_aggr"], **TOL)
+    np.testing.assert_allclose(txt.pooled.numpy(), tern_io["cap_emb_aggr"], **TOL)
+    # what evaluation.py:t2i ranks, and the same ranking for every caption
+    scores = tern.similarity(img, txt).numpy()
+    np.testing.assert_allclose(scores, tern_io["sim_dot"], **TOL)
+    np.testing.assert_array_equal(scores.argsort(0), tern_io["sim_dot"].argsort(0))
+
+
+def test_tern_sets_match_up_to_normalisation(tern_encoded, tern_io):
+    # TERN returns its sets unnormalised and never scores them; xmatch keeps unit tokens
+    img, txt = tern_encoded
+    ref, lengths = _unit(tern_io["eval_img_set_raw"]), tern_io["eval_img_lengths"]
+    for i in range(len(ref)):
+        np.testing.assert_allclose(img.tokens[i][img.mask[i]].numpy(), ref[i, 1 : lengths[i]], **TOL)
+    ref, lengths = _unit(tern_io["eval_cap_set_raw"]), tern_io["eval_cap_lengths"]
+    for k in range(len(ref)):  # every word-piece between [CLS] and [SEP]
+        np.testing.assert_allclose(txt.tokens[k][txt.mask[k]].numpy(), ref[k, 1 : lengths[k] - 1], **TOL)
+
+
+def _tern_training_batch(io):
+    regions, boxes, mask = _tern_images(io)
+    return {"regions": regions, "boxes": boxes, "region_mask": mask, "texts": [str(io["captions"][k]) for k in range(0, 20, 5)]}
+
+
+def test_tern_training_scores_loss_and_gradient_norm_match(tern, tern_io):
+    tern.zero_grad()
+    img, txt = tern.encode_batch(_tern_training_batch(tern_io))
+    scores = tern.pooler(img, txt, batch_layout=True)
+    np.testing.assert_allclose(scores.detach().numpy(), tern_io["train_sim_dot"], **TOL)
+    out = tern.batch_loss(img, txt)
+    assert out.loss.item() == pytest.approx(float(tern_io["train_loss_model_forward"]), rel=1e-5)
+    all_violations, _ = hinge_triplet(scores.detach(), margin=0.2, max_violation=False)
+    assert float(all_violations) == pytest.approx(float(tern_io["train_loss_sum_all_violations"]), rel=1e-5)
+    out.loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(tern.parameters(), max_norm=float("inf"))
+    assert float(norm) == pytest.approx(float(tern_io["step_grad_norm_preclip"]), rel=1e-4)
+    tern.zero_grad()
+
+
+def test_tern_intermediates_match_and_the_final_te_is_shared(tern, tern_io):
+    seen, reasoned = {}, []
+    hooks = [
+        tern.image_encoder.box_conditioning.register_forward_hook(lambda m, i, o: seen.__setitem__("box", o)),
+        tern.image_encoder.transformer.register_forward_hook(lambda m, i, o: seen.__setitem__("vis", o)),
+        tern.text_encoder.model.register_forward_hook(lambda m, i, o: seen.__setitem__("bert", o.last_hidden_state)),
+        tern.image_reasoner.register_forward_hook(lambda m, i, o: reasoned.append(o)),
+    ]
+    try:
+        with torch.no_grad():
+            tern.encode_batch(_tern_training_batch(tern_io))
+    finally:
+        for h in hooks:
+            h.remove()
+    valid = lengths_to_mask(torch.from_numpy(tern_io["train_img_lengths"]), 37).numpy()
+    np.testing.assert_allclose(seen["box"].numpy()[valid], tern_io["inter_box_mlp_out_seqfirst"].transpose(1, 0, 2)[valid], **TOL)
+    np.testing.assert_allclose(seen["vis"].numpy()[valid], tern_io["inter_visual_te_out"][valid], **TOL)
+    image_te, text_te = reasoned  # one module, called for the images and then for the captions
+    np.testing.assert_allclose(image_te.numpy()[valid], tern_io["inter_img_te_out_seqfirst"].transpose(1, 0, 2)[valid], **TOL)
+    caption_te = tern_io["inter_cap_te_out_seqfirst"].transpose(1, 0, 2)
+    for k, n in enumerate(tern_io["train_cap_lengths"]):
+        np.testing.assert_allclose(seen["bert"][k, :n].numpy(), tern_io["inter_bert_layer_out"][k, :n], **TOL)
+        np.testing.assert_allclose(text_te[k, :n].numpy(), caption_te[k, :n], **TOL)
+
+
+def test_tern_pretrained_path_converts_on_the_fly(tern_io):
+    model = xmatch.build("tern-coco", pretrained=TERN_SMALL / "checkpoint.pth").eval()
+    with torch.no_grad():
+        scores = model.similarity(model.encode_images(*_tern_images(tern_io)),
+                                  model.encode_texts([str(c) for c in tern_io["captions"]]))
+    np.testing.assert_allclose(scores.numpy(), tern_io["sim_dot"], **TOL)

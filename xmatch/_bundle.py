@@ -5,15 +5,24 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from xmatch.spec import merge
+from xmatch.spec import COMPONENTS, merge
 
 WEIGHTS_FILE = "model.safetensors"
 FORMAT = "xmatch.model/1"
+
+
+class BundleError(ValueError):
+    """A bundle's ``model.safetensors`` cannot be used: unreadable, malformed metadata, or an
+    asset path that leaves the bundle. The message names the file."""
+
+
+_RESAVE = "The bundle is damaged or was not written by xmatch.save_pretrained; save or download it again."
 
 
 def _version() -> str:
@@ -59,7 +68,22 @@ def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike, dtype:
 
 
 def read_bundle_spec(directory: str | os.PathLike) -> tuple[dict[str, Any], Path]:
-    """The spec stored in a bundle, with its asset paths made absolute, and the weights path."""
+    """The spec stored in a bundle, with its asset paths made absolute, and the weights path.
+
+    A bundle's asset paths (tokenizer, vocabulary) must stay inside the bundle: an absolute
+    path or one that climbs out with ``..`` is refused, and so is such a path anywhere in the
+    text encoder's table (a spec written by the user, outside a bundle, may name any path).
+
+    Raises:
+        FileNotFoundError: no ``model.safetensors`` in ``directory``.
+        BundleError: the file is unreadable, its metadata is not what ``save_pretrained``
+            writes (invalid JSON, missing or unknown entries), or a path leaves the bundle.
+
+    Example:
+        >>> spec, weights = read_bundle_spec("my-model")  # doctest: +SKIP
+        >>> spec["text_encoder"]["source"]  # doctest: +SKIP
+        '/home/me/my-model/text_encoder'
+    """
     from safetensors import safe_open
 
     directory = Path(directory)
@@ -72,14 +96,86 @@ def read_bundle_spec(directory: str | os.PathLike) -> tuple[dict[str, Any], Path
         with safe_open(str(weights), framework="pt") as f:
             meta = f.metadata() or {}
     except Exception as exc:
-        raise ValueError(f"{weights} is not a readable safetensors file ({exc}); download or save it again.") from exc
+        raise BundleError(f"{weights} is not a readable safetensors file ({exc}); download or save it again.") from None
     if meta.get("format") != FORMAT or "spec" not in meta:
-        raise ValueError(f"{weights} has no xmatch spec in its metadata; it was not written by save_pretrained.")
-    spec = json.loads(meta["spec"])
-    for component, keys in json.loads(meta.get("assets", "{}")).items():
-        for key in keys:
-            spec[component][key] = str(directory / spec[component][key])
+        raise BundleError(f"{weights} has no xmatch spec in its metadata; it was not written by save_pretrained.")
+    spec = _metadata_json(meta, "spec", weights)
+    if not isinstance(spec, dict):
+        raise BundleError(f"{weights}: the spec in its metadata is a {type(spec).__name__}, not a table. {_RESAVE}")
+    shared = spec.get("shared_reasoner") is True
+    missing = [k for k in COMPONENTS if not isinstance(spec.get(k), dict) and not (k == "text_reasoner" and shared)]
+    if missing:
+        raise BundleError(f"{weights}: the spec in its metadata has no {', '.join(missing)} table. {_RESAVE}")
+    assets = _metadata_json(meta, "assets", weights, default="{}")
+    for component, key, value in _asset_entries(assets, spec, weights):
+        spec[component][key] = str(directory / _inside_path(value, f"{component} -> {key}", weights))
+    text_encoder = spec.get("text_encoder")
+    if isinstance(text_encoder, dict):
+        listed = set(assets.get("text_encoder", ()))
+        for key, value in text_encoder.items():
+            if key not in listed and isinstance(value, str) and _leaves_bundle(value):
+                raise BundleError(
+                    f"{weights}: text_encoder -> {key} = {value!r} points outside the bundle; a bundle's "
+                    "tokenizer and assets must be inside it (a relative path listed in its assets) or "
+                    "a hub name. Save the model again with xmatch.save_pretrained, or build it from "
+                    f"your own spec with pretrained='{weights}'."
+                )
     return spec, weights
+
+
+def _metadata_json(meta: dict[str, str], key: str, weights: Path, default: str | None = None) -> Any:
+    text = meta.get(key, default)
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise BundleError(
+            f"{weights}: the '{key}' entry of its metadata is not valid JSON ({exc}). {_RESAVE}"
+        ) from None
+
+
+def _asset_entries(assets: Any, spec: dict[str, Any], weights: Path) -> list[tuple[str, str, Any]]:
+    """``(component, key, path)`` for every asset the metadata lists, each checked against the spec."""
+    if not isinstance(assets, dict) or not all(isinstance(keys, list) for keys in assets.values()):
+        raise BundleError(
+            f"{weights}: the 'assets' entry of its metadata must map components to lists of keys, "
+            f"got {json.dumps(assets)[:200]}. {_RESAVE}"
+        )
+    entries = []
+    for component, keys in assets.items():
+        table = spec.get(component)
+        for key in keys:
+            if not isinstance(table, dict) or not isinstance(key, str) or key not in table:
+                raise BundleError(
+                    f"{weights}: its metadata lists the asset {component} -> {key!r}, which its spec does "
+                    f"not have. {_RESAVE}"
+                )
+            entries.append((component, key, table[key]))
+    return entries
+
+
+def _inside_path(value: Any, where: str, weights: Path) -> str:
+    """An asset path relative to the bundle that does not climb out of it."""
+    if not isinstance(value, str) or not value:
+        raise BundleError(f"{weights}: the asset {where} must be a path inside the bundle, got {value!r}. {_RESAVE}")
+    if _leaves_bundle(value):
+        raise BundleError(
+            f"{weights}: the asset {where} = {value!r} points outside the bundle; asset paths are "
+            f"relative to the bundle folder and stay inside it. {_RESAVE}"
+        )
+    return value
+
+
+def _leaves_bundle(path: str) -> bool:
+    """Whether a path read from a bundle is absolute, home-relative, a file URL or climbs with ``..``.
+
+    Checked on the text only: symbolic links inside a bundle are allowed, as huggingface_hub's
+    cache links every file of a snapshot to its blob.
+    """
+    parts = path.replace("\\", "/").split("/")
+    return (
+        os.path.isabs(path) or path.startswith(("/", "\\", "~", "file:")) or bool(re.match(r"[A-Za-z]:", path))
+        or ".." in parts
+    )
 
 
 def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:

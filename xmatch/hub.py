@@ -15,6 +15,11 @@ Downloads go to ``cache_dir()`` (``$XMATCH_HOME``, default ``$XDG_CACHE_HOME/xma
 the hub's own layout under ``huggingface/``, so copying that one directory carries everything
 to an air-gapped machine. ``XMATCH_OFFLINE=1`` or ``HF_HUB_OFFLINE=1`` never touches the network.
 
+A cached file is checked against its sha256 the first time a process uses it (then remembered
+by device, inode, size and modification time, so later loads cost one ``stat``): a cache copied
+between machines may be damaged. Online, a damaged file is downloaded again; offline, it is a
+:class:`CorruptCacheError` that says what is wrong (truncated, wrong size, changed bytes).
+
 Design choice. Plain URLs use the standard library (``urllib.request``) with ``filelock`` and
 ``tqdm``, both already required by huggingface_hub and torch. pooch was evaluated and rejected:
 its HTTP downloader always writes a whole new file (no HTTP ``Range`` resumption), retries by
@@ -37,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
+import logging
 import os
 import re
 import sys
@@ -45,7 +51,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,8 +67,11 @@ ENV_HOME = "XMATCH_HOME"
 ENV_OFFLINE = ("XMATCH_OFFLINE", "HF_HUB_OFFLINE")
 ENV_TIMEOUT = "XMATCH_DOWNLOAD_TIMEOUT"
 ENV_RETRIES = "XMATCH_DOWNLOAD_RETRIES"
+ENV_MIN_RATE = "XMATCH_DOWNLOAD_MIN_RATE"
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_RETRIES = 5
+# bytes/s, averaged over each stretch of `timeout` seconds: below it a download counts as stalled
+DEFAULT_MIN_RATE = 1024.0
 RETRY_BACKOFF_S = 1.0  # first wait between attempts; doubles each time, capped at MAX_BACKOFF_S
 MAX_BACKOFF_S = 30.0
 CHUNK_BYTES = 1 << 20
@@ -73,6 +82,12 @@ PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl", ".pickle", ".tar")
 SOURCE_KEYS = ("source", "sha256", "size", "filename")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+
+logger = logging.getLogger(__name__)
+
+# sha256 of files hashed in this process, by (device, inode, size, mtime): a file is hashed
+# once per process, and again only when it was replaced or rewritten
+_DIGESTS: dict[tuple[int, int, int, int], str] = {}
 
 
 class DownloadError(OSError):
@@ -89,6 +104,11 @@ class ChecksumError(ValueError):
 
 class OfflineError(FileNotFoundError):
     """Offline mode is on and the weights are not in the cache."""
+
+
+class CorruptCacheError(ChecksumError, OfflineError):
+    """Offline mode is on and the cached copy of the weights is damaged (truncated, the wrong
+    size, or bytes changed), so it can neither be used nor downloaded again."""
 
 
 @dataclass(frozen=True)
@@ -219,6 +239,7 @@ def fetch(
     cache_dir: str | os.PathLike | None = None,
     timeout: float | None = None,
     progress: bool = True,
+    min_rate: float | None = None,
 ) -> Path:
     """Return a local path for a weight source, downloading and verifying it if needed.
 
@@ -229,23 +250,28 @@ def fetch(
         timeout: seconds to wait for the server on each read; default
             ``$XMATCH_DOWNLOAD_TIMEOUT`` or 30.
         progress: show a progress bar on stderr while downloading.
+        min_rate: bytes per second a URL download must average over every ``timeout``-second
+            stretch; a slower one is abandoned as stalled (and retried, resuming from the
+            partial file). Default ``$XMATCH_DOWNLOAD_MIN_RATE`` or 1024; 0 turns it off.
 
     Returns:
         The ``.safetensors`` file, or the bundle directory for ``hf-hub:org/name`` and for a
         local or package directory.
 
     Raises:
-        DownloadError: the server failed (HTTP error, retries exhausted; a timeout raises
-            ``DownloadTimeoutError``). A partial download is kept as ``<name>.part`` and the
-            next call resumes from it.
+        DownloadError: the server failed (HTTP error, retries exhausted; a timeout or a stalled
+            transfer raises ``DownloadTimeoutError``). A partial download is kept as
+            ``<name>.part`` and the next call resumes from it.
         ChecksumError: size or sha256 mismatch; nothing is left in the cache.
-        OfflineError: offline mode and the file is not cached.
+        OfflineError: offline mode and the file is not cached (``CorruptCacheError``: it is
+            cached but damaged).
 
     Example:
         >>> path = xmatch.hub.fetch({"source": "https://example.org/tiny.safetensors",
         ...                          "sha256": "3f5a...", "size": 203256})  # doctest: +SKIP
     """
-    return _fetch(validate_weight_source(source), _root(cache_dir), timeout, progress, entry=None)
+    limits = _Limits(_timeout(timeout), _min_rate(min_rate))
+    return _fetch(validate_weight_source(source), _root(cache_dir), limits, progress, entry=None)
 
 
 def download_entry(
@@ -254,10 +280,15 @@ def download_entry(
     cache_dir: str | os.PathLike | None = None,
     timeout: float | None = None,
     progress: bool = True,
+    min_rate: float | None = None,
 ) -> Path:
     """Fetch the weights ``build(name, pretrained=True)`` loads: the first of the entry's
     sources that can be fetched (the others are mirrors). Run it on a machine with network
     access, then copy the cache directory to an offline one.
+
+    Args:
+        name: the zoo entry (or its name).
+        cache_dir, timeout, progress, min_rate: as for :func:`fetch`.
 
     Raises:
         ValueError: the entry publishes no xmatch weights (the message says where the
@@ -280,10 +311,11 @@ def download_entry(
     if not entry.weights:
         raise ValueError(f"zoo entry '{entry.name}' has no published xmatch weights. {entry.origin}")
     root = _root(cache_dir)
+    limits = _Limits(_timeout(timeout), _min_rate(min_rate))
     errors: list[tuple[str, Exception]] = []
     for table in entry.weights:
         try:
-            return _fetch(validate_weight_source(table), root, timeout, progress, entry=entry.name)
+            return _fetch(validate_weight_source(table), root, limits, progress, entry=entry.name)
         except (OSError, ValueError) as exc:
             errors.append((str(table.get("source")), exc))
     if len(errors) == 1:
@@ -299,11 +331,20 @@ def _root(override: str | os.PathLike | None) -> Path:
     return Path(override).expanduser() if override is not None else cache_dir()
 
 
-def _fetch(src: WeightSource, root: Path, timeout: float | None, progress: bool, entry: str | None) -> Path:
+@dataclass(frozen=True)
+class _Limits:
+    """How long to wait for a server: ``timeout`` seconds per read, and at least ``min_rate``
+    bytes/s over every ``timeout``-second stretch of a transfer (0: no minimum)."""
+
+    timeout: float
+    min_rate: float
+
+
+def _fetch(src: WeightSource, root: Path, limits: _Limits, progress: bool, entry: str | None) -> Path:
     if src.kind == "url":
-        return _fetch_url(src, root, _timeout(timeout), progress, entry)
+        return _fetch_url(src, root, limits, progress, entry)
     if src.kind == "hf-hub":
-        return _fetch_hf(src, root, _timeout(timeout), progress, entry)
+        return _fetch_hf(src, root, limits.timeout, progress, entry)
     if src.kind == "package":
         return _checked_local(src, Path(resolve_local_source(src.source)))
     path = src.source
@@ -323,6 +364,18 @@ def _timeout(value: float | None) -> float:
         return float(text) if text else DEFAULT_TIMEOUT_S
     except ValueError:
         raise ValueError(f"{ENV_TIMEOUT}={text!r} is not a number of seconds.") from None
+
+
+def _min_rate(value: float | None) -> float:
+    if value is None:
+        text = os.environ.get(ENV_MIN_RATE)
+        try:
+            value = float(text) if text else DEFAULT_MIN_RATE
+        except ValueError:
+            raise ValueError(f"{ENV_MIN_RATE}={text!r} is not a number of bytes per second.") from None
+    if not value >= 0:  # also refuses NaN
+        raise ValueError(f"min_rate must be 0 (no minimum) or a positive number of bytes per second, got {value}.")
+    return float(value)
 
 
 def _retries() -> int:
@@ -352,11 +405,40 @@ def _verify(path: Path, src: WeightSource) -> None:
         raise ChecksumError(
             f"weight source '{src.source}': {path.name} has {actual} bytes, expected {src.size}."
         )
-    if src.sha256 is not None and (digest := _sha256(path)) != src.sha256:
+    if src.sha256 is not None and (digest := _digest(path)) != src.sha256:
         raise ChecksumError(
             f"weight source '{src.source}': sha256 mismatch for {path.name}: got {digest}, expected {src.sha256}. "
             "The file differs from the one the entry was published with."
         )
+
+
+def _digest(path: Path) -> str:
+    """sha256 of ``path``, hashed once per process per version of the file (see ``_DIGESTS``)."""
+    before = path.stat()
+    key = (before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns)
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        digest = _sha256(path)
+        after = path.stat()
+        if (after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns) == key:  # not written meanwhile
+            _DIGESTS[key] = digest
+    return digest
+
+
+def _damage(path: Path, src: WeightSource) -> str | None:
+    """What is wrong with the cached copy ``path`` of ``src`` (None: it is the published file,
+    as far as the source's size and sha256, when given, tell)."""
+    size = path.stat().st_size
+    if src.size is not None and size < src.size:
+        return f"truncated ({size} of {src.size} bytes)"
+    if src.size is not None and size > src.size:
+        return f"the wrong size ({size} bytes, expected {src.size})"
+    if src.sha256 is None:
+        return None
+    digest = _digest(path)
+    if digest != src.sha256:
+        return f"corrupted (sha256 mismatch: got {digest}, expected {src.sha256}; its bytes were changed)"
+    return None
 
 
 def _sha256(path: Path) -> str:
@@ -367,8 +449,17 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _offline_error(src: WeightSource, expected: Path, root: Path, entry: str | None) -> OfflineError:
+def _offline_error(
+    src: WeightSource, expected: Path, root: Path, entry: str | None, damage: str | None = None
+) -> OfflineError:
     what = f"zoo entry '{entry}' (source '{src.source}')" if entry else f"'{src.source}'"
+    if damage is not None:
+        return CorruptCacheError(
+            f"offline mode ({_offline_switch()} is set): the cached file {expected} with the weights of "
+            f"{what} is {damage}. Offline it cannot be downloaded again: delete it and copy it again "
+            f"from a machine where `xmatch download {entry or 'ENTRY'}` (or xmatch.hub.fetch) completed, "
+            "or turn offline mode off once to download it again."
+        )
     return OfflineError(
         f"offline mode ({_offline_switch()} is set): the weights of {what} are not in the cache "
         f"(expected {expected}). Prefetch them on a machine with network access with "
@@ -383,18 +474,22 @@ def _offline_error(src: WeightSource, expected: Path, root: Path, entry: str | N
 class _Retryable(Exception):
     """A transient failure: the next attempt resumes from the partial file."""
 
-    def __init__(self, message: str, timed_out: bool = False) -> None:
+    def __init__(self, message: str, advice: str = "", timed_out: bool = False) -> None:
         super().__init__(message)
+        self.advice = advice
         self.timed_out = timed_out
 
 
-def _fetch_url(src: WeightSource, root: Path, timeout: float, progress: bool, entry: str | None) -> Path:
+def _fetch_url(src: WeightSource, root: Path, limits: _Limits, progress: bool, entry: str | None) -> Path:
     assert src.sha256 is not None and src.size is not None  # validate_weight_source guarantees it
     target = root / "weights" / src.sha256 / src.filename
-    if _is_cached(target, src.size):
+    damage = _damage(target, src) if target.is_file() else None
+    if target.is_file() and damage is None:
         return target
     if offline_mode():
-        raise _offline_error(src, target, root, entry)
+        raise _offline_error(src, target, root, entry, damage)
+    if damage is not None:
+        logger.warning("the cached file %s is %s; downloading it again from %s", target, damage, src.source)
     from filelock import FileLock, Timeout
 
     (root / "locks").mkdir(parents=True, exist_ok=True)
@@ -402,15 +497,16 @@ def _fetch_url(src: WeightSource, root: Path, timeout: float, progress: bool, en
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        if progress:
-            print(f"xmatch: waiting for another process downloading {src.filename}", file=sys.stderr)
+        logger.info("waiting for another process downloading %s", src.filename)
         lock.acquire()
     try:
-        if _is_cached(target, src.size):  # the other process finished it
-            return target
+        if target.is_file():
+            if _damage(target, src) is None:  # another process downloaded it meanwhile
+                return target
+            target.unlink()  # damaged: the cache never keeps a file known to be wrong
         part = target.with_name(target.name + ".part")
         try:
-            _download(src, part, timeout, progress)
+            _download(src, part, limits, progress)
             _verify(part, src)
         except ChecksumError:
             part.unlink(missing_ok=True)
@@ -422,10 +518,6 @@ def _fetch_url(src: WeightSource, root: Path, timeout: float, progress: bool, en
         lock.release()
 
 
-def _is_cached(path: Path, size: int) -> bool:
-    return path.is_file() and path.stat().st_size == size
-
-
 def _remove_if_empty(directory: Path) -> None:
     try:
         directory.rmdir()
@@ -433,9 +525,10 @@ def _remove_if_empty(directory: Path) -> None:
         pass  # not empty or already gone
 
 
-def _download(src: WeightSource, part: Path, timeout: float, progress: bool) -> None:
+def _download(src: WeightSource, part: Path, limits: _Limits, progress: bool) -> None:
     """Fill ``part`` up to ``src.size`` bytes, resuming what is there; retry transient
-    failures with exponential backoff. Attempts that add bytes do not count as failures."""
+    failures with exponential backoff. An attempt that added bytes at ``limits.min_rate`` or
+    faster on average does not count as a failure (so a stalled trickle does)."""
     from tqdm import tqdm
 
     assert src.size is not None
@@ -451,28 +544,33 @@ def _download(src: WeightSource, part: Path, timeout: float, progress: bool) -> 
                 have = 0
             if have == src.size:
                 return
+            started = time.monotonic()
             try:
-                _get(src, part, have, timeout, bar)
+                _get(src, part, have, limits, bar)
             except _Retryable as exc:
-                grew = part.exists() and part.stat().st_size > have
-                failures = 0 if grew else failures + 1
+                added = (part.stat().st_size if part.exists() else 0) - have
+                progressed = added > 0 and added >= limits.min_rate * (time.monotonic() - started)
+                failures = 0 if progressed else failures + 1
                 if failures > retries:
                     kept = part.stat().st_size if part.exists() else 0
                     cls = DownloadTimeoutError if exc.timed_out else DownloadError
-                    advice = f" (raise it with timeout= or {ENV_TIMEOUT})" if exc.timed_out else ""
+                    advice = f" ({exc.advice})" if exc.advice else ""
                     raise cls(
                         f"downloading {src.source} failed after {retries + 1} attempts without progress: "
                         f"{exc}{advice}. {kept} of {src.size} bytes are kept in {part}; "
                         "the next call resumes from there."
                     ) from None
+                logger.info("downloading %s: %s; trying again", src.source, exc)
                 if failures:
                     time.sleep(min(RETRY_BACKOFF_S * 2 ** (failures - 1), MAX_BACKOFF_S))
 
 
-def _get(src: WeightSource, part: Path, have: int, timeout: float, bar: tqdm) -> None:
+def _get(src: WeightSource, part: Path, have: int, limits: _Limits, bar: tqdm) -> None:
     """One GET from byte ``have``; appends to ``part``. Raises _Retryable on transient failures."""
     from xmatch import __version__
 
+    timeout = limits.timeout
+    timeout_advice = f"raise it with timeout= or {ENV_TIMEOUT}"
     headers = {"User-Agent": f"xmatch/{__version__}"}
     if have:
         headers["Range"] = f"bytes={have}-"
@@ -488,10 +586,11 @@ def _get(src: WeightSource, part: Path, have: int, timeout: float, bar: tqdm) ->
         hint = " (the file is not at that address; check the entry's source URL)" if exc.code == 404 else ""
         raise DownloadError(f"downloading {src.source}: HTTP {exc.code} {exc.reason}{hint}.") from None
     except urllib.error.URLError as exc:
-        timed_out = isinstance(exc.reason, TimeoutError)
-        raise _Retryable(f"timed out after {timeout} s" if timed_out else str(exc.reason), timed_out) from None
+        if isinstance(exc.reason, TimeoutError):
+            raise _Retryable(f"timed out after {timeout} s", timeout_advice, timed_out=True) from None
+        raise _Retryable(str(exc.reason)) from None
     except TimeoutError:
-        raise _Retryable(f"timed out after {timeout} s", timed_out=True) from None
+        raise _Retryable(f"timed out after {timeout} s", timeout_advice, timed_out=True) from None
     except (OSError, http.client.HTTPException) as exc:
         raise _Retryable(f"connection failed: {exc!r}") from None
     with response:
@@ -510,20 +609,41 @@ def _get(src: WeightSource, part: Path, have: int, timeout: float, bar: tqdm) ->
         part.parent.mkdir(parents=True, exist_ok=True)
         with open(part, "ab" if start else "wb") as f:
             try:
-                while chunk := response.read(CHUNK_BYTES):
-                    if f.tell() + len(chunk) > src.size:
-                        raise ChecksumError(
-                            f"weight source '{src.source}': the server sent more than the expected {src.size} bytes."
-                        )
-                    f.write(chunk)
-                    bar.update(len(chunk))
+                _copy_body(src, response, f, limits, bar)
             except TimeoutError:
-                raise _Retryable(f"timed out after {timeout} s", timed_out=True) from None
+                raise _Retryable(f"timed out after {timeout} s", timeout_advice, timed_out=True) from None
             except (OSError, http.client.HTTPException) as exc:
                 raise _Retryable(f"connection lost: {exc!r}") from None
             received = f.tell()
     if received < src.size:
         raise _Retryable(f"connection closed after {received} of {src.size} bytes")
+
+
+def _copy_body(src: WeightSource, response: http.client.HTTPResponse, f: Any, limits: _Limits, bar: tqdm) -> None:
+    """Append the response body to ``f``. ``read1`` returns whatever has arrived, so the bar
+    moves with every packet and a trickle is measured: fewer than ``min_rate`` bytes/s over a
+    stretch of ``timeout`` seconds raises _Retryable (a per-read timeout alone never fires when
+    the server sends one byte at a time)."""
+    assert src.size is not None
+    window_start, window_bytes = time.monotonic(), 0
+    while chunk := response.read1(CHUNK_BYTES):
+        if f.tell() + len(chunk) > src.size:
+            raise ChecksumError(
+                f"weight source '{src.source}': the server sent more than the expected {src.size} bytes."
+            )
+        f.write(chunk)
+        bar.update(len(chunk))
+        window_bytes += len(chunk)
+        elapsed = time.monotonic() - window_start
+        if limits.min_rate and elapsed >= limits.timeout:
+            if window_bytes < limits.min_rate * elapsed:
+                raise _Retryable(
+                    f"stalled: {window_bytes} bytes in {elapsed:.1f} s, below the minimum of "
+                    f"{limits.min_rate:g} bytes/s",
+                    f"lower it with min_rate= or {ENV_MIN_RATE}; 0 turns the check off",
+                    timed_out=True,
+                )
+            window_start, window_bytes = time.monotonic(), 0
 
 
 def _resume_offset(response: http.client.HTTPResponse, have: int) -> int | None:
@@ -560,28 +680,50 @@ def _fetch_hf(src: WeightSource, root: Path, timeout: float, progress: bool, ent
         "revision": revision, "cache_dir": hf_cache, "local_files_only": offline_mode(),
         "etag_timeout": timeout, "library_name": "xmatch", "library_version": __version__,
     }
-    try:
-        with _hf_progress_bars(progress):
-            if path is not None:
-                local = Path(huggingface_hub.hf_hub_download(repo_id, path, **options))
-            else:
-                patterns = [f"*{suffix}" for suffix in PICKLE_SUFFIXES]
-                local = Path(huggingface_hub.snapshot_download(repo_id, ignore_patterns=patterns, **options))
-    except LocalEntryNotFoundError as exc:
-        if offline_mode():
-            expected = hf_cache / f"models--{repo_id.replace('/', '--')}"
-            raise _offline_error(src, expected, root, entry) from None
-        raise DownloadError(f"weight source '{src.source}': {exc}") from exc
-    except OSError as exc:  # huggingface_hub's HTTP errors (repository, revision, file not found)
-        raise DownloadError(f"weight source '{src.source}': {exc}") from exc
-    weights = local / WEIGHTS_FILE if local.is_dir() else local
-    if not weights.is_file():
-        raise DownloadError(
-            f"weight source '{src.source}': the repository has no {WEIGHTS_FILE}; "
-            "a bundle repository holds what xmatch.save_pretrained writes."
-        )
-    _verify(weights, src)
+
+    def download(force: bool) -> tuple[Path, Path]:
+        try:
+            with _hf_progress_bars(progress):
+                if path is not None:
+                    local = Path(huggingface_hub.hf_hub_download(repo_id, path, force_download=force, **options))
+                else:
+                    patterns = [f"*{suffix}" for suffix in PICKLE_SUFFIXES]
+                    local = Path(huggingface_hub.snapshot_download(
+                        repo_id, ignore_patterns=patterns, force_download=force, **options))
+        except LocalEntryNotFoundError as exc:
+            if offline_mode():
+                expected = hf_cache / f"models--{repo_id.replace('/', '--')}"
+                raise _offline_error(src, expected, root, entry) from None
+            raise DownloadError(f"weight source '{src.source}': {exc}") from exc
+        except OSError as exc:  # huggingface_hub's HTTP errors (repository, revision, file not found)
+            raise DownloadError(f"weight source '{src.source}': {exc}") from exc
+        weights = local / WEIGHTS_FILE if local.is_dir() else local
+        if not weights.is_file():
+            raise DownloadError(
+                f"weight source '{src.source}': the repository has no {WEIGHTS_FILE}; "
+                "a bundle repository holds what xmatch.save_pretrained writes."
+            )
+        return local, weights
+
+    local, weights = download(force=False)
+    # huggingface_hub trusts its cache; without a sha256 in the entry, a blob named by its
+    # sha256 (how the hub stores large files) is checked against its own name
+    checked = replace(src, sha256=src.sha256 or _blob_sha256(weights))
+    damage = _damage(weights, checked)
+    if damage is None:
+        return local
+    if offline_mode():
+        raise _offline_error(src, weights, root, entry, damage)
+    logger.warning("the cached file %s is %s; downloading it again from %s", weights, damage, src.source)
+    local, weights = download(force=True)
+    _verify(weights, checked)
     return local
+
+
+def _blob_sha256(path: Path) -> str | None:
+    """The sha256 a huggingface_hub cache file is stored under, if its blob is named by one."""
+    name = Path(os.path.realpath(path)).name
+    return name if _SHA256.fullmatch(name) else None
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from xmatch.components.base import LossOutput
+from xmatch.devices import resolve_device
 from xmatch.embeddings import Embeddings
 
 
@@ -90,14 +91,10 @@ def setup(device: str | torch.device | None = None) -> Context:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    requested = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    requested = resolve_device(device, default="auto")
     if requested.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device; use --device cpu.")
         requested = torch.device("cuda", local if world > 1 else (requested.index or 0))
         torch.cuda.set_device(requested)
-    if requested.type == "mps" and not torch.backends.mps.is_available():
-        raise RuntimeError("device 'mps' was asked for but MPS is not available here; use --device cpu.")
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if requested.type == "cuda" else "gloo")
     return Context(rank, world, local, requested)
