@@ -7,17 +7,25 @@ alignment.
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from xmatch.components.base import EncoderOutput, TextEncoder, TokenBatch
+from xmatch.components.text_side import TextSide, TokenCoverage
 from xmatch.masks import lengths_to_mask
 from xmatch.sources import resolve_local_source
 from xmatch.stopwords import ENGLISH_STOPWORDS
+
+#: special tokens of a word-level BERT tokenizer, in id order (BERT's own names)
+WORD_LEVEL_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+TOKENIZER_DIR = "text_encoder"
 
 
 class BertTextEncoder(TextEncoder):
@@ -127,6 +135,110 @@ class BertTextEncoder(TextEncoder):
                 "remove empty captions."
             )
         return TokenBatch({"input_ids": input_ids}, mask, content, list(texts))
+
+    def token_coverage(self, texts: list[str]) -> TokenCoverage | None:
+        """How many word pieces of ``texts`` the tokenizer maps to its unknown token ([UNK]);
+        None for a tokenizer without one (byte-level BPE covers every text)."""
+        unk = self.tokenizer.unk_token_id
+        if unk is None:
+            return None
+        fast = bool(getattr(self.tokenizer, "is_fast", False))
+        encoded = self.tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=fast)
+        unknown_words: Counter[str] = Counter()
+        unknown, tokens = [], []
+        for k, ids in enumerate(encoded["input_ids"]):
+            hits = [j for j, i in enumerate(ids) if i == unk]
+            if hits and fast:
+                # a word WordPiece cannot spell becomes one [UNK]: its offsets give the word back
+                unknown_words.update(texts[k][slice(*encoded["offset_mapping"][k][j])].lower() for j in hits)
+            unknown.append(len(hits))
+            tokens.append(len(ids))
+        return TokenCoverage.from_counts(unknown, tokens, unknown_words)
+
+    @classmethod
+    def build_text_side(
+        cls,
+        captions: list[str],
+        directory: str | os.PathLike,
+        table: Mapping[str, Any],
+        min_count: int = 1,
+        max_length: int | None = None,
+    ) -> TextSide:
+        """Write a word-level tokenizer of ``captions`` and a config for a BERT trained from
+        scratch (``pretrained = false``) into ``directory/text_encoder``.
+
+        Every word of the captions seen ``min_count``+ times becomes one token, split as BERT
+        splits words (lower-cased, punctuation apart); rarer words become [UNK]. The config is
+        the spec's ``source`` config (layers, width, heads) with the new ``vocab_size`` and
+        ``max_position_embeddings`` = ``max_length``, by default the longest caption plus
+        [CLS] and [SEP], rounded up to a multiple of 8.
+
+        Args:
+            captions: the training captions.
+            directory: the text-side folder (created).
+            table: the spec's ``text_encoder`` table (``source``, ``pretrained``).
+            min_count: keep words seen at least this often.
+            max_length: position limit; None measures it from ``captions``.
+
+        Example:
+            >>> table = xmatch.info("tern-scenes").spec["text_encoder"]  # doctest: +SKIP
+            >>> BertTextEncoder.build_text_side(captions, "runs/mine/text_side", table).max_length  # doctest: +SKIP
+            24
+        """
+        from transformers import AutoConfig, BertTokenizer
+
+        source = str(table.get("source", "bert-base-uncased"))
+        if table.get("pretrained", True):
+            raise ValueError(
+                f"text encoder 'bert' loads the pretrained weights of '{source}', which belong to its own "
+                "word-piece vocabulary: a vocabulary built from your captions would not fit them (and a "
+                "word-piece tokenizer spells almost any caption). Build a word-level text side only for a BERT "
+                "trained from scratch: set text_encoder.pretrained = false (--model-set text_encoder.pretrained=false)."
+            )
+        if min_count < 1:
+            raise ValueError(f"min_count must be at least 1, got {min_count}.")
+        try:
+            config = AutoConfig.from_pretrained(resolve_local_source(source))
+        except OSError as exc:
+            raise OSError(
+                f"text encoder 'bert': cannot read the config of '{source}' ({exc}); the word-level tokenizer "
+                "keeps its architecture (layers, width, heads). Give a local directory with config.json."
+            ) from exc
+        if config.model_type != "bert":
+            raise ValueError(
+                f"text encoder 'bert': '{source}' is a {config.model_type!r} config; a word-level tokenizer is "
+                "built for BERT configs (model_type 'bert') only."
+            )
+        # The tokenizer's own normaliser and pre-tokenizer define the words, so that every
+        # counted word is exactly one token of the tokenizer written below.
+        splitter = BertTokenizer(vocab={w: i for i, w in enumerate(WORD_LEVEL_SPECIALS)}).backend_tokenizer
+        counts: Counter[str] = Counter()
+        longest = 0
+        for caption in captions:
+            words = [w for w, _ in splitter.pre_tokenizer.pre_tokenize_str(splitter.normalizer.normalize_str(caption))]
+            counts.update(words)
+            longest = max(longest, len(words) + 2)
+        kept = sorted(
+            (w for w, n in counts.items() if n >= min_count and w not in WORD_LEVEL_SPECIALS),
+            key=lambda w: (-counts[w], w),
+        )
+        if not kept:
+            raise ValueError(f"no word of the {len(captions):,} captions is seen {min_count}+ times; lower min_count.")
+        limit = max_length if max_length is not None else 8 * math.ceil(longest / 8)
+        if limit < 3:
+            raise ValueError(f"max_length must leave room for [CLS], a word and [SEP], got {limit}.")
+        vocab = {w: i for i, w in enumerate([*WORD_LEVEL_SPECIALS, *kept])}
+        target = Path(directory) / TOKENIZER_DIR
+        BertTokenizer(vocab=vocab, model_max_length=limit).save_pretrained(target)
+        config.vocab_size = len(vocab)
+        config.max_position_embeddings = limit
+        config.pad_token_id = vocab["[PAD]"]
+        config.save_pretrained(target)
+        return TextSide(
+            kind="tokenizer", directory=Path(directory), arguments={"source": TOKENIZER_DIR, "pretrained": False},
+            words=len(kept), distinct_words=len(counts), min_count=min_count, captions=len(captions),
+            longest=longest, max_length=limit,
+        )
 
     def _continued(self, input_ids: torch.Tensor) -> torch.Tensor:
         """True where the next token continues the word (a '##' piece), so the token is not a

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from xmatch.components.base import EncoderOutput, TextEncoder, TokenBatch
+from xmatch.components.text_side import TextSide, TokenCoverage
 from xmatch.masks import lengths_to_mask
 from xmatch.sources import resolve_local_source
 
@@ -48,6 +49,19 @@ def split_words(text: str) -> list[str]:
         ['a', 'dog', "'s", 'ball', ',', 'is', "n't", 'it', '?']
     """
     return _WORD.findall(text.lower())
+
+
+def word_counts(captions: Iterable[str]) -> Counter[str]:
+    """How often each word (:func:`split_words`) occurs in ``captions``.
+
+    Example:
+        >>> word_counts(["a dog", "a cat"])["a"]
+        2
+    """
+    counts: Counter[str] = Counter()
+    for caption in captions:
+        counts.update(split_words(caption))
+    return counts
 
 
 class Vocabulary:
@@ -87,18 +101,46 @@ class Vocabulary:
             >>> Vocabulary.from_captions(["a dog", "a cat", "the dog"], min_count=2).words
             ['<pad>', '<unk>', 'a', 'dog']
         """
+        return cls.from_counts(word_counts(captions), min_count)
+
+    @classmethod
+    def from_counts(cls, counts: Counter[str], min_count: int = 1) -> Vocabulary:
+        """Words counted ``min_count``+ times (:func:`word_counts`), most frequent first, ties
+        alphabetically.
+
+        Example:
+            >>> Vocabulary.from_counts(word_counts(["a dog", "a cat"]), min_count=2).words
+            ['<pad>', '<unk>', 'a']
+        """
         if min_count < 1:
             raise ValueError(f"min_count must be at least 1, got {min_count}.")
-        counts = Counter(w for caption in captions for w in split_words(caption))
-        for special in SPECIALS:
-            counts.pop(special, None)
-        kept = sorted((w for w, n in counts.items() if n >= min_count), key=lambda w: (-counts[w], w))
+        kept = sorted(
+            (w for w, n in counts.items() if n >= min_count and w not in SPECIALS), key=lambda w: (-counts[w], w)
+        )
         return cls(kept)
 
     def encode(self, text: str) -> list[int]:
         """Ids of the words of ``text``; unknown words map to ``<unk>`` (1)."""
         unk = self._ids[UNK]
         return [self._ids.get(w, unk) for w in split_words(text)]
+
+    def coverage(self, texts: Iterable[str]) -> TokenCoverage:
+        """How many words of ``texts`` are unknown to this vocabulary (map to ``<unk>``).
+
+        Example:
+            >>> cov = Vocabulary(["a", "dog"]).coverage(["a dog", "a red cat"])
+            >>> cov.unknown, cov.tokens, cov.unknown_words
+            (2, 5, [('cat', 1), ('red', 1)])
+        """
+        unknown_words: Counter[str] = Counter()
+        unknown, tokens = [], []
+        for text in texts:
+            words = split_words(text)
+            missing = [w for w in words if w not in self._ids]
+            unknown_words.update(missing)
+            unknown.append(len(missing))
+            tokens.append(len(words))
+        return TokenCoverage.from_counts(unknown, tokens, unknown_words)
 
     def __len__(self) -> int:
         return len(self.words)
@@ -183,12 +225,9 @@ def _load_glove_dir(path: Path, source: str) -> tuple[list[str], np.ndarray]:
             f"one '*_index.parquet' (the words), e.g. glove_6B_50d_emb.npy and "
             f"glove_6B_index.parquet; found {found[:10]}."
         )
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise ImportError(
-            f"reading the GloVe word list {indexes[0]} needs pyarrow: pip install 'xmatch[glove]'."
-        ) from exc
+    from xmatch._optional import require
+
+    pq = require("pyarrow.parquet", "xmatch[glove]", f"reading the GloVe word list {indexes[0]}")
 
     table = pq.read_table(indexes[0])
     columns = [n for n in ("index", "word") if n in table.column_names] or table.column_names
@@ -244,7 +283,8 @@ def load_vocabulary(vocab: str | list[str] | None, min_count: int, component: st
     if vocab is None:
         raise ValueError(
             f"text encoder '{component}' needs a vocabulary: vocab='captions.txt' (a caption file, one "
-            "caption per line, to build it from), a vocab.json saved with the model, or a list of words."
+            "caption per line, to build it from), a vocab.json saved with the model, or a list of words; "
+            "`xmatch train ... --build-text-side` builds it from the training captions."
         )
     if not isinstance(vocab, str):
         return Vocabulary(vocab)
@@ -261,6 +301,36 @@ def load_vocabulary(vocab: str | list[str] | None, min_count: int, component: st
     if len(vocabulary) == len(SPECIALS):
         raise ValueError(f"text encoder '{component}': no word of {path} is seen {min_count}+ times.")
     return vocabulary
+
+
+def build_vocabulary(captions: list[str], directory: str | os.PathLike, min_count: int = 1) -> TextSide:
+    """Build the word vocabulary of ``captions`` and write it as ``directory/vocab.json`` for
+    any word-level text encoder that takes ``vocab`` (``bigru``, ``bilstm``, the plugins'
+    ``scan-bigru``, ``vsepp-gru``, ``oan-textcnn``).
+
+    Args:
+        captions: the training captions.
+        directory: where ``vocab.json`` goes (created).
+        min_count: keep words seen at least this often; rarer ones become ``<unk>``.
+
+    Example:
+        >>> side = build_vocabulary(["a dog", "a cat"], "runs/mine/text_side")  # doctest: +SKIP
+        >>> side.words, side.arguments  # doctest: +SKIP
+        (3, {'vocab': 'vocab.json'})
+    """
+    counts = word_counts(captions)
+    vocabulary = Vocabulary.from_counts(counts, min_count)
+    if len(vocabulary) == len(SPECIALS):
+        raise ValueError(
+            f"no word of the {len(captions):,} captions is seen {min_count}+ times; lower min_count."
+        )
+    directory = Path(directory)
+    vocabulary.save(directory / VOCAB_FILE)
+    longest = max((len(split_words(c)) for c in captions), default=0)
+    return TextSide(
+        kind="vocabulary", directory=directory, arguments={"vocab": VOCAB_FILE}, words=len(vocabulary) - len(SPECIALS),
+        distinct_words=len(counts), min_count=min_count, captions=len(captions), longest=longest,
+    )
 
 
 class RNNTextEncoder(TextEncoder):
@@ -392,6 +462,10 @@ class RNNTextEncoder(TextEncoder):
         input_ids = nn.utils.rnn.pad_sequence(sequences, batch_first=True, padding_value=0)
         mask = lengths_to_mask(torch.tensor([len(s) for s in sequences]), input_ids.shape[1])
         return TokenBatch({"input_ids": input_ids}, mask, mask.clone(), list(texts))
+
+    def token_coverage(self, texts: list[str]) -> TokenCoverage:
+        """How many words of ``texts`` this encoder's vocabulary maps to ``<unk>``."""
+        return self.vocabulary.coverage(texts)
 
     def forward(self, batch: TokenBatch) -> EncoderOutput:
         input_ids = batch.inputs["input_ids"]

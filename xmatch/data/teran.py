@@ -11,8 +11,9 @@ by ``[W, H, W, H]`` of the image in float64 and cast to float32, as the original
   VSE++ id files ``coco_{train,dev,test,restval}_ids.npy`` (annotation ids, 5 per image);
   image sizes are the annotations' ``width`` / ``height``, as in ``CocoDataset.get_raw_item``;
 - a Karpathy split file (``dataset_coco.json``, ``dataset_flickr30k.json``) with the ``raw``
-  sentences of each image (``FlickrDataset``); sizes then come from a sizes file (TERAN's
-  ``sizes.pkl``, or a JSON) or from the image files' headers -- given explicitly.
+  sentences of each image (``FlickrDataset``); sizes then come from the file's own image
+  entries when they record ``width`` / ``height`` (a dataset of your own), else from a sizes
+  file (TERAN's ``sizes.pkl``, or a JSON) or from the image files' headers -- given explicitly.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from xmatch.data.errors import DataError, DataFileNotFoundError
 from xmatch.data.items import RegionImage
 
 SPLITS = ("train", "val", "test")
-KARPATHY_FILES = ("dataset_coco.json", "dataset_flickr30k.json", "dataset_flickr8k.json")
+# dataset_xmatch.json: the Karpathy-style file `xmatch extract` writes beside its features
+KARPATHY_FILES = ("dataset_coco.json", "dataset_flickr30k.json", "dataset_flickr8k.json", "dataset_xmatch.json")
 #: the original's COCO files per split (``data.py:get_paths``); val/test images are in val2014
 COCO_ID_FILES = {"train": "coco_train_ids.npy", "val": "coco_dev_ids.npy", "test": "coco_test_ids.npy"}
 COCO_RESTVAL_IDS = "coco_restval_ids.npy"
@@ -75,7 +77,10 @@ class TeranDataset(ImageTextDataset):
         features: the folder holding ``bu_att`` and ``bu_box`` (default: found as above).
         sizes: Karpathy set-up: file(s) with the image sizes: TERAN's ``sizes.pkl`` (a list
             of (width, height) in the order of the Karpathy file's images), COCO annotation
-            JSONs (their ``images`` width / height by COCO id), or a JSON ``{"<id>": [w, h]}``.
+            JSONs (their ``images`` width / height by COCO id), a Karpathy-style JSON whose
+            images have ``width`` / ``height``, or a JSON ``{"<id>": [w, h]}``. Without
+            ``sizes`` and ``images``, the ``width`` / ``height`` of the caption file's own image
+            entries are used when every image of the split has them.
         images: Karpathy set-up, instead of ``sizes``: the image folder; sizes are read from
             each image's header (``<images>/<filepath>/<filename>``) when the image is loaded.
         restval: add the ``restval`` images to ``train`` (after the train images, as the
@@ -148,7 +153,7 @@ class TeranDataset(ImageTextDataset):
                 )
             entries, positions = self._read_karpathy(*docs[0], captions_per_image, max_images)
             self._sizes, self._image_files, self.size_source = _karpathy_sizes(
-                docs[0][1]["images"], positions, [key for key, _ in entries], sizes, images, self.root
+                docs[0][1]["images"], positions, [key for key, _ in entries], sizes, images, self.root, caption_files[0]
             )
         else:
             raise DataError(
@@ -355,9 +360,11 @@ def _karpathy_sizes(
     sizes: PathArg | Sequence[PathArg] | None,
     images: PathArg | None,
     root: Path,
+    caption_file: Path,
 ) -> tuple[np.ndarray, list[Path] | None, str]:
     """Image sizes for a Karpathy split file: ``(sizes [N, 2], image files or None, source)``;
-    with ``images`` the sizes are NaN and read from each file's header at load time."""
+    with ``images`` the sizes are NaN and read from each file's header at load time. Without
+    ``sizes`` / ``images``, the ``width`` / ``height`` of the file's image entries."""
     out = np.full((len(keys), 2), np.nan)
     if sizes is not None and images is not None:
         raise DataError("pass either sizes= (a sizes file) or images= (read sizes from the images), not both.")
@@ -371,12 +378,22 @@ def _karpathy_sizes(
             )
         return out, files, f"image headers in {folder}"
     if sizes is None:
+        recorded = [_width_height(images_meta[p]) for p in positions]
+        missing = [key for key, size in zip(keys, recorded, strict=True) if size is None]
+        if not missing:
+            return np.asarray(recorded, dtype=np.float64), None, f"width / height of the images in {caption_file}"
+        if len(missing) < len(keys):
+            raise DataError(
+                f"{caption_file}: {len(missing)} of the {len(keys)} images of the split have no numeric 'width' and "
+                f"'height' (ids {first_few(missing)}); add them, or pass sizes= / images= for every image."
+            )
         cached = root / "images" / "sizes.pkl"
         found = f" ({cached} exists: TERAN's cache, pass sizes={cached})" if cached.is_file() else ""
         raise DataError(
-            "the teran layout needs each image's width and height to normalise the pixel boxes, and a "
-            "Karpathy split file has none: pass sizes=<TERAN sizes.pkl, COCO captions_*2014.json, or "
-            f"a JSON {{id: [w, h]}}> or images=<image folder> (sizes from the image headers){found}."
+            "the teran layout needs each image's width and height to normalise the pixel boxes, and the "
+            f"images of {caption_file} have no 'width' / 'height': add them to its image entries, or pass "
+            "sizes=<TERAN sizes.pkl, COCO captions_*2014.json, or a JSON {id: [w, h]}> or images=<image folder> "
+            f"(sizes from the image headers){found}."
         )
     files = [Path(sizes)] if isinstance(sizes, (str, os.PathLike)) else [Path(s) for s in sizes]
     by_key: dict[str, Any] = {}
@@ -392,7 +409,11 @@ def _karpathy_sizes(
             continue
         doc = load_json(f, "teran image sizes")
         if isinstance(doc, dict) and isinstance(doc.get("images"), list):
-            by_key.update({str(im.get("id")): (im.get("width"), im.get("height")) for im in doc["images"]})
+            # COCO annotations key images by "id", Karpathy files by "cocoid" or "imgid"
+            by_key.update({
+                str(im.get("id", im.get("cocoid", im.get("imgid")))): (im.get("width"), im.get("height"))
+                for im in doc["images"] if isinstance(im, dict)
+            })
         elif isinstance(doc, dict):
             by_key.update({str(k): v for k, v in doc.items()})
         else:
@@ -408,6 +429,13 @@ def _karpathy_sizes(
             ) from None
         out[i] = (w, h)
     return out, None, "sizes file " + ", ".join(map(str, files))
+
+
+def _width_height(entry: Any) -> tuple[float, float] | None:
+    """An image entry's numeric, positive ``(width, height)``, or None."""
+    w, h = entry.get("width"), entry.get("height")
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in (w, h))
+    return (float(w), float(h)) if ok else None
 
 
 def _caption_format(doc: Any, path: Path) -> str:
