@@ -17,6 +17,7 @@ from xmatch.cli import build_parser
 from xmatch.demo import (
     RECIPES,
     figures_table,
+    pick_queries,
     rank_images_to_texts,
     rank_texts_to_images,
     run_demo,
@@ -25,10 +26,13 @@ from xmatch.demo import (
 from xmatch.demo_draw import (
     PALETTE,
     RIGHT,
+    TWIN,
     WRONG,
     GridRow,
     draw_alignment,
     draw_retrieval_grid,
+    heat_colour,
+    used_cells,
 )
 from xmatch.eval import evaluate
 from xmatch.eval.relevance import relevance_matrix
@@ -113,39 +117,63 @@ def test_demo_prints_the_figures_of_the_eval_pipeline(tiny_run, tiny_model, scen
     assert float(rsum.split()[1]) == pytest.approx(reference.rsum, abs=1e-4)
 
 
-def test_demo_prints_ranked_lists_marking_the_correct_results(tiny_run):
+def test_demo_shows_labelled_successes_and_failures_with_the_right_answers_rank(tiny_run):
     result, text, _ = tiny_run
     t2i = [r for r in result.rankings if r.direction == "t2i"]
     i2t = [r for r in result.rankings if r.direction == "i2t"]
-    assert len(t2i) == len(i2t) == 2  # 2 test images in the tiny preset
+    assert 1 <= len(t2i) <= 4 and 1 <= len(i2t) <= 2  # queries=2: up to 2 of each outcome (i2t: 1)
     for ranking in result.rankings:
-        assert ranking.text() in text
+        assert ranking.text() in text and ranking.headline() in text
+        assert ranking.headline().startswith(ranking.outcome.upper())
+        assert (ranking.outcome == "success") == (ranking.truth_rank == 1)
         scores = [h.score for h in ranking.hits]
         assert scores == sorted(scores, reverse=True) and len(ranking.hits) == 2
-    # Text -> image over 2 images: exactly one of the two is the caption's own image.
+        assert [h.rank for h in ranking.hits] == [1, 2]
+        # the right answer's rank is the rank of the first right hit (or of the one shown below)
+        right = [h.rank for h in ranking.hits if h.correct]
+        assert ranking.truth_rank == (right[0] if right else ranking.truth.rank)
+        assert (ranking.truth is None) == bool(right)
+    # Text -> image over 2 images: exactly one of the two is the caption's own image, the other its twin.
     assert all(sum(h.correct for h in r.hits) == 1 for r in t2i)
-    # The twin of the right image is marked (tiny test split = one twin group).
     assert all(h.note == "twin" for r in t2i for h in r.hits if not h.correct)
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("1.") and "image #" in ln)
     assert ("*" in line) == t2i[0].hits[0].correct
+    assert "z: how many standard deviations" in text and "MrSw, the sum over the caption's words" in text
 
 
-def test_demo_writes_the_alignment_picture_with_boxes(tiny_run, tiny_model, scenes_root):
+def test_demo_reports_the_twins_group_figures(tiny_run):
+    result, text, _ = tiny_run
+    assert result.groups.overall["groups"] == 1 and result.groups.overall["queries"] == 10
+    assert f"{result.groups.overall['t2i']:.1f}% of the captions score their own scene above its twin" in text
+
+
+def test_pick_queries_takes_typical_successes_and_failures():
+    ranks = np.array([0, 0, 0, 0, 0, 3, 1, 9, 2, 0])
+    margins = np.array([0.9, 0.1, 0.5, 0.3, 0.7, -0.2, -0.1, -0.5, -0.3, 0.2])
+    wins, losses = pick_queries(ranks, margins, 2)
+    # successes ordered by margin 0.9 0.7 0.5 0.3 0.2 0.1: the spots at 1/3 and 2/3 of six
+    assert wins == [2, 9]
+    # failures ordered by rank 1 2 3 9: the spots at 1/3 and 2/3 of four
+    assert losses == [8, 5]
+    assert pick_queries(np.zeros(3), np.ones(3), 2)[1] == []  # no failure to show
+
+
+def test_demo_writes_the_alignment_heat_map_beside_the_image(tiny_run):
     result, _, out = tiny_run
     assert result.files["alignment"] == out / "alignment.png"
     picture = Image.open(out / "alignment.png").convert("RGB")
-    # The 224-pixel scene shown at 2x, plus the word column on the right.
+    # The 224-pixel scene shown at 2x, plus the heat map on the right.
     assert picture.width > 2 * 224 + 150 and picture.height >= 2 * 224
     colours = {tuple(c) for c in np.asarray(picture).reshape(-1, 3)[::7]}
-    assert any(c in colours for c in PALETTE), "region boxes and word links are drawn in the palette"
+    assert PALETTE[0] in colours, "the regions the score reads are drawn in the palette"
 
 
-def test_demo_writes_the_retrieval_grid(tiny_run):
+def test_demo_writes_the_retrieval_grid_with_twins_marked(tiny_run):
     result, _, _ = tiny_run
     grid = np.asarray(Image.open(result.files["retrieval"]).convert("RGB"))
-    assert grid.shape[0] > 2 * 160 and grid.shape[1] > 2 * 160  # 2 queries x top-2 thumbnails
+    assert grid.shape[0] > 160 and grid.shape[1] > 2 * 150  # at least one query x top-2 thumbnails
     pixels = {tuple(c) for c in grid.reshape(-1, 3)}
-    assert RIGHT in pixels and WRONG in pixels  # 2 images, 1 right and 1 wrong per query
+    assert RIGHT in pixels and TWIN in pixels  # 2 images: the right one and its twin in every row
 
 
 def test_demo_trains_from_scratch_with_the_recipe(tiny_model, scenes_root, tmp_path, home, monkeypatch):
@@ -203,26 +231,64 @@ def test_token_labels_are_the_words_the_encoder_aligns(tiny_model):
     assert token_labels(tiny_model, "A big Red 7, left of a circle") == ["a", "big", "red", "7", ",", "left", "of", "a", "circle"]
 
 
-def test_alignment_picture_links_each_word_to_its_best_box():
+def test_alignment_picture_numbers_the_regions_each_word_reads():
     image = Image.new("RGB", (100, 100), (128, 128, 128))
-    boxes = np.array([[0.1, 0.1, 0.4, 0.4], [0.5, 0.5, 0.9, 0.9]])
-    alignment = np.array([[0.9, 0.1, 0.2], [0.3, 0.8, 0.7]])  # word 0 -> box 0; words 1, 2 -> box 1
+    boxes = np.array([[0.1, 0.1, 0.4, 0.4], [0.5, 0.5, 0.9, 0.9], [0.0, 0.6, 0.2, 0.8]])
+    alignment = np.array([[0.9, 0.1, 0.2], [0.3, 0.8, 0.7], [0.0, 0.0, 0.0]])  # words 0 -> box 0; 1, 2 -> box 1
     picture = np.asarray(draw_alignment(image, boxes, ["red", "blue", "circle"], alignment, scale=1))
     margin = 12  # image origin inside the canvas (no title)
-    # Box 0 has the colour of word 0; box 1 that of word 1 (0.8 beats word 2's 0.7).
+    # Row 1 (first read, by word 0) is box 0 in the first colour; row 2 is box 1 in the second.
     assert tuple(picture[margin + 25, margin + 10]) == PALETTE[0]  # left edge of box 0
-    assert tuple(picture[margin + 70, margin + 50]) == PALETTE[1]  # left edge of box 1
+    assert tuple(picture[margin + 75, margin + 50]) == PALETTE[1]  # left edge of box 1
+    # Box 2 is read by no word: not drawn.
+    assert tuple(picture[margin + 70, margin + 0]) == (128, 128, 128)
     with pytest.raises(ValueError, match=r"alignment must be \[regions, words\]"):
         draw_alignment(image, boxes, ["red"], alignment)
 
 
-def test_grid_frames_right_and_wrong_results():
-    ims = [Image.new("RGB", (32, 32), (0, 0, 0))] * 2
-    grid = np.asarray(draw_retrieval_grid([GridRow("a red 7", ims, ["#1", "#2"], [True, False])], thumb=40))
-    frame_row = 10 + 26 + 1  # pad + caption line + inside the frame
-    assert tuple(grid[frame_row, 10 + 1]) == RIGHT and tuple(grid[frame_row, 10 + 48 + 10 + 1]) == WRONG
+def test_alignment_picture_stays_legible_for_a_long_caption():
+    image = Image.new("RGB", (224, 224), (128, 128, 128))
+    words = ("a picture of a tiny white number five to the right of a small red star , with a big "
+             "green digit 3 and a little orange circle elsewhere").split()
+    alignment = np.random.default_rng(0).uniform(-0.3, 0.3, (36, len(words)))
+    boxes = np.tile([0.1, 0.1, 0.5, 0.5], (36, 1))
+    picture = draw_alignment(image, boxes, words, alignment)
+    # one column per word, no label overlapping another: the heat map grows in width only
+    assert picture.width >= 2 * 224 + 34 * len(words) and picture.height < 800
+
+
+def test_used_cells_follow_the_pooler():
+    a = np.array([[0.9, 0.1, 0.0], [0.2, 0.3, 0.8]])
+    assert used_cells(a, "words").tolist() == [[True, False, False], [False, True, True]]
+    assert used_cells(a, "regions").tolist() == [[True, False, False], [False, False, True]]
+    assert used_cells(a, "both").sum() == 3
+    assert heat_colour(-1.0, 1.0) == (33, 102, 172) and heat_colour(0.5, 1.0)[0] > heat_colour(0.5, 1.0)[2]
+
+
+def test_grid_frames_right_twin_and_wrong_results_and_shows_the_truth():
+    ims = [Image.new("RGB", (32, 32), (0, 0, 0))] * 3
+    row = GridRow("a red 7", ims, ["1. #1", "2. #2", "3. #3"], [False, False, False], [True, False, False],
+                  "FAILURE: the right image ranks 9", (ims[0], "9. #4"))
+    grid = np.asarray(draw_retrieval_grid([row], thumb=40))
+    top = 10 + 26 + 2 * 20 + 6 + 1  # pad + legend + headline and caption lines + inside the frame
+    assert tuple(grid[top, 10 + 1]) == TWIN and tuple(grid[top, 10 + 48 + 10 + 1]) == WRONG
+    truth_x = 10 + 3 * (48 + 10) + 30 + 1
+    assert tuple(grid[top, truth_x]) == RIGHT
     with pytest.raises(ValueError, match="at least one query"):
         draw_retrieval_grid([])
+
+
+def test_demo_draws_no_alignment_for_a_global_vector_model(scenes_root, tmp_path, home, monkeypatch, fixture_bert):
+    """TERN scores the cosine of two global vectors: there is no region-word matrix to draw."""
+    monkeypatch.setenv("XMATCH_HOME", str(home))
+    spec = {**tiny_spec(), "text_encoder": {"name": "bert", "source": fixture_bert, "layers": 1, "pretrained": False},
+            "pooler": {"name": "global-cosine"}}
+    torch.manual_seed(0)
+    stream = io.StringIO()
+    result = run_demo(xmatch.build(spec), size="tiny", root=scenes_root, data_options=FAST, out=tmp_path,
+                      queries=1, top_k=2, progress=False, stream=stream)
+    assert "alignment" not in result.files and not (tmp_path / "alignment.png").exists()
+    assert "no alignment picture" in stream.getvalue() and result.files["retrieval"].is_file()
 
 
 def test_cli_demo_options():

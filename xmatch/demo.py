@@ -2,10 +2,13 @@
 
 Prepares the scenes data (generated once into the cache), loads the demo model shipped with
 xmatch (or trains one from scratch with the shipped recipe), evaluates it with the papers'
-protocol (Recall@K both ways, NDCG@25 with ROUGE-L relevance), prints text-to-image and
-image-to-text rankings, and draws the region-word alignment of one pair (as Figure 7 of
-TERAN: Messina et al., "Fine-grained Visual Textual Alignment for Cross-Modal Retrieval using
-Transformer Encoders", ACM TOMM 2021) and a retrieval grid. See docs/demo.md.
+protocol (Recall@K both ways, NDCG@25 with ROUGE-L relevance) and on the hard-negative twins,
+then shows what the model does: typical successes *and* failures in both directions (labelled,
+with where the right answer ranked and how far each score stands above the other candidates),
+a retrieval grid that marks the right image and its twin, and, for models that score with the
+region-word matrix, the alignment of one pair as the pooler reads it (after Figure 7 of TERAN:
+Messina et al., "Fine-grained Visual Textual Alignment for Cross-Modal Retrieval using
+Transformer Encoders", ACM TOMM 2021). See docs/demo.md.
 
 Example:
     >>> from xmatch.demo import run_demo
@@ -15,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -26,7 +30,7 @@ import numpy as np
 import torch
 
 from xmatch.data import ImageCaptionsDataset, TeranDataset
-from xmatch.data.scenes import twins
+from xmatch.data.scenes import scene_groups, twins
 from xmatch.eval import (
     EvalResult,
     encode_dataset,
@@ -34,6 +38,7 @@ from xmatch.eval import (
     fold_layout,
     score_blocks,
 )
+from xmatch.eval.groups import score_groups
 from xmatch.model import MatchingModel
 
 DEFAULT_MODEL = "teran-mrsw-scenes"
@@ -46,29 +51,69 @@ IMAGE_BATCH, TEXT_BATCH = 64, 256
 
 @dataclass
 class Hit:
-    """One retrieved item: its label (image id or caption), score, and whether it is right."""
+    """One retrieved item.
+
+    Attributes:
+        label: the image id or the caption.
+        score: the model's similarity.
+        correct: whether it is a right answer to the query.
+        note: ``twin`` / ``twin's`` (the hard negative), ``the right one``...
+        rank: its 1-based rank.
+        z: how many standard deviations its score stands above the mean over every candidate
+            of the query (comparable across queries, unlike the raw score).
+    """
 
     label: str
     score: float
     correct: bool
     note: str = ""
+    rank: int = 0
+    z: float = 0.0
+
+    def line(self) -> str:
+        note = f"  ({self.note})" if self.note else ""
+        return f"  {self.rank:2d}. {'*' if self.correct else ' '} {self.score:8.4f}  z {self.z:+5.2f}  {self.label}{note}"
 
 
 @dataclass
 class Ranking:
-    """A query and its top-k results, best first."""
+    """A query and its top-k results, best first.
+
+    Attributes:
+        direction: ``t2i`` (a caption queries the images) or ``i2t``.
+        query: the caption (quoted) or the image's label.
+        hits: the top-k, best first.
+        outcome: ``success`` (a right answer ranks first) or ``failure``.
+        truth_rank: the 1-based rank of the (best) right answer.
+        truth: the right answer when it ranked below the top-k, else None.
+        index: the query's index in the test split (caption for t2i, image for i2t).
+    """
 
     direction: str  # "t2i" or "i2t"
     query: str
     hits: list[Hit]
+    outcome: str = ""
+    truth_rank: int = 0
+    truth: Hit | None = None
+    index: int = -1
+
+    def headline(self) -> str:
+        """``SUCCESS: ...`` or ``FAILURE: ...``, saying where the right answer ranked."""
+        what = "image" if self.direction == "t2i" else "caption"
+        where = f"the right {what} ranks {self.truth_rank}"
+        twins = [h.rank for h in self.hits if h.note.startswith("twin")]
+        if self.outcome == "failure" and twins and twins[0] < self.truth_rank:
+            twin = "the twin" if self.direction == "t2i" else "a caption of the twin"
+            where += f"; {twin} ranks {twins[0]}"
+        return f"{self.outcome.upper()}: {where}" if self.outcome else where
 
     def text(self) -> str:
-        """The ranking as printed by the demo: ``*`` marks a correct result."""
+        """The ranking as printed by the demo: ``*`` marks a right result."""
         arrow = "text -> image" if self.direction == "t2i" else "image -> text"
-        lines = [f"{arrow}: {self.query}"]
-        for k, hit in enumerate(self.hits, start=1):
-            note = f"  ({hit.note})" if hit.note else ""
-            lines.append(f"  {k:2d}. {'*' if hit.correct else ' '} {hit.score:7.4f}  {hit.label}{note}")
+        lines = [f"{arrow}  {self.headline()}", f"  query: {self.query}"]
+        lines += [hit.line() for hit in self.hits]
+        if self.truth is not None:
+            lines += ["   ...", self.truth.line()]
         return "\n".join(lines)
 
 
@@ -78,15 +123,18 @@ class DemoResult:
 
     Attributes:
         figures: the evaluation (Recall@K, ranks, NDCG ROUGE-L, both directions).
-        rankings: the text-to-image then image-to-text queries.
-        files: ``{"alignment": path, "retrieval": path}``, the pictures written.
+        rankings: the text-to-image then image-to-text showcase queries.
+        files: the pictures written: ``retrieval`` and, for models that score with the
+            region-word matrix, ``alignment``.
         model: the model evaluated.
+        groups: the hard-negative twins' figures (:class:`xmatch.eval.groups.GroupResult`).
     """
 
     figures: EvalResult
     rankings: list[Ranking]
     files: dict[str, Path]
     model: MatchingModel = field(repr=False)
+    groups: Any = None
 
 
 def prepare_scenes(
@@ -231,6 +279,115 @@ def figures_table(result: EvalResult) -> str:
     return "\n".join(lines)
 
 
+#: what a pooler's score is, for the printout (keys: pooler class names)
+SCORES_EXPLAINED = {
+    "MrSw": "the sum over the caption's words of each word's best region cosine (it grows with the number of "
+            "words, so compare scores within one query)",
+    "MwSr": "the sum over the image's regions of each region's best word cosine (it grows with the number of "
+            "regions, so compare scores within one query)",
+    "Symm": "MrSw + MwSr: each word's best region plus each region's best word (it grows with both counts, "
+            "so compare scores within one query)",
+    "MrAvgw": "the mean over the caption's words of each word's best region cosine (in [-1, 1])",
+    "GlobalCosine": "the cosine of the image's and the caption's global vectors (in [-1, 1])",
+}
+#: which cosines of the region-word matrix each pooler sums (see demo_draw.used_cells)
+POOLER_MARKS = {"MrSw": "words", "MrAvgw": "words", "MwSr": "regions", "Symm": "both"}
+
+
+def pick_queries(ranks: np.ndarray, margins: np.ndarray, count: int) -> tuple[list[int], list[int]]:
+    """Typical successes and typical failures: ``count`` of each, spread over the middle of
+    their distributions (successes by the margin of the right answer over the best other,
+    failures by the rank of the right answer), so neither the easiest nor the hopeless show.
+
+    Args:
+        ranks: 0-based rank of each query's right answer.
+        margins: each query's score margin (right answer minus best other).
+        count: how many of each.
+
+    Returns:
+        (success query indices, failure query indices), fewer when there are not enough.
+
+    Example:
+        >>> pick_queries(np.array([0, 0, 0, 3, 1, 0]), np.array([.5, .1, .3, -.2, -.1, .2]), 1)
+        ([5], [3])
+    """
+    picked = []
+    for chosen, key in ((np.flatnonzero(ranks == 0), -margins), (np.flatnonzero(ranks > 0), ranks)):
+        ordered = chosen[np.argsort(key[chosen], kind="stable")]
+        spots = (np.arange(1, count + 1) * len(ordered)) // (count + 1)
+        picked.append(list(dict.fromkeys(ordered[spots].tolist())) if len(ordered) else [])
+    return picked[0], picked[1]
+
+
+def _z(values: np.ndarray) -> np.ndarray:
+    std = values.std()
+    return (values - values.mean()) / (std if std > 0 else 1.0)
+
+
+def _t2i_ranking(scores: np.ndarray, test: Any, caption: int, outcome: str, k: int, twin_of: dict[int, int]) -> Ranking:
+    owner = int(test.caption_image[caption])
+    column = scores[:, caption]
+    z = _z(column)
+    order = np.argsort(-column, kind="stable")
+    rank = int(np.flatnonzero(order == owner)[0]) + 1
+
+    def hit(j: int, r: int) -> Hit:
+        note = "twin" if twin_of.get(owner) == j else ""
+        return Hit(f"image #{_image_id(test, j)}", float(column[j]), j == owner, note, r, float(z[j]))
+
+    hits = [hit(int(j), r) for r, j in enumerate(order[:k], start=1)]
+    truth = hit(owner, rank) if rank > k else None
+    if truth is not None:
+        truth.note = "the right one"
+    return Ranking("t2i", f'"{test.captions[caption]}"', hits, outcome, rank, truth, caption)
+
+
+def _i2t_ranking(scores: np.ndarray, test: Any, image: int, outcome: str, k: int, twin_of: dict[int, int]) -> Ranking:
+    owner = np.asarray(test.caption_image)
+    row = scores[image]
+    z = _z(row)
+    order = np.argsort(-row, kind="stable")
+    right = owner[order] == image
+    rank = int(np.flatnonzero(right)[0]) + 1
+
+    def hit(j: int, r: int) -> Hit:
+        note = "twin's" if twin_of.get(image) == owner[j] else ""
+        return Hit(test.captions[j], float(row[j]), bool(owner[j] == image), note, r, float(z[j]))
+
+    hits = [hit(int(j), r) for r, j in enumerate(order[:k], start=1)]
+    truth = hit(int(order[rank - 1]), rank) if rank > k else None
+    if truth is not None:
+        truth.note = "the best right one"
+    return Ranking("i2t", f"image #{_image_id(test, image)}", hits, outcome, rank, truth, image)
+
+
+def showcase(scores: np.ndarray, test: Any, figures: EvalResult, count: int, top_k: int,
+             twin_of: dict[int, int]) -> list[Ranking]:
+    """The demo's queries: ``count`` typical successes and failures as captions querying the
+    images, then ``max(1, count // 2)`` of each as images querying the captions.
+
+    Example:
+        >>> [r.outcome for r in showcase(scores, test, figures, 2, 5, twins(test))]  # doctest: +SKIP
+        ['success', 'success', 'failure', 'failure', 'success', 'failure']
+    """
+    owner = np.asarray(test.caption_image)
+    columns = np.arange(scores.shape[1])
+    own = scores[owner, columns]
+    rivals = np.where(np.arange(scores.shape[0])[:, None] == owner[None, :], -np.inf, scores).max(axis=0)
+    win, lose = pick_queries(np.asarray(figures.queries["t2i_ranks"]), own - rivals, count)
+    k_img = min(top_k, scores.shape[0])
+    rankings = [_t2i_ranking(scores, test, q, "success", k_img, twin_of) for q in win]
+    rankings += [_t2i_ranking(scores, test, q, "failure", k_img, twin_of) for q in lose]
+
+    is_own = owner[None, :] == np.arange(scores.shape[0])[:, None]
+    margin = np.where(is_own, scores, -np.inf).max(axis=1) - np.where(is_own, -np.inf, scores).max(axis=1)
+    win, lose = pick_queries(np.asarray(figures.queries["i2t_ranks"]), margin, max(1, count // 2))
+    k_txt = min(top_k, scores.shape[1])
+    rankings += [_i2t_ranking(scores, test, i, "success", k_txt, twin_of) for i in win]
+    rankings += [_i2t_ranking(scores, test, i, "failure", k_txt, twin_of) for i in lose]
+    return rankings
+
+
 def run_demo(
     model: str | MatchingModel = DEFAULT_MODEL,
     *,
@@ -241,28 +398,29 @@ def run_demo(
     root: str | os.PathLike | None = None,
     data_options: Mapping[str, Any] | None = None,
     train_settings: Mapping[str, Any] | None = None,
-    queries: int = 3,
+    queries: int = 2,
     top_k: int = 5,
-    pair: int = 0,
+    pair: int | None = None,
     progress: bool = True,
     stream: TextIO | None = None,
 ) -> DemoResult:
-    """Run the demo: data, model, evaluation table, ranked queries, pictures.
+    """Run the demo: data, model, evaluation table, showcase queries, pictures.
 
     Args:
         model: a zoo entry with weights (loaded with ``pretrained=True``), or a model.
         size: scenes preset (``tiny``, ``small``, ``large``); the test split is evaluated.
-        out: folder for ``alignment.png``, ``retrieval.png`` (and ``train/`` with ``train``).
-        train: train ``model`` (a zoo name or spec) from scratch with ``recipe`` instead of
-            loading its weights.
-        recipe: the training recipe (default: the one the entry was trained with, else
-            ``scenes-teran``).
+        out: folder for ``retrieval.png``, ``alignment.png`` (and ``train/`` with ``train``).
+        train: train the model from scratch first with ``recipe`` (the entry's own recipe by
+            default, else ``scenes-teran``).
+        recipe: the training recipe with ``train``.
         root: scenes cache folder (default ``$XMATCH_HOME/datasets/scenes``).
         data_options: more scenes options (``backbone``, ``weights``, ``seed``, ...).
         train_settings: recipe overrides, e.g. ``{"epochs": 1}``.
-        queries: how many queries of each direction to print.
+        queries: typical successes and failures shown of captions querying images (half as
+            many of images querying captions).
         top_k: results per query.
-        pair: test image whose first caption's alignment is drawn.
+        pair: test image whose first caption's alignment is drawn (default: the first
+            success shown).
         progress: progress bars while generating data, training and encoding.
         stream: where to print (default stdout).
 
@@ -270,8 +428,8 @@ def run_demo(
         The figures, rankings, written files and the model.
 
     Example:
-        >>> run_demo(size="small", out="demo-out").files["alignment"]  # doctest: +SKIP
-        PosixPath('demo-out/alignment.png')
+        >>> run_demo(size="small", out="demo-out").files["retrieval"]  # doctest: +SKIP
+        PosixPath('demo-out/retrieval.png')
     """
     import xmatch
     from xmatch.eval.relevance import relevance_matrix
@@ -312,80 +470,116 @@ def run_demo(
         test.captions, "rougel", c, cache_dir=cache_dir() / "relevance", progress=progress)}
     figures = evaluate_blocks([scores], "full", c, relevance)
     say(figures_table(figures))
+    groups = score_groups(scores, scene_groups(test))
+    g = groups.overall
+    say(f"twins: {g['t2i']:.1f}% of the captions score their own scene above its twin (chance {g['t2i_chance']:.0f}%); "
+        f"Winoground group score {g['group']:.1f}% (chance {g['group_chance']:.1f}%). "
+        "`xmatch eval ... --protocol groups` breaks this down by kind of difference.")
 
-    say("[4/5] queries (* = correct)")
-    caption_image = np.asarray(test.caption_image)
-    images = np.unique(np.linspace(0, test.num_images - 1, min(queries, test.num_images)).round().astype(int))
+    pooler = type(net.pooler).__name__
+    try:  # the name a spec uses ("global-cosine"), else the class's
+        shown = str(net.spec["pooler"]["name"])
+    except (AttributeError, KeyError, TypeError):
+        shown = pooler
+    say("[4/5] typical successes and failures (* = a right answer)")
+    say(f"      score: {shown}, {SCORES_EXPLAINED.get(pooler, 'the model similarity')}; z: how many standard "
+        "deviations it stands above the mean score of all candidates of that query")
     twin_of = twins(test)
-    rankings: list[Ranking] = []
-    k_img = min(top_k, test.num_images)
-    top, right = rank_texts_to_images(scores, caption_image, [int(i) * c for i in images], k_img)
-    for image, row, ok in zip(images, top, right):
-        hits = [Hit(f"image #{_image_id(test, j)}", float(scores[j, image * c]), bool(o),
-                    "twin" if twin_of.get(int(image)) == j else "") for j, o in zip(row, ok)]
-        rankings.append(Ranking("t2i", f'"{test.captions[image * c]}"', hits))
-    top, right = rank_images_to_texts(scores, caption_image, list(images), min(top_k, len(test.captions)))
-    for image, row, ok in zip(images, top, right):
-        hits = [Hit(test.captions[j], float(scores[image, j]), bool(o),
-                    "twin's" if twin_of.get(int(image)) == caption_image[j] else "") for j, o in zip(row, ok)]
-        rankings.append(Ranking("i2t", f"image #{_image_id(test, image)}", hits))
+    rankings = showcase(scores, test, figures, queries, top_k, twin_of)
     for ranking in rankings:
         say(ranking.text())
 
     say(f"[5/5] pictures in {out}/")
-    files = {
-        "alignment": _write_alignment(net, test, encoded, pair, out / "alignment.png"),
-        "retrieval": _write_grid(test, scores, caption_image, images, k_img, out / "retrieval.png"),
-    }
+    t2i = [r for r in rankings if r.direction == "t2i"]
+    files = {"retrieval": _write_grid(test, t2i, out / "retrieval.png")}
+    if getattr(net.pooler, "uses_tokens", True) and pooler in POOLER_MARKS:
+        success = next((r.index for r in t2i if r.outcome == "success"), t2i[0].index if t2i else 0)
+        caption = pair * c if pair is not None else success
+        files["alignment"] = _write_alignment(net, test, encoded, caption, POOLER_MARKS[pooler], out / "alignment.png")
+    else:
+        say(f"      no alignment picture: {shown} does not score with the region-word matrix (TERN's global-cosine "
+            "compares two global vectors), so there is no alignment to show")
     for path in files.values():
         say(f"      wrote {path}")
-    return DemoResult(figures, rankings, files, net)
+    return DemoResult(figures, rankings, files, net, groups)
+
+
+def _on_objects(test: Any, image: int, boxes: np.ndarray) -> np.ndarray | None:
+    """Per box: does its centre lie on a drawn object of the scene (None when unknown)."""
+    from xmatch.data.scenes import read_scenes
+
+    try:
+        record = {r["id"]: r for r in read_scenes(test.root)}[_image_id(test, image)]
+        side = float(json.loads((Path(test.root) / "sizes.json").read_text())[str(record["id"])][0])
+    except (FileNotFoundError, KeyError, ValueError):
+        return None
+    objects = np.array([o["box"] for o in record["objects"]], dtype=np.float64) / side
+    centre = np.c_[(boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2]
+    inside = ((centre[:, None, 0] >= objects[None, :, 0]) & (centre[:, None, 0] <= objects[None, :, 2])
+              & (centre[:, None, 1] >= objects[None, :, 1]) & (centre[:, None, 1] <= objects[None, :, 3]))
+    return inside.any(axis=1)
 
 
 def _write_alignment(
-    net: MatchingModel, test: TeranDataset | ImageCaptionsDataset, encoded: Any, pair: int, path: Path
+    net: MatchingModel, test: TeranDataset | ImageCaptionsDataset, encoded: Any, caption: int, marks: str, path: Path
 ) -> Path:
     from PIL import Image
 
     from xmatch.demo_draw import draw_alignment
 
-    if not 0 <= pair < test.num_images:
-        raise ValueError(f"pair must be a test image index in [0, {test.num_images}), got {pair}.")
-    caption = pair * test.captions_per_image
+    if not 0 <= caption < len(test.captions):
+        raise ValueError(f"pair must be a test image index in [0, {test.num_images}).")
+    image = int(test.caption_image[caption])
     with torch.inference_mode():
-        img = encoded.images[pair]
+        img = encoded.images[image]
         matrix = net.alignment(img, encoded.captions[caption]).float().cpu().numpy()
     # Token t of the image is region t (padding, if any, comes last): keep the real ones' boxes.
     real = img.mask[0].cpu().numpy()
     words = token_labels(net, test.captions[caption])
-    with Image.open(_image_file(test, pair)) as picture:
-        if net.image_encoder.takes_pixels:  # grid cells, drawn where they lie in the original image
+    grid = net.image_encoder.takes_pixels
+    with Image.open(_image_file(test, image)) as picture:
+        if grid:  # grid cells, drawn where they lie in the original image
             boxes = net.image_encoder.image_boxes(*picture.size).numpy()[: len(real)][real]
         else:
-            boxes = test.image(pair).boxes[: len(real)][real]
+            boxes = test.image(image).boxes[: len(real)][real]
+        pooler = type(net.pooler).__name__
+        unit = "cell" if grid else "region"
+        notes = [f"{pooler} sums the cosines marked with a dot: "
+                 + {"words": f"each word's best {unit}", "regions": f"each {unit}'s best word",
+                    "both": f"each word's best {unit} and each {unit}'s best word"}[marks]
+                 + f". Rows: the {unit}s the score reads, numbered as on the image"
+                 + ("." if marks == "words" else f" (of the {unit}s' best words, the 12 strongest shown).")]
+        on_object = _on_objects(test, image, boxes)
+        if on_object is not None:
+            best = matrix.argmax(axis=0)
+            notes.append(f"{int(on_object[best].sum())} of {len(words)} words read a {unit} whose centre lies on a "
+                         f"drawn object; the others read background{' cells' if grid else ' proposals'}.")
         drawing = draw_alignment(
-            picture, boxes, words, matrix, title=f"image #{_image_id(test, pair)}: \"{test.captions[caption]}\""
+            picture, boxes, words, matrix, marks=marks, notes=notes,
+            title=f"image #{_image_id(test, image)}: \"{test.captions[caption]}\"",
         )
     drawing.save(path)
     return path
 
 
-def _write_grid(
-    test: TeranDataset | ImageCaptionsDataset, scores: np.ndarray, caption_image: np.ndarray, images: np.ndarray, k: int, path: Path
-) -> Path:
+def _write_grid(test: TeranDataset | ImageCaptionsDataset, rankings: Sequence[Ranking], path: Path) -> Path:
     from PIL import Image
 
     from xmatch.demo_draw import GridRow, draw_retrieval_grid
 
-    c = test.captions_per_image
-    top, right = rank_texts_to_images(scores, caption_image, [int(i) * c for i in images], k)
+    by_label = {f"image #{_image_id(test, j)}": j for j in range(test.num_images)}
+
+    def picture(label: str) -> Image.Image:
+        with Image.open(_image_file(test, by_label[label])) as im:
+            return im.convert("RGB")
+
+    def caption(hit: Hit) -> str:
+        return f"{hit.rank}. #{hit.label.split('#')[1]}  z {hit.z:+.1f}"
+
     rows = []
-    for image, row, ok in zip(images, top, right):
-        pictures = []
-        for j in row:
-            with Image.open(_image_file(test, int(j))) as im:
-                pictures.append(im.convert("RGB"))
-        labels = [f"#{_image_id(test, j)} {scores[j, image * c]:.3f}" for j in row]
-        rows.append(GridRow(test.captions[image * c], pictures, labels, [bool(o) for o in ok]))
+    for r in rankings:
+        truth = (picture(r.truth.label), caption(r.truth)) if r.truth is not None else None
+        rows.append(GridRow(r.query.strip('"'), [picture(h.label) for h in r.hits], [caption(h) for h in r.hits],
+                            [h.correct for h in r.hits], [h.note == "twin" for h in r.hits], r.headline(), truth))
     draw_retrieval_grid(rows).save(path)
     return path

@@ -67,6 +67,7 @@ def open_scenes(
     weights: str = DEFAULT_WEIGHTS,
     batch_size: int = 32,
     progress: bool = True,
+    generate: bool | None = None,
 ) -> TeranDataset | ImageCaptionsDataset:
     """Open the ``scenes`` benchmark, generating it into the cache on first use.
 
@@ -89,6 +90,11 @@ def open_scenes(
             seeded by ``seed`` (only for tests: such features carry no meaning).
         batch_size: images per backbone forward during generation.
         progress: show tqdm progress bars while generating.
+        generate: generate the set when it is missing. The default (None) generates into the
+            cache, and into a given ``root`` that is empty or already holds scene sets; any
+            other given folder (a mistyped path, another dataset's folder) is refused rather
+            than filled with a new benchmark. True generates wherever ``root`` points; False
+            never generates.
 
     Returns:
         A :class:`TeranDataset` (``layout="regions"``) or :class:`ImageCaptionsDataset`
@@ -97,6 +103,7 @@ def open_scenes(
 
     Raises:
         ValueError: an unknown split, size or layout, or an out-of-range number.
+        FileNotFoundError: the set is missing and ``generate`` does not allow making it there.
 
     Example:
         >>> ds = open_scenes("~/.cache/xmatch/datasets/scenes", "train")  # doctest: +SKIP
@@ -106,16 +113,30 @@ def open_scenes(
     _check_options(split, size, seed, layout, regions, canvas, batch_size)
     base = Path(root).expanduser() if root is not None else _default_root()
     folder = scenes_folder(base, size, seed, canvas)
+    if not folder.is_dir():
+        _check_may_generate(base, folder, generate, explicit=root is not None)
     _build_once(folder, lambda tmp: write_scenes(tmp, size, seed, canvas, progress))
     if layout == "images":
-        return ImageCaptionsDataset(folder, split)
+        return _declare_for_evaluation(ImageCaptionsDataset(folder, split))
     features = folder / features_folder_name(regions, backbone, weights)
     _build_once(
         features, lambda tmp: write_features(folder, tmp, regions, backbone, weights, seed, batch_size, progress)
     )
-    return TeranDataset(
+    return _declare_for_evaluation(TeranDataset(
         folder, split, captions=folder / KARPATHY_FILE, sizes=folder / SIZES_FILE, features=features
-    )
+    ))
+
+
+def _declare_for_evaluation(dataset: TeranDataset | ImageCaptionsDataset) -> TeranDataset | ImageCaptionsDataset:
+    """Declare what the evaluation's extra protocols read (docs/evaluation.md): the twins as
+    hard-negative groups (``--protocol groups``) and the grammar's word classes (``probes``)."""
+    from functools import partial
+
+    from xmatch.eval.probes import scenes_tagger
+
+    dataset.hard_negative_groups = partial(scene_groups, dataset)
+    dataset.word_classes = scenes_tagger
+    return dataset
 
 
 def _check_options(
@@ -136,6 +157,23 @@ def _check_options(
         raise ValueError(f"canvas must be at least 128 pixels (objects need room), got {canvas}.")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+
+
+def _check_may_generate(base: Path, folder: Path, generate: bool | None, explicit: bool) -> None:
+    if generate is True or (generate is None and not explicit):
+        return
+    if generate is None:
+        entries = [p.name for p in base.iterdir()] if base.is_dir() else None
+        if entries is not None and (not entries or any(n.startswith("scenes-") for n in entries)):
+            return
+        found = "does not exist" if entries is None else "holds no scene sets"
+    else:
+        found = "does not hold this set and generate=false"
+    raise FileNotFoundError(
+        f"no scenes data at {base}: the folder {found} (looked for {folder.name}). Check the path; "
+        f"leave --data out to use the cache ({_default_root()}, where `xmatch demo` generates it); or "
+        "generate the benchmark there with --data-option generate=true (generate=True)."
+    )
 
 
 def _default_root() -> Path:
@@ -344,13 +382,41 @@ def twins(dataset: Any) -> dict[int, int]:
     return {i: j for pair in members.values() if len(pair) == 2 for i, j in (pair, pair[::-1])}
 
 
+def scene_groups(dataset: Any) -> Any:
+    """The twins of a scenes split as hard-negative groups (:class:`xmatch.eval.groups.GroupSet`),
+    each of kind ``relation``, ``colour`` or ``size``: what the second scene changed.
+
+    ``open_scenes`` declares them on every split it opens (``dataset.hard_negative_groups()``),
+    so ``xmatch eval ... --dataset scenes --protocol groups`` finds them.
+
+    Example:
+        >>> scene_groups(open_scenes(split="test")).kinds[:2]  # doctest: +SKIP
+        ['size', 'colour']
+    """
+    from xmatch.eval.groups import Group, GroupSet
+
+    row = {int(Path(name).stem): i for i, name in enumerate(dataset.image_names)}
+    members: dict[int, list[tuple[int, str]]] = {}
+    for record in read_scenes(dataset.root):
+        if record["id"] in row:
+            members.setdefault(record["group"], []).append((row[record["id"]], record["variant"]))
+    groups = [
+        Group(tuple(i for i, _ in pair), next(v for _, v in pair if v != "base"))
+        for pair in members.values() if len(pair) == 2
+    ]
+    if not groups:
+        raise ValueError("no scene of this split has its twin in the split; twin accuracy needs whole pairs.")
+    return GroupSet(groups, dataset.caption_image)
+
+
 def twin_accuracy(scores: np.ndarray | Any, dataset: Any) -> tuple[float, int]:
     """How often a caption scores its own scene above that scene's twin (chance: 0.5).
 
     Twins share their objects and words but differ in a relation, a colour or a size
     (:func:`~xmatch.data.scenes_render.sample_group`), so a model that matches bags of words
     or pools global features sits near 0.5; fine-grained alignment is needed to go above it.
-    Ties count as wrong.
+    Ties count as wrong. This is the ``t2i`` figure of the twins' groups
+    (:func:`scene_groups`, :func:`xmatch.eval.groups.score_groups`), as a fraction.
 
     Args:
         scores: ``[images, captions]`` similarities over the whole split, in the dataset's
@@ -365,17 +431,13 @@ def twin_accuracy(scores: np.ndarray | Any, dataset: Any) -> tuple[float, int]:
         >>> twin_accuracy(model.similarity(img, txt), test)  # doctest: +SKIP
         (0.71, 500)
     """
+    from xmatch.eval.groups import score_groups
+
     scores = np.asarray(scores.detach().cpu() if hasattr(scores, "detach") else scores, dtype=np.float64)
     if scores.shape != (dataset.num_images, len(dataset.captions)):
         raise ValueError(
             f"scores must be [images, captions] = [{dataset.num_images}, {len(dataset.captions)}] over the "
             f"whole split, got {list(scores.shape)}."
         )
-    twin_of = twins(dataset)
-    owner = np.asarray(dataset.caption_image)
-    captions = np.array([k for k in range(len(owner)) if owner[k] in twin_of], dtype=np.int64)
-    if not len(captions):
-        raise ValueError("no scene of this split has its twin in the split; twin accuracy needs whole pairs.")
-    own = scores[owner[captions], captions]
-    twin = scores[[twin_of[i] for i in owner[captions]], captions]
-    return float(np.mean(own > twin)), len(captions)
+    overall = score_groups(scores, scene_groups(dataset)).overall
+    return overall["t2i"] / 100.0, overall["queries"]

@@ -90,9 +90,10 @@ class Scene:
 @functools.lru_cache(maxsize=1)
 def digit_glyphs() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's bundled handwritten digits: ``(images [1797, 8, 8] in 0..16, labels)``."""
-    from sklearn.datasets import load_digits
+    from xmatch._optional import require
 
-    digits = load_digits()
+    datasets = require("sklearn.datasets", "scikit-learn", "the scenes dataset's digit glyphs")
+    digits = datasets.load_digits()
     return digits.images.astype(np.float32), digits.target.astype(np.int64)
 
 

@@ -1,5 +1,7 @@
 """The papers' evaluation protocol: Recall@K, median / mean rank, rsum, COCO 1K / 5K,
-Flickr30k 1K, NDCG@25 with ROUGE-L and SPICE relevance, ensembles.
+Flickr30k 1K, NDCG@25 with ROUGE-L and SPICE relevance, ensembles; and beyond it (in
+:mod:`xmatch.eval.suite`): ECCV Caption and CxC, hard-negative groups, perturbation probes,
+comparison reports.
 
 Example:
     >>> from xmatch.eval import evaluate_scores
@@ -9,8 +11,9 @@ Example:
 
 from xmatch.eval.evaluate import Encoded, RetrievalSet, encode_dataset, evaluate, score_blocks
 from xmatch.eval.protocol import PROTOCOLS, EvalResult, evaluate_blocks, evaluate_scores, fold_layout
+from xmatch.eval.suite import EXTRA_PROTOCOLS, RunRecord, load_records, run_protocols
 
 __all__ = [
-    "PROTOCOLS", "Encoded", "EvalResult", "RetrievalSet", "encode_dataset", "evaluate", "evaluate_blocks",
-    "evaluate_scores", "fold_layout", "score_blocks",
+    "EXTRA_PROTOCOLS", "PROTOCOLS", "Encoded", "EvalResult", "RetrievalSet", "RunRecord", "encode_dataset", "evaluate",
+    "evaluate_blocks", "evaluate_scores", "fold_layout", "load_records", "run_protocols", "score_blocks",
 ]

@@ -38,9 +38,10 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from xmatch._optional import require
 from xmatch.eval.spice import spice_relevance
 
-EVAL_EXTRA_HINT = 'pip install "xmatch[eval]"'
+EVAL_EXTRA = "xmatch[eval]"
 ORIGINAL_METHODS = {"rougel": "rougeL", "spice": "spice"}
 # LCS values (queries x all captions) in flight over all threads: 25M int32 plus the float64
 # temporaries of the reduction stay under 1 GB.
@@ -162,11 +163,8 @@ def rougel_relevance(
                [0.5, 1. ],
                [0. , 1. ]], dtype=float32)
     """
-    try:
-        from rapidfuzz import process
-        from rapidfuzz.distance import LCSseq
-    except ImportError as e:
-        raise ImportError(f"method 'rougel' needs rapidfuzz: {EVAL_EXTRA_HINT}") from e
+    process = require("rapidfuzz.process", EVAL_EXTRA, "relevance method 'rougel'")
+    LCSseq = require("rapidfuzz.distance", EVAL_EXTRA, "relevance method 'rougel'").LCSseq
     captions = check_captions(captions, captions_per_image)
     vocabulary: dict[str, int] = {}
     sequences = [[vocabulary.setdefault(t, len(vocabulary)) for t in _tokens(c)] for c in captions]
@@ -260,10 +258,7 @@ def rouge_score_relevance(
         >>> rouge_score_relevance(["a dog", "the dog", "a cat", "two cats"], 2, progress=False)[0]
         array([1. , 0.5], dtype=float32)
     """
-    try:
-        import rouge_score  # noqa: F401
-    except ImportError as e:
-        raise ImportError(f"method 'rouge-score' needs the rouge-score package: {EVAL_EXTRA_HINT}") from e
+    require("rouge_score.rouge_scorer", EVAL_EXTRA, "relevance method 'rouge-score'")
     captions = check_captions(captions, captions_per_image)
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}.")

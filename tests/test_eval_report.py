@@ -1,0 +1,178 @@
+"""Comparison reports and `xmatch eval` on several models: the table, the plots, the HTML page,
+result files read back, provenance on every figure, ensembles kept behind --ensemble."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import xmatch
+from xmatch.cli import main
+from xmatch.eval import evaluate_scores
+from xmatch.eval.report import comparison_tables, rank_histogram, recall_curve
+from xmatch.eval.suite import load_records, parse_protocols, run_protocols
+
+pytest.importorskip("timm")
+ZOO = Path(__file__).resolve().parents[1] / "zoo"
+FAST = ["--data-option", "size=tiny", "--data-option", "backbone=test_efficientnet", "--data-option", "weights=random"]
+
+
+def _spec(pooler: str) -> dict:
+    return {
+        "embed_dim": 32,
+        "image_encoder": {"name": "bottomup", "feature_dim": 256, "layers": 0, "box_hidden_dim": 16},
+        "text_encoder": {"name": "bigru", "vocab": str(ZOO / "weights/teran-mrsw-scenes/vocab.json"),
+                         "word_dim": 16, "hidden_dim": 8},
+        "image_reasoner": {"name": "transformer", "layers": 1, "heads": 2, "ff_dim": 32},
+        "text_reasoner": {"name": "transformer", "layers": 1, "heads": 2, "ff_dim": 32},
+        "pooler": {"name": pooler},
+        "loss": {"name": "hinge"},
+    }
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory) -> list[str]:
+    out = []
+    for k, pooler in enumerate(("MrSw", "Symm")):
+        torch.manual_seed(k)
+        path = tmp_path_factory.mktemp(f"model-{pooler}")
+        xmatch.save_pretrained(xmatch.build(_spec(pooler)), path)
+        out.append(f"local-dir:{path}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def scenes_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("scenes")
+
+
+def test_parse_protocols():
+    assert parse_protocols("full") == ("full", ())
+    assert parse_protocols("groups,probes") == ("full", ("groups", "probes"))
+    assert parse_protocols("coco-1k, cxc") == ("coco-1k", ("cxc",))
+    assert parse_protocols("eccv-caption") == ("coco-5k", ("eccv-caption",))
+    with pytest.raises(ValueError, match="unknown protocol 'grups'"):
+        parse_protocols("grups")
+    with pytest.raises(ValueError, match="one Recall@K protocol"):
+        parse_protocols("full,coco-5k")
+
+
+def test_curves_and_histograms_from_ranks():
+    ranks = np.array([0, 0, 1, 4, 120])
+    curve = recall_curve(ranks)
+    assert curve.shape == (100,) and curve[0] == 40.0 and curve[1] == 60.0 and curve[4] == 80.0 and curve[-1] == 80.0
+    result = evaluate_scores(np.random.default_rng(0).normal(size=(20, 100)))
+    for d in ("i2t", "t2i"):
+        curve = recall_curve(result.queries[f"{d}_ranks"])
+        assert [curve[0], curve[4], curve[9]] == [getattr(result, d)[k] for k in ("r1", "r5", "r10")]
+    assert rank_histogram(ranks).tolist() == [40.0, 20.0, 20.0, 0.0, 0.0, 0.0, 0.0, 20.0]
+
+
+def test_extra_protocols_refuse_before_encoding(bundles, scenes_root, monkeypatch):
+    from xmatch.data.scenes import open_scenes
+    from xmatch.eval import suite
+
+    test = open_scenes(scenes_root, "test", size="tiny", backbone="test_efficientnet", weights="random", progress=False)
+    model = xmatch.build(bundles[0], pretrained=True)
+    monkeypatch.setattr(suite, "encode_dataset", lambda *a, **k: pytest.fail("encoded before refusing"))
+    with pytest.raises(ValueError, match="--caption-ids FILE"):
+        run_protocols(model, test, "eccv-caption")
+    del test.hard_negative_groups, test.word_classes  # a dataset that declares nothing
+    with pytest.raises(ValueError, match="declares no hard-negative groups"):
+        run_protocols(model, test, "groups")
+    with pytest.raises(ValueError, match="--word-classes"):
+        run_protocols(model, test, "probes")
+
+
+def test_old_result_files_load_without_provenance(tmp_path: Path):
+    result = evaluate_scores(np.random.default_rng(0).normal(size=(10, 50)))
+    result.save_json(tmp_path / "old.json", with_queries=True)
+    (record,) = load_records(tmp_path / "old.json")
+    assert record.name == "old" and record.provenance["source"].endswith("old.json")
+    np.testing.assert_array_equal(record.ranks("t2i"), result.queries["t2i_ranks"])
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not an xmatch eval result"):
+        load_records(tmp_path / "bad.json")
+
+
+def test_eval_compares_models_and_writes_a_report(bundles, scenes_root, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "report"
+    code = main(["eval", *bundles, "--dataset", "scenes", "--data", str(scenes_root), *FAST, "--split", "train",
+                 "--protocol", "groups,probes", "--report", str(out), "--json", str(tmp_path / "runs.json")])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    for heading in ("Recall@K (full)", "Hard-negative groups", "Perturbation probes", "How each number was computed"):
+        assert heading in text
+    assert all(b in text for b in bundles)
+    records = load_records(out / "results.json")
+    assert [r.name for r in records] == bundles
+    for record in records:
+        p = record.provenance
+        assert p["protocol"] == "full+groups+probes" and p["split"] == "train" and p["dataset"]["name"] == "scenes"
+        assert len(p["dataset"]["fingerprint"]) == 12 and len(p["models"][0]["fingerprint"]) == 12
+        assert record.extras["groups"]["overall"]["groups"] == 4 and "shuffle" in record.extras["probes"]["probes"]
+    assert records[0].provenance["models"][0]["fingerprint"] != records[1].provenance["models"][0]["fingerprint"]
+    # every plot, legible size, provenance in its metadata
+    for name in ("recall_curves", "rank_distribution", "group_kinds", "probe_costs"):
+        png = Image.open(out / f"{name}.png")
+        assert png.width >= 1000 and png.height >= 400
+        provenance = json.loads(png.info["xmatch-provenance"])
+        assert [p["name"] for p in provenance] == bundles
+        assert provenance[0]["dataset"]["fingerprint"] == records[0].provenance["dataset"]["fingerprint"]
+    page = (out / "index.html").read_text()
+    assert page.count("data:image/png;base64,") == 4 and records[0].provenance["dataset"]["fingerprint"] in page
+    assert "<table>" in page and "Winoground" in page
+    # the --json file holds the same runs; result files compare again without data
+    assert [r.name for r in load_records(tmp_path / "runs.json")] == bundles
+    assert main(["eval", str(out / "results.json"), "--report", str(tmp_path / "again")]) == 0
+    again = capsys.readouterr().out
+    assert comparison_tables(records) in again and (tmp_path / "again" / "group_kinds.png").is_file()
+
+
+def test_ensemble_averages_the_models_into_one_entry(bundles, scenes_root, tmp_path, capsys):
+    code = main(["eval", *bundles, "--ensemble", "--dataset", "scenes", "--data", str(scenes_root), *FAST,
+                 "--split", "train", "--json", str(tmp_path / "e.json")])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    (record,) = load_records(tmp_path / "e.json")
+    assert record.name == " + ".join(bundles) and record.provenance["ensemble"] is True
+    assert f"{' + '.join(bundles)} on scenes:train" in text  # one entry: the single-run table
+    from xmatch.data.scenes import open_scenes
+    from xmatch.eval import evaluate
+
+    train = open_scenes(scenes_root, "train", size="tiny", backbone="test_efficientnet", weights="random", progress=False)
+    models = [xmatch.build(b, pretrained=True) for b in bundles]
+    assert record.result.rsum == pytest.approx(evaluate(models, train, progress=False).rsum)
+
+
+def test_a_record_round_trips_through_json(bundles, scenes_root, tmp_path):
+    from xmatch.data.scenes import open_scenes
+
+    train = open_scenes(scenes_root, "train", size="tiny", backbone="test_efficientnet", weights="random", progress=False)
+    record = run_protocols(xmatch.build(bundles[0], pretrained=True), train, "full,groups", name="m", progress=False)
+    record.save_json(tmp_path / "r.json")
+    (again,) = load_records(tmp_path / "r.json")
+    assert again.name == "m" and again.extras == json.loads(json.dumps(record.extras))
+    assert again.result.figures() == json.loads(json.dumps(record.result.figures()))
+    np.testing.assert_array_equal(again.ranks("i2t"), record.ranks("i2t"))
+
+
+@pytest.mark.slow
+def test_the_issue_command_on_the_shipped_scenes_models(tmp_path, capsys):
+    """`xmatch eval teran-mrsw-scenes tern-scenes --dataset scenes --protocol groups --report out/`."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("sklearn")
+    out = tmp_path / "out"
+    assert main(["eval", "teran-mrsw-scenes", "tern-scenes", "--dataset", "scenes", "--protocol", "groups",
+                 "--report", str(out)]) == 0
+    text = capsys.readouterr().out
+    teran, tern = load_records(out / "results.json")
+    assert teran.extras["groups"]["overall"]["t2i"] == pytest.approx(66.8)  # the documented twin accuracy
+    assert tern.extras["groups"]["overall"]["t2i"] == pytest.approx(50.2)
+    assert "colour" in text and "relation" in text and (out / "index.html").is_file()

@@ -1,0 +1,483 @@
+"""Comparison reports: several evaluated models side by side, as a terminal table, PNG plots
+and one self-contained HTML page.
+
+The input is a list of :class:`~xmatch.eval.suite.RunRecord` (``xmatch eval`` makes them,
+or reads them back from ``--json`` files). Every table and figure names, per model, the
+protocol, split, dataset fingerprint and model fingerprint it was computed with, so a number
+can be traced to how it was made; each PNG also carries them in its metadata
+(``xmatch-provenance``).
+
+Plots need matplotlib (``pip install 'xmatch[report]'``), imported only here.
+
+Example:
+    >>> records = [run_protocols(m, test, "full,groups", name=n) for n, m in models.items()]  # doctest: +SKIP
+    >>> print(comparison_tables(records))  # doctest: +SKIP
+    >>> write_report(records, "out/")  # doctest: +SKIP
+    {'recall_curves': PosixPath('out/recall_curves.png'), ..., 'html': PosixPath('out/index.html')}
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xmatch.eval.groups import FIGURES as GROUP_FIGURES
+from xmatch.eval.suite import RunRecord, save_records
+
+logger = logging.getLogger(__name__)
+
+DIRECTIONS = {"i2t": "image → text (sentence retrieval)", "t2i": "text → image (image retrieval)"}
+MAX_K = 100
+#: ground-truth rank bins of the rank-distribution plot (1-based, inclusive)
+RANK_BINS = ((1, 1), (2, 2), (3, 5), (6, 10), (11, 20), (21, 50), (51, 100), (101, None))
+PROBE_FIGURE = "r1"
+
+
+# -- tables --------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    """A titled table that renders as aligned text or as HTML.
+
+    Attributes:
+        title: the heading.
+        columns: column names.
+        rows: cells (strings, numbers, None for '-'); a row starting with a non-empty cell
+            after rows with empty first cells starts a new block.
+        note: a line under the table.
+    """
+
+    title: str
+    columns: list[str]
+    rows: list[list[Any]] = field(default_factory=list)
+    note: str = ""
+    digits: int = 1
+
+    def _cell(self, value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.{self.digits}f}" if np.isfinite(value) else "-"
+        return str(value)
+
+    def text(self) -> str:
+        cells = [self.columns] + [[self._cell(v) for v in row] for row in self.rows]
+        widths = [max(len(r[k]) for r in cells) for k in range(len(self.columns))]
+        # names left, numbers right
+        text = [all(isinstance(row[k], str) or row[k] is None for row in self.rows) for k in range(len(widths))]
+        line = lambda r: "  ".join(c.ljust(w) if t else c.rjust(w) for c, w, t in zip(r, widths, text)).rstrip()  # noqa: E731
+        out = [self.title, line(cells[0]), "  ".join("-" * w for w in widths)]
+        out += [line(r) for r in cells[1:]]
+        if self.note:
+            out.append(self.note)
+        return "\n".join(out)
+
+    def html(self) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(self._cell(v))}</td>" for v in row) + "</tr>" for row in self.rows
+        )
+        note = f'<p class="note">{html.escape(self.note)}</p>' if self.note else ""
+        return f"<h2>{html.escape(self.title)}</h2><table><tr>{head}</tr>{body}</table>{note}"
+
+
+def _fingerprints(record: RunRecord) -> str:
+    models = record.provenance.get("models") or []
+    return ", ".join(f"{m['name']} {m['fingerprint']}" for m in models) or "-"
+
+
+def provenance_table(records: Sequence[RunRecord]) -> Table:
+    """Where each row's numbers come from."""
+    table = Table("How each number was computed", ["model", "protocol", "split", "dataset (fingerprint)",
+                                                   "model fingerprint", "created"])
+    for r in records:
+        p = r.provenance
+        data = p.get("dataset") or {}
+        dataset = f"{data.get('name', '?')} {data.get('fingerprint', '?')}" if data else p.get("source", "?")
+        kind = " (ensemble)" if p.get("ensemble") else ""
+        table.rows.append([r.name, p.get("protocol", r.result.protocol), p.get("split"), dataset,
+                           _fingerprints(r) + kind, p.get("created", "-")])
+    return table
+
+
+def recall_table(records: Sequence[RunRecord]) -> Table:
+    """R@1/5/10 both ways, medr, rsum and any NDCG, one row per model."""
+    ndcg = sorted({k for r in records for k in r.result.t2i if k.startswith("ndcg_")})
+    columns = ["model", *(f"{d} R@{k}" for d in ("i2t", "t2i") for k in (1, 5, 10)), "i2t medr", "t2i medr",
+               *(f"{d} {n.replace('ndcg_', 'NDCG ')}" for n in ndcg for d in ("i2t", "t2i")), "rsum"]
+    protocols = sorted({r.result.protocol for r in records})
+    table = Table(f"Recall@K ({', '.join(protocols)})", columns)
+    for r in records:
+        res = r.result
+        table.rows.append([r.name, *(getattr(res, d)[f"r{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10)),
+                           res.i2t.get("medr"), res.t2i.get("medr"),
+                           *(f"{getattr(res, d).get(n, float('nan')):.4f}" for n in ndcg for d in ("i2t", "t2i")),
+                           res.rsum])
+    return table
+
+
+def group_table(records: Sequence[RunRecord]) -> Table | None:
+    """Hard-negative group accuracies and Winoground scores, per kind of difference."""
+    with_groups = [r for r in records if "groups" in r.extras]
+    if not with_groups:
+        return None
+    table = Table("Hard-negative groups (percent; ties count as wrong)",
+                  ["model", "kind", "groups", *GROUP_FIGURES])
+    chance = with_groups[0].extras["groups"]["overall"]
+    for r in with_groups:
+        g = r.extras["groups"]
+        for k, (kind, row) in enumerate([*sorted(g["by_kind"].items()), ("all", g["overall"])]):
+            table.rows.append([r.name if k == 0 else "", kind, row["groups"], *(row.get(f) for f in GROUP_FIGURES)])
+    table.rows.append(["chance", "", "", *(chance.get(f"{f}_chance") for f in GROUP_FIGURES)])
+    table.note = ("t2i: a caption's own image beats every other image of its group; i2t: an image's own caption "
+                  "beats every caption of the other members; text / image / group: Winoground scores over pairs.")
+    return table
+
+
+def probe_table(records: Sequence[RunRecord]) -> Table | None:
+    """What each perturbation costs, in R@K points."""
+    with_probes = [r for r in records if "probes" in r.extras]
+    if not with_probes:
+        return None
+    table = Table("Perturbation probes: cost in R@K points (original minus perturbed captions)",
+                  ["model", "probe", "changed %", *(f"{d} R@{k}" for d in ("i2t", "t2i") for k in (1, 5, 10))])
+    for r in with_probes:
+        for k, (name, probe) in enumerate(r.extras["probes"]["probes"].items()):
+            costs = [probe["cost"][d][f"r{n}"] for d in ("i2t", "t2i") for n in (1, 5, 10)]
+            table.rows.append([r.name if k == 0 else "", name, probe["changed"], *costs])
+    table.note = "Positive = the model loses recall when the captions lose that structure."
+    return table
+
+
+def eccv_table(records: Sequence[RunRecord]) -> Table | None:
+    """ECCV Caption mAP@R, R-Precision, R@1 and PMRP."""
+    rows = [r for r in records if "eccv-caption" in r.extras]
+    if not rows:
+        return None
+    table = Table("ECCV Caption (COCO 5K test, extra verified positives; percent)",
+                  ["model", *(f"{d} {m}" for d in ("i2t", "t2i") for m in ("mAP@R", "R-P", "R@1")), "i2t PMRP", "t2i PMRP"])
+    missing = ""
+    for r in rows:
+        e = r.extras["eccv-caption"]
+        p = e.get("pmrp") or {}
+        missing = missing or p.get("missing", "")
+        table.rows.append([r.name, *(e[d][m] for d in ("i2t", "t2i") for m in ("map_at_r", "rprecision", "r1")),
+                           p.get("i2t"), p.get("t2i")])
+    table.note = missing
+    return table
+
+
+def cxc_table(records: Sequence[RunRecord]) -> Table | None:
+    """CxC Recall@K."""
+    rows = [r for r in records if "cxc" in r.extras]
+    if not rows:
+        return None
+    table = Table("CxC Recall@K (COCO 5K test, extra positives; percent)",
+                  ["model", *(f"{d} R@{k}" for d in ("i2t", "t2i") for k in (1, 5, 10))])
+    for r in rows:
+        table.rows.append([r.name, *(r.extras["cxc"][d][f"r{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10))])
+    return table
+
+
+def tables(records: Sequence[RunRecord]) -> list[Table]:
+    """Every table that applies to these records."""
+    found = [recall_table(records), group_table(records), probe_table(records), eccv_table(records),
+             cxc_table(records), provenance_table(records)]
+    return [t for t in found if t is not None]
+
+
+def comparison_tables(records: Sequence[RunRecord]) -> str:
+    """All tables as terminal text.
+
+    Example:
+        >>> print(comparison_tables(records))  # doctest: +SKIP
+    """
+    if not records:
+        raise ValueError("a comparison needs at least one evaluated model or result file.")
+    return "\n\n".join(t.text() for t in tables(records))
+
+
+# -- plots ---------------------------------------------------------------------------------
+
+
+def check_plotting() -> None:
+    """Fail now, before a long evaluation, when the plots cannot be drawn (no matplotlib)."""
+    _pyplot()
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("the report's plots need matplotlib: pip install matplotlib (or 'xmatch[report]').") from None
+    matplotlib.use("Agg", force=True)  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def recall_curve(ranks: np.ndarray, max_k: int = MAX_K) -> np.ndarray:
+    """R@K (percent) for K = 1 ... ``max_k`` from 0-based ground-truth ranks.
+
+    Example:
+        >>> recall_curve(np.array([0, 0, 3, 7]), 4).tolist()
+        [50.0, 50.0, 50.0, 75.0]
+    """
+    counts = np.bincount(np.minimum(np.asarray(ranks, dtype=np.int64), max_k), minlength=max_k + 1)
+    return 100.0 * np.cumsum(counts[:max_k]) / len(ranks)
+
+
+def rank_histogram(ranks: np.ndarray) -> np.ndarray:
+    """Percent of queries per bin of :data:`RANK_BINS` (1-based ground-truth rank).
+
+    Example:
+        >>> rank_histogram(np.array([0, 1, 2, 500])).tolist()
+        [25.0, 25.0, 25.0, 0.0, 0.0, 0.0, 0.0, 25.0]
+    """
+    rank = np.asarray(ranks) + 1
+    hits = [(rank >= lo) & (rank <= (hi if hi is not None else np.inf)) for lo, hi in RANK_BINS]
+    return 100.0 * np.array([h.mean() for h in hits])
+
+
+def _footer(fig: Any, records: Sequence[RunRecord]) -> None:
+    lines = []
+    for r in records:
+        p = r.provenance
+        data = p.get("dataset") or {}
+        lines.append(f"{r.name}: protocol {p.get('protocol', r.result.protocol)} · split {p.get('split')} · "
+                     f"dataset {data.get('name', '?')} {data.get('fingerprint', '?')} · model {_fingerprints(r)}")
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, color="#555555", va="bottom", ha="left", family="monospace")
+    fig.subplots_adjust(bottom=0.14 + 0.035 * len(lines))
+
+
+def _save(fig: Any, path: Path, records: Sequence[RunRecord]) -> Path:
+    provenance = json.dumps([{"name": r.name, **r.provenance} for r in records])
+    fig.savefig(path, dpi=110, metadata={"xmatch-provenance": provenance, "Software": "xmatch"})
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def _colours(n: int) -> list[Any]:
+    plt = _pyplot()
+    return [plt.get_cmap("tab10")(k % 10) for k in range(n)]
+
+
+def plot_recall_curves(records: Sequence[RunRecord], path: str | os.PathLike) -> Path | None:
+    """Recall@K for K = 1 ... 100 in both directions, one line per model (log K axis)."""
+    plt = _pyplot()
+    usable = [r for r in records if r.ranks("i2t") is not None and r.ranks("t2i") is not None]
+    if not usable:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8 + 0.25 * len(usable)))
+    for ax, direction in zip(axes, ("i2t", "t2i")):
+        for r, colour in zip(usable, _colours(len(usable))):
+            ranks = r.ranks(direction)
+            gallery = int(r.provenance.get("dataset", {}).get("captions" if direction == "i2t" else "images") or MAX_K)
+            ks = np.arange(1, min(MAX_K, gallery) + 1)
+            ax.plot(ks, recall_curve(ranks, MAX_K)[: len(ks)], label=r.name, color=colour, linewidth=2)
+        ax.set_xscale("log")
+        ax.set_xticks([1, 2, 5, 10, 20, 50, 100], labels=["1", "2", "5", "10", "20", "50", "100"])
+        ax.set_xlabel("K")
+        ax.set_ylabel("R@K (%)")
+        ax.set_ylim(0, 101)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.set_title(DIRECTIONS[direction])
+    axes[1].legend(loc="lower right")
+    fig.suptitle("Recall@K: share of queries whose ground truth is in the top K")
+    _footer(fig, usable)
+    return _save(fig, Path(path), usable)
+
+
+def _bars(ax: Any, labels: Sequence[str], series: Sequence[tuple[str, Sequence[float | None]]],
+          colours: Sequence[Any]) -> None:
+    width = 0.8 / max(len(series), 1)
+    x = np.arange(len(labels))
+    for k, ((name, values), colour) in enumerate(zip(series, colours)):
+        heights = [np.nan if v is None else v for v in values]
+        bars = ax.bar(x + (k - (len(series) - 1) / 2) * width, heights, width, label=name, color=colour)
+        for bar, value in zip(bars, heights):
+            if np.isfinite(value):
+                ax.annotate(f"{round(value) + 0:.0f}", (bar.get_x() + bar.get_width() / 2, max(value, 0)), ha="center",
+                            va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+    ax.set_xticks(x, labels=labels)
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+def plot_rank_distribution(records: Sequence[RunRecord], path: str | os.PathLike) -> Path | None:
+    """Share of queries per ground-truth rank bin, both directions."""
+    plt = _pyplot()
+    usable = [r for r in records if r.ranks("i2t") is not None and r.ranks("t2i") is not None]
+    if not usable:
+        return None
+    labels = [f"{lo}" if lo == hi else (f"{lo}–{hi}" if hi else f">{lo - 1}") for lo, hi in RANK_BINS]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8 + 0.25 * len(usable)))
+    colours = _colours(len(usable))
+    for ax, direction in zip(axes, ("i2t", "t2i")):
+        _bars(ax, labels, [(r.name, rank_histogram(r.ranks(direction)).tolist()) for r in usable], colours)
+        ax.set_xlabel("rank of the (best) ground truth")
+        ax.set_ylabel("queries (%)")
+        ax.set_title(DIRECTIONS[direction])
+    axes[1].legend(loc="upper right")
+    fig.suptitle("Where the right answer ranks")
+    _footer(fig, usable)
+    return _save(fig, Path(path), usable)
+
+
+def plot_group_kinds(records: Sequence[RunRecord], path: str | os.PathLike) -> Path | None:
+    """Group accuracy (t2i, i2t) and Winoground group score per kind of difference."""
+    plt = _pyplot()
+    usable = [r for r in records if "groups" in r.extras]
+    if not usable:
+        return None
+    kinds = sorted({k for r in usable for k in r.extras["groups"]["by_kind"]}) + ["all"]
+    panels = [f for f in ("t2i", "i2t", "group") if any(r.extras["groups"]["overall"].get(f) is not None for r in usable)]
+    titles = {"t2i": "t2i: own image beats the group's others", "i2t": "i2t: own caption beats the others'",
+              "group": "Winoground group score (pairs)"}
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.8 + 0.25 * len(usable)), squeeze=False)
+    colours = _colours(len(usable))
+    counts = usable[0].extras["groups"]
+    labels = [f"{k}\n({(counts['by_kind'].get(k) or counts['overall'])['groups']} groups)" for k in kinds]
+    for ax, figure in zip(axes[0], panels):
+        series = []
+        for r in usable:
+            g = r.extras["groups"]
+            rows = [g["by_kind"].get(k) or (g["overall"] if k == "all" else {}) for k in kinds]
+            series.append((r.name, [row.get(figure) for row in rows]))
+        _bars(ax, labels, series, colours)
+        chance = usable[0].extras["groups"]["overall"].get(f"{figure}_chance")
+        if chance is not None:
+            ax.axhline(chance, color="black", linestyle="--", linewidth=1, label="chance")
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("percent")
+        ax.set_title(titles[figure], fontsize=10)
+    axes[0][-1].legend(loc="upper right", fontsize=8)
+    fig.suptitle("Hard-negative groups by kind of difference")
+    _footer(fig, usable)
+    return _save(fig, Path(path), usable)
+
+
+def plot_probe_costs(records: Sequence[RunRecord], path: str | os.PathLike) -> Path | None:
+    """R@1 cost of each perturbation, both directions."""
+    plt = _pyplot()
+    usable = [r for r in records if "probes" in r.extras]
+    if not usable:
+        return None
+    names = list(dict.fromkeys(n for r in usable for n in r.extras["probes"]["probes"]))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8 + 0.25 * len(usable)))
+    colours = _colours(len(usable))
+    for ax, direction in zip(axes, ("i2t", "t2i")):
+        series = []
+        for r in usable:
+            probes = r.extras["probes"]["probes"]
+            series.append((r.name, [probes[n]["cost"][direction][PROBE_FIGURE] if n in probes else None for n in names]))
+        _bars(ax, names, series, colours)
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_ylabel("R@1 lost (points)")
+        ax.set_title(DIRECTIONS[direction])
+        ax.tick_params(axis="x", labelrotation=20)
+    axes[1].legend(loc="upper right", fontsize=8)
+    fig.suptitle("What each caption perturbation costs (R@1, original minus perturbed)")
+    _footer(fig, usable)
+    return _save(fig, Path(path), usable)
+
+
+PLOTS: dict[str, tuple[Callable[[Sequence[RunRecord], Any], Path | None], str]] = {
+    "recall_curves": (plot_recall_curves, "Recall@K for K = 1 to 100 (log scale): the share of queries whose right "
+                      "answer is among the first K. Higher is better; at K = 1, 5, 10 it is the table's R@K."),
+    "rank_distribution": (plot_rank_distribution, "How many queries find their ground truth at rank 1, 2, 3–5, "
+                          "... A long right tail means answers the model ranks far down."),
+    "group_kinds": (plot_group_kinds, "Within a group of near-identical items (e.g. the scenes twins), how often the "
+                    "right one wins, per kind of difference. The dashed line is chance for random scores; a model "
+                    "that scores both members of a pair alike falls below it on the Winoground scores, which need "
+                    "two comparisons to go opposite ways."),
+    "probe_costs": (plot_probe_costs, "R@1 lost when every caption is altered. A model that reads word order loses "
+                    "recall under shuffling; a bag-of-words model loses none."),
+}
+
+
+# -- the HTML page -------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;
+color:#222;padding:0 1em}h1{font-size:1.6em}h2{font-size:1.2em;margin-top:1.8em}
+table{border-collapse:collapse;font-size:0.9em;margin:0.5em 0}th,td{border:1px solid #ccc;padding:3px 8px;
+text-align:right}th:first-child,td:first-child{text-align:left}th{background:#f2f2f2}
+tr:nth-child(even) td{background:#fafafa}img{max-width:100%;border:1px solid #ddd}.note{color:#555;font-size:0.9em}
+figure{margin:1.5em 0}figcaption{color:#444;font-size:0.9em;margin-top:0.3em}code{background:#f2f2f2;padding:1px 4px}
+"""
+
+
+def _html_page(records: Sequence[RunRecord], figures: dict[str, Path], command: str | None) -> str:
+    names = ", ".join(r.name for r in records)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>xmatch eval: {html.escape(names)}</title>",
+             f"<style>{_CSS}</style></head><body><h1>xmatch eval: {html.escape(names)}</h1>"]
+    if command:
+        parts.append(f"<p>Made by <code>{html.escape(command)}</code>.</p>")
+    parts.append("<p class='note'>Figures are percentages unless stated. i2t = an image queries the captions; "
+                 "t2i = a caption queries the images. The last table says how every number was computed "
+                 "(protocol, split, dataset and model fingerprints); the plots carry the same in their footers.</p>")
+    all_tables = tables(records)
+    parts.append(all_tables[0].html())
+    for key, path in figures.items():
+        data = base64.b64encode(path.read_bytes()).decode()
+        parts.append(f"<figure><img alt='{key}' src='data:image/png;base64,{data}'>"
+                     f"<figcaption>{html.escape(PLOTS[key][1])}</figcaption></figure>")
+    parts += [t.html() for t in all_tables[1:]]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(records: Sequence[RunRecord], out: str | os.PathLike, *, command: str | None = None) -> dict[str, Path]:
+    """Write the plots (PNG), ``results.json`` (every record: ``xmatch eval out/results.json``
+    redraws the report) and ``index.html`` (tables and plots in one file) into ``out``.
+
+    Args:
+        records: the evaluated models.
+        out: the folder (created).
+        command: the command line, shown on the page.
+
+    Returns:
+        ``{name: path}`` of every file written.
+
+    Example:
+        >>> write_report(records, "out")["html"]  # doctest: +SKIP
+        PosixPath('out/index.html')
+    """
+    if not records:
+        raise ValueError("a report needs at least one evaluated model or result file.")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    for key, (plot, _) in PLOTS.items():
+        path = plot(records, out / f"{key}.png")
+        if path is not None:
+            written[key] = path
+    missing = [r.name for r in records if r.ranks("t2i") is None]
+    if missing:
+        logger.warning("no per-query ranks for %s (result files written without them): no curves drawn for them",
+                       ", ".join(missing))
+    save_records(records, out / "results.json")
+    written["results"] = out / "results.json"
+    (out / "index.html").write_text(_html_page(records, {k: v for k, v in written.items() if k in PLOTS}, command),
+                                    encoding="utf-8")
+    written["html"] = out / "index.html"
+    return written
+
+
+__all__ = [
+    "Table", "check_plotting", "comparison_tables", "cxc_table", "eccv_table", "group_table", "plot_group_kinds",
+    "plot_probe_costs", "plot_rank_distribution", "plot_recall_curves", "probe_table", "provenance_table",
+    "rank_histogram", "recall_curve", "recall_table", "tables", "write_report",
+]

@@ -1,0 +1,398 @@
+"""Several protocols in one run: the papers' Recall@K plus ECCV Caption, CxC, hard-negative
+groups and perturbation probes, recorded with where every number came from.
+
+:func:`run_protocols` encodes the dataset once per model, scores it once, and hands the
+similarity blocks to each protocol; the result is a :class:`RunRecord` (figures, per-query
+ranks, provenance) that ``xmatch eval --json`` writes and ``--report`` draws. Several models
+given together form one ensemble (their scores averaged); a comparison is several records.
+
+Protocol names (comma-separated in one string): at most one Recall@K protocol of
+:data:`xmatch.eval.PROTOCOLS` (``full`` by default, ``coco-5k`` with ``eccv-caption`` /
+``cxc``) and any of :data:`EXTRA_PROTOCOLS`.
+
+Example:
+    >>> record = run_protocols(model, test, "full,groups,probes", name="teran-mrsw-scenes")  # doctest: +SKIP
+    >>> record.extras["groups"]["overall"]["t2i"], record.provenance["dataset"]["fingerprint"]  # doctest: +SKIP
+    (66.8, '3f1c0a9b2d4e')
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from xmatch.embeddings import Embeddings
+from xmatch.eval.evaluate import Encoded, RetrievalSet, encode_dataset, score_blocks
+from xmatch.eval.protocol import PROTOCOLS, EvalResult, evaluate_blocks, fold_layout
+from xmatch.model import MatchingModel
+
+logger = logging.getLogger(__name__)
+
+#: protocols computed beside the Recall@K one, from the same scores
+EXTRA_PROTOCOLS = ("eccv-caption", "cxc", "groups", "probes")
+#: the extras that read the whole [images, captions] matrix
+WHOLE_MATRIX = ("eccv-caption", "cxc", "groups")
+RECORD_FORMAT = "xmatch-eval/1"
+
+
+def parse_protocols(text: str | Sequence[str]) -> tuple[str, tuple[str, ...]]:
+    """``"full,groups"`` -> ``("full", ("groups",))``: the Recall@K protocol and the extras.
+
+    Example:
+        >>> parse_protocols("eccv-caption,cxc")
+        ('coco-5k', ('eccv-caption', 'cxc'))
+    """
+    names = [p.strip().lower() for p in (text.split(",") if isinstance(text, str) else text) if p.strip()]
+    unknown = [p for p in names if p not in PROTOCOLS and p not in EXTRA_PROTOCOLS]
+    if unknown:
+        raise ValueError(
+            f"unknown protocol {unknown[0]!r}; Recall@K protocols: {', '.join(PROTOCOLS)}; "
+            f"beside them (comma-separated): {', '.join(EXTRA_PROTOCOLS)}."
+        )
+    recall = [p for p in names if p in PROTOCOLS]
+    if len(recall) > 1:
+        raise ValueError(f"choose one Recall@K protocol, got {recall}.")
+    extras = tuple(dict.fromkeys(p for p in names if p in EXTRA_PROTOCOLS))
+    default = "coco-5k" if {"eccv-caption", "cxc"} & set(extras) else "full"
+    return (recall[0] if recall else default), extras
+
+
+@dataclass
+class RunRecord:
+    """One evaluated model (or ensemble): its figures and how they were computed.
+
+    Attributes:
+        name: the label in tables and plots.
+        result: the Recall@K figures (:class:`~xmatch.eval.EvalResult`; its ``queries`` hold
+            at least ``i2t_ranks`` and ``t2i_ranks``).
+        extras: per extra protocol, its figures as plain data (``groups``, ``probes``,
+            ``eccv-caption``, ``cxc``).
+        provenance: ``protocol``, ``split``, ``dataset`` (name, fingerprint, sizes),
+            ``models`` (name, fingerprint each), ``ensemble``, ``xmatch`` version, ``created``.
+    """
+
+    name: str
+    result: EvalResult
+    extras: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def ranks(self, direction: str) -> np.ndarray | None:
+        """0-based rank of each query's (best) ground truth, ``direction`` = ``i2t``/``t2i``."""
+        ranks = self.result.queries.get(f"{direction}_ranks")
+        return None if ranks is None else np.asarray(ranks)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: the :meth:`EvalResult.figures` keys at the top level (as ``--json``
+        always wrote them), plus ``name``, ``provenance``, ``ranks`` and the extras."""
+        data = {"format": RECORD_FORMAT, "name": self.name, "provenance": self.provenance, **self.result.figures()}
+        data["ranks"] = {d: r.astype(int).tolist() for d in ("i2t", "t2i") if (r := self.ranks(d)) is not None}
+        data.update(self.extras)
+        return data
+
+    def save_json(self, path: str | os.PathLike, with_queries: bool = False) -> None:
+        """Write the record (and, if asked, every per-query array of the result) as JSON."""
+        data = self.to_dict()
+        if with_queries:
+            data["queries"] = {k: np.asarray(v).tolist() for k, v in self.result.queries.items()}
+        Path(path).write_text(json.dumps(data, indent=1), encoding="utf-8")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "") -> RunRecord:
+        """A record from :meth:`to_dict`'s data; also reads the plain result JSON of older
+        ``xmatch eval --json`` runs (no provenance; ranks only if written with ``--queries``)."""
+        if not isinstance(data, Mapping) or "i2t" not in data or "t2i" not in data:
+            raise ValueError(f"{source or 'the data'} is not an xmatch eval result (no 'i2t' / 't2i' figures).")
+        queries = {f"{d}_ranks": np.asarray(r) for d, r in (data.get("ranks") or {}).items()}
+        for key in ("i2t_ranks", "t2i_ranks"):
+            if key not in queries and key in data.get("queries", {}):
+                queries[key] = np.asarray(data["queries"][key])
+        result = EvalResult(
+            protocol=str(data.get("protocol", "?")), i2t=dict(data["i2t"]), t2i=dict(data["t2i"]),
+            rsum=float(data.get("rsum", float("nan"))), folds=list(data.get("folds", [])), queries=queries,
+            timings=dict(data.get("timings", {})),
+        )
+        extras = {k: data[k] for k in EXTRA_PROTOCOLS if k in data}
+        provenance = dict(data.get("provenance") or {"source": source, "protocol": result.protocol})
+        name = str(data.get("name") or Path(source).stem or "run")
+        return cls(name, result, extras, provenance)
+
+
+def load_records(path: str | os.PathLike) -> list[RunRecord]:
+    """The records of a JSON file written by ``xmatch eval --json`` or ``--report``
+    (``results.json``): one record, or ``{"runs": [...]}``.
+
+    Example:
+        >>> [r.name for r in load_records("out/results.json")]  # doctest: +SKIP
+        ['teran-mrsw-scenes', 'tern-scenes']
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"result file {path} does not exist.") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}.") from None
+    if isinstance(data, Mapping) and isinstance(data.get("runs"), list):
+        return [RunRecord.from_dict(d, f"{path}[{k}]") for k, d in enumerate(data["runs"])]
+    return [RunRecord.from_dict(data, str(path))]
+
+
+def save_records(records: Sequence[RunRecord], path: str | os.PathLike, with_queries: bool = False) -> None:
+    """One record as it is (the format of a single ``--json``), several as ``{"runs": [...]}``."""
+    if len(records) == 1:
+        records[0].save_json(path, with_queries)
+        return
+    runs = []
+    for record in records:
+        data = record.to_dict()
+        if with_queries:
+            data["queries"] = {k: np.asarray(v).tolist() for k, v in record.result.queries.items()}
+        runs.append(data)
+    Path(path).write_text(json.dumps({"format": RECORD_FORMAT, "runs": runs}, indent=1), encoding="utf-8")
+
+
+# -- provenance ------------------------------------------------------------------------------
+
+
+def _short_hash(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def dataset_fingerprint(dataset: Any) -> str:
+    """12 hex digits over the split's layout, name, captions and image names (not its path:
+    a moved folder is the same data).
+
+    Example:
+        >>> dataset_fingerprint(open_dataset("scenes", None, split="test"))  # doctest: +SKIP
+        '5d0c43a1e2b7'
+    """
+    from xmatch.train.run_folder import data_fingerprint
+
+    return _short_hash(data_fingerprint(dataset))
+
+
+def model_fingerprint(model: MatchingModel) -> str:
+    """12 hex digits over everything that decides a model's scores: the encoders' spec and
+    weights (:func:`xmatch.index.model_fingerprint`) and the pooler's spec and weights."""
+    from xmatch.index.fingerprint import model_fingerprint as encoders
+
+    pooler = {k: v.float().cpu().numpy().tobytes().hex() for k, v in model.pooler.state_dict().items()}
+    try:
+        spec = model.spec.get("pooler")
+    except AttributeError:
+        spec = type(model.pooler).__name__
+    return _short_hash([encoders(model), spec, pooler])
+
+
+def _provenance(models: Sequence[MatchingModel], names: Sequence[str], dataset: Any, dataset_name: str,
+                recall: str, extras: Sequence[str]) -> dict[str, Any]:
+    from xmatch import __version__
+
+    return {
+        "protocol": "+".join([recall, *extras]),
+        "split": getattr(dataset, "split", None),
+        "dataset": {
+            "name": dataset_name, "fingerprint": dataset_fingerprint(dataset),
+            "images": len(dataset.captions) // dataset.captions_per_image, "captions": len(dataset.captions),
+        },
+        "models": [{"name": n, "fingerprint": model_fingerprint(m)} for n, m in zip(names, models)],
+        "ensemble": len(models) > 1,
+        "xmatch": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# -- running -------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def _encode_captions(model: MatchingModel, texts: list[str], batch_size: int, like: type) -> Any:
+    """Encode ``texts`` in order into the container ``encode_dataset`` uses (``like``: its
+    ``from_parts`` when it has one, e.g. length buckets, else one padded ``Embeddings``)."""
+    parts = [model.encode_texts(texts[i : i + batch_size], batch_size=batch_size) for i in range(0, len(texts), batch_size)]
+    combine = getattr(like, "from_parts", None)
+    return combine(parts) if combine is not None else Embeddings.cat(parts)
+
+
+def run_protocols(
+    models: MatchingModel | Sequence[MatchingModel],
+    dataset: RetrievalSet,
+    protocols: str | Sequence[str] = "full",
+    *,
+    name: str | None = None,
+    model_names: Sequence[str] | None = None,
+    dataset_name: str | None = None,
+    relevance: Mapping[str, np.ndarray] | None = None,
+    fold_images: int | None = None,
+    groups: Any = None,
+    caption_ids: Any = None,
+    pmrp_dir: str | os.PathLike | None = None,
+    word_classes: Any = None,
+    probes: Sequence[Any] | Sequence[str] | None = None,
+    probe_seed: int = 0,
+    image_batch_size: int = 64,
+    text_batch_size: int = 256,
+    progress: bool = True,
+) -> RunRecord:
+    """Evaluate one model, or an ensemble (mean of the models' scores), under several protocols.
+
+    Args:
+        models: a model or several (an ensemble).
+        dataset: the split (see :class:`~xmatch.eval.RetrievalSet`).
+        protocols: e.g. ``"full,groups,probes"`` (see :func:`parse_protocols`).
+        name: the record's label (default: the model names joined by ``+``).
+        model_names: one name per model, for the provenance (default ``model0``...).
+        dataset_name: the dataset's name in the provenance (default: its class name).
+        relevance: ``{name: [captions, images]}`` for NDCG@25.
+        fold_images: images per fold of the Recall@K protocol.
+        groups: ``groups``: a :class:`~xmatch.eval.groups.GroupSet` or a JSON file (default:
+            the groups the dataset declares).
+        caption_ids: ``eccv-caption`` / ``cxc``: COCO annotation ids of the captions (see
+            :func:`xmatch.eval.eccv.coco_ids`).
+        pmrp_dir: ``eccv-caption``: folder with the plausible-match files, for PMRP.
+        word_classes: ``probes``: a tagger, ``"scenes"``, ``"nltk"`` or a word-list JSON file
+            (default: the one the dataset declares).
+        probes: ``probes``: perturbations or their names (``shuffle``, ``drop-noun``...;
+            default: :func:`~xmatch.eval.probes.default_probes`).
+        probe_seed: seed of the perturbations.
+
+    Returns:
+        A :class:`RunRecord`; ``extras`` holds each extra protocol's figures.
+
+    Raises:
+        ValueError / ImportError / FileNotFoundError: before anything is encoded, when an
+        extra protocol lacks what it needs (groups, ids, the eccv-caption package, a tagger).
+    """
+    from xmatch.data.base import ImageTextDataset
+    from xmatch.data.fit import check_images_fit
+
+    models = [models] if isinstance(models, MatchingModel) else list(models)
+    if not models:
+        raise ValueError("run_protocols needs at least one model.")
+    model_names = list(model_names or [f"model{k}" for k in range(len(models))])
+    recall, extras = parse_protocols(protocols)
+    c = dataset.captions_per_image
+    if not c:
+        raise ValueError("these protocols need the same number of captions for every image.")
+    n_images = len(dataset.captions) // c
+    folds = fold_layout(n_images, recall, fold_images)
+    if isinstance(dataset, ImageTextDataset):
+        for model in models:
+            check_images_fit(model, dataset, "evaluation")
+    needs = _resolve_needs(dataset, extras, groups, caption_ids, pmrp_dir, word_classes, probes)
+
+    whole = bool(set(WHOLE_MATRIX) & set(extras))
+    blocks: list[np.ndarray] | None = None
+    images: list[Any] = []
+    caption_kind: type = Embeddings
+    timings: dict[str, float] = {}
+    for k, model in enumerate(models):
+        encoded = encode_dataset(model, dataset, image_batch_size=image_batch_size,
+                                 text_batch_size=text_batch_size, progress=progress)
+        start = time.perf_counter()
+        scores = score_blocks(model, encoded, [slice(0, n_images)] if whole else folds, c, progress=progress)
+        timings[f"model{k}_encode_s"] = encoded.seconds
+        timings[f"model{k}_similarity_s"] = time.perf_counter() - start
+        if "probes" in extras:
+            images.append(encoded.images)
+            caption_kind = type(encoded.captions)
+        del encoded
+        if blocks is None:
+            blocks = scores
+        else:
+            for total, block in zip(blocks, scores):
+                total += block
+    for block in blocks if len(models) > 1 else []:
+        block /= len(models)
+    full = blocks[0] if whole else None
+    if whole:
+        blocks = [full[f, c * f.start : c * f.stop] for f in folds]
+    result = evaluate_blocks(blocks, recall, c, relevance)
+    result.timings = timings
+
+    figures: dict[str, Any] = {}
+    if "groups" in extras:
+        from xmatch.eval.groups import score_groups
+
+        figures["groups"] = score_groups(full, needs["groups"]).as_dict()
+    if "eccv-caption" in extras:
+        from xmatch.eval.eccv import eccv_caption_metrics, pmrp
+
+        figures["eccv-caption"] = eccv_caption_metrics(full, needs["ids"], needs["package"])
+        if pmrp_dir is not None:
+            figures["eccv-caption"]["pmrp"] = pmrp(full, needs["ids"], needs["package"])
+        else:
+            from xmatch.eval.eccv import PMRP_HINT
+
+            figures["eccv-caption"]["pmrp"] = {"missing": PMRP_HINT}
+    if "cxc" in extras:
+        from xmatch.eval.eccv import cxc_recalls
+
+        figures["cxc"] = cxc_recalls(full, needs["ids"], package=needs["package"])
+    if "probes" in extras:
+        from xmatch.eval.probes import probe_figures
+
+        def score_captions(texts: list[str]) -> list[np.ndarray]:
+            total: list[np.ndarray] | None = None
+            for model, img in zip(models, images):
+                # one bar over the probes (probe_figures) instead of several per probe
+                txt = _encode_captions(model, texts, text_batch_size, caption_kind)
+                scored = score_blocks(model, Encoded(img, txt, 0.0), folds, c, progress=False)
+                total = scored if total is None else [a + b for a, b in zip(total, scored)]
+            return [b / len(models) for b in total]
+
+        figures["probes"] = probe_figures(
+            score_captions, list(dataset.captions), lambda b: evaluate_blocks(b, recall, c), result,
+            needs["probes"], probe_seed, progress=progress,
+        ).as_dict()
+    provenance = _provenance(models, model_names, dataset, dataset_name or type(dataset).__name__, recall, extras)
+    logger.info("%s: %s on %s (%s)", name or " + ".join(model_names), provenance["protocol"],
+                provenance["dataset"]["name"], ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+    return RunRecord(name or " + ".join(model_names), result, figures, provenance)
+
+
+def _resolve_needs(dataset: Any, extras: Sequence[str], groups: Any, caption_ids: Any, pmrp_dir: Any,
+                   word_classes: Any, probes: Any) -> dict[str, Any]:
+    """Everything the extra protocols need, found (or refused) before the encoding starts."""
+    needs: dict[str, Any] = {}
+    if "groups" in extras:
+        from xmatch.eval.groups import GroupSet, dataset_groups
+
+        needs["groups"] = groups if isinstance(groups, GroupSet) else dataset_groups(dataset, groups)
+    if {"eccv-caption", "cxc"} & set(extras):
+        from xmatch.eval.eccv import coco_ids, load_package
+
+        needs["package"] = load_package(pmrp_dir if "eccv-caption" in extras else None)
+        needs["ids"] = coco_ids(dataset, caption_ids, needs["package"])
+    if "probes" in extras:
+        from xmatch.eval.probes import default_probes, make_tagger, parse_probe
+
+        source = word_classes if word_classes is not None else getattr(dataset, "word_classes", None)
+        if source is None and (probes is None or any(isinstance(p, str) and p != "shuffle" for p in probes)):
+            raise ValueError(
+                f"the probes need word classes and the {type(dataset).__name__} split declares none; pass "
+                "--word-classes FILE (a JSON of word lists), --word-classes nltk, or --word-classes scenes."
+            )
+        tagger = make_tagger(source() if callable(source) else source) if source is not None else None
+        if probes is None:
+            needs["probes"] = default_probes(tagger)
+        else:
+            needs["probes"] = [parse_probe(p, tagger) if isinstance(p, str) else p for p in probes]
+    return needs
+
+
+__all__ = [
+    "EXTRA_PROTOCOLS", "RunRecord", "dataset_fingerprint", "load_records", "model_fingerprint", "parse_protocols",
+    "run_protocols", "save_records",
+]
