@@ -5,6 +5,7 @@ from __future__ import annotations
 from xmatch import registry
 from xmatch._zoo import builtin_entries
 from xmatch.components.image_bottomup import BottomUpEncoder
+from xmatch.components.image_regions_pixels import PixelRegionsEncoder
 from xmatch.components.image_timm import TimmGridEncoder
 from xmatch.components.losses import HingeTripletLoss, UncertaintyWeightedLoss
 from xmatch.components.poolers import GlobalCosine, MrAvgw, MrSw, MwSr, Symm
@@ -13,6 +14,9 @@ from xmatch.components.text_bert import BertTextEncoder
 from xmatch.components.text_rnn import BiGRUTextEncoder, BiLSTMTextEncoder
 from xmatch.data import ImageCaptionsDataset, PrecompDataset, TeranDataset
 from xmatch.data.scenes import open_scenes
+from xmatch.extract.proposer_boxes import BoxesProposer
+from xmatch.extract.proposer_detector import TorchvisionDetector
+from xmatch.extract.proposers_fixed import GridProposer, WindowsProposer
 
 _registered = False
 
@@ -24,6 +28,7 @@ def register_builtins() -> None:
     _registered = True
     registry.image_encoders.register("bottomup", BottomUpEncoder)
     registry.image_encoders.register("timm-grid", TimmGridEncoder)
+    registry.image_encoders.register("pixel-regions", PixelRegionsEncoder)
     registry.text_encoders.register("bert", BertTextEncoder)
     registry.text_encoders.register("bigru", BiGRUTextEncoder)
     registry.text_encoders.register("bilstm", BiLSTMTextEncoder)
@@ -37,5 +42,9 @@ def register_builtins() -> None:
     registry.datasets.register("scan-precomp", PrecompDataset)
     registry.datasets.register("image-captions", ImageCaptionsDataset)
     registry.datasets.register("scenes", open_scenes)
+    registry.proposers.register("grid", GridProposer)
+    registry.proposers.register("windows", WindowsProposer)
+    registry.proposers.register("boxes", BoxesProposer)
+    registry.proposers.register("torchvision-detector", TorchvisionDetector)
     for entry in builtin_entries():
         registry.models.register(entry.name, entry)

@@ -20,6 +20,8 @@ class Embeddings:
         tokens: ``[N, T, D]`` element embeddings (regions or words).
         mask: ``[N, T]`` boolean, ``True`` where an element takes part in the matching.
         pooled: optional ``[N, D]`` global vector per item (TERN's CLS outputs).
+        boxes: optional ``[N, T, 4]`` box of each image token (x1, y1, x2, y2 normalised to its
+            picture), when the image encoder chose the regions itself (``pixel-regions``).
 
     Example:
         >>> e = Embeddings(torch.randn(4, 3, 8), torch.ones(4, 3, dtype=torch.bool))
@@ -30,6 +32,7 @@ class Embeddings:
     tokens: torch.Tensor
     mask: torch.Tensor
     pooled: torch.Tensor | None = None
+    boxes: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 3:
@@ -44,6 +47,10 @@ class Embeddings:
                 f"Embeddings.pooled must be [N, D] = {(self.tokens.shape[0], self.tokens.shape[2])}, "
                 f"got {tuple(self.pooled.shape)}."
             )
+        if self.boxes is not None and self.boxes.shape != (*self.tokens.shape[:2], 4):
+            raise ValueError(
+                f"Embeddings.boxes must be [N, T, 4] = {(*self.tokens.shape[:2], 4)}, got {tuple(self.boxes.shape)}."
+            )
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -55,6 +62,7 @@ class Embeddings:
             self.tokens[index],
             self.mask[index],
             None if self.pooled is None else self.pooled[index],
+            None if self.boxes is None else self.boxes[index],
         )
 
     @property
@@ -73,18 +81,20 @@ class Embeddings:
             tokens,
             self.mask.to(tokens.device),
             None if self.pooled is None else self.pooled.to(*args, **kwargs),
+            None if self.boxes is None else self.boxes.to(tokens.device),
         )
 
     def detach(self) -> Embeddings:
         return Embeddings(
-            self.tokens.detach(), self.mask, None if self.pooled is None else self.pooled.detach()
+            self.tokens.detach(), self.mask, None if self.pooled is None else self.pooled.detach(), self.boxes
         )
 
     def trimmed(self) -> Embeddings:
         """Drop trailing columns that are padding in every row."""
         keep = self.mask.any(dim=0).nonzero()
         width = int(keep.max()) + 1 if keep.numel() else 0
-        return Embeddings(self.tokens[:, :width], self.mask[:, :width], self.pooled)
+        boxes = None if self.boxes is None else self.boxes[:, :width]
+        return Embeddings(self.tokens[:, :width], self.mask[:, :width], self.pooled, boxes)
 
     @staticmethod
     def cat(items: list[Embeddings]) -> Embeddings:
@@ -101,10 +111,16 @@ class Embeddings:
         if len(pooled_present) != 1:
             raise ValueError("Embeddings.cat: either every part has pooled vectors or none has.")
         pooled = torch.cat([e.pooled for e in items]) if pooled_present.pop() else None
-        return Embeddings(torch.cat(tokens), torch.cat(masks), pooled)
+        boxes_present = {e.boxes is not None for e in items}
+        if len(boxes_present) != 1:
+            raise ValueError("Embeddings.cat: either every part has region boxes or none has.")
+        boxes = None
+        if boxes_present.pop():
+            boxes = torch.cat([torch.nn.functional.pad(e.boxes, (0, 0, 0, width - e.boxes.shape[1])) for e in items])
+        return Embeddings(torch.cat(tokens), torch.cat(masks), pooled, boxes)
 
     def save(self, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
-        """Write to a ``.safetensors`` file (tokens, mask, pooled, and string metadata).
+        """Write to a ``.safetensors`` file (tokens, mask, pooled, boxes, and string metadata).
 
         Example:
             >>> e.save("corpus.safetensors"); Embeddings.load("corpus.safetensors")  # doctest: +SKIP
@@ -114,6 +130,8 @@ class Embeddings:
         tensors = {"tokens": self.tokens.detach().contiguous(), "mask": self.mask.contiguous()}
         if self.pooled is not None:
             tensors["pooled"] = self.pooled.detach().contiguous()
+        if self.boxes is not None:
+            tensors["boxes"] = self.boxes.detach().contiguous()
         meta = {"format": _FORMAT, "user": json.dumps(metadata or {})}
         path = Path(path)
         tmp = path.with_name(path.name + ".partial")
@@ -138,6 +156,7 @@ class Embeddings:
                     )
                 keys = set(f.keys())
                 pooled = f.get_tensor("pooled") if "pooled" in keys else None
-                return cls(f.get_tensor("tokens"), f.get_tensor("mask"), pooled)
+                boxes = f.get_tensor("boxes") if "boxes" in keys else None
+                return cls(f.get_tensor("tokens"), f.get_tensor("mask"), pooled, boxes)
         except (OSError, RuntimeError) as exc:
             raise ValueError(f"{path} is not a readable safetensors file ({exc}).") from exc

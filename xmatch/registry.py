@@ -31,6 +31,7 @@ KINDS: tuple[str, ...] = (
     "losses",
     "models",
     "datasets",
+    "proposers",
 )
 
 PLUGIN_HINT = {
@@ -182,6 +183,7 @@ poolers = Registry("poolers")
 losses = Registry("losses")
 models = Registry("models")
 datasets = Registry("datasets")
+proposers = Registry("proposers")
 
 REGISTRIES: dict[str, Registry] = {
     "image_encoders": image_encoders,
@@ -191,6 +193,7 @@ REGISTRIES: dict[str, Registry] = {
     "losses": losses,
     "models": models,
     "datasets": datasets,
+    "proposers": proposers,
 }
 
 
@@ -217,3 +220,4 @@ register_pooler = _decorator(poolers)
 register_loss = _decorator(losses)
 register_model = _decorator(models)
 register_dataset = _decorator(datasets)
+register_proposer = _decorator(proposers)

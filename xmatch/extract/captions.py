@@ -1,0 +1,234 @@
+"""Which images to extract, under which ids and splits, with which captions.
+
+The captions come from ``--captions FILE`` or, without it, from the image folder itself:
+
+1. a Karpathy split file (``dataset_*.json``: ``images`` with ``split``, ``filepath``,
+   ``filename``, ``imgid`` / ``cocoid``, ``sentences[].raw``): its ids and splits are kept, so
+   features of COCO, Flickr30k or the built-in scenes keep their usual ids;
+2. COCO caption annotations (``images`` with ``id`` and ``file_name``, ``annotations`` with
+   ``image_id`` and ``caption``): the COCO ids, every image in the split ``default_split``;
+3. a CSV (header ``image,caption[,split]``) or JSON-lines file (``{"image", "caption"[,
+   "split"]}``) as the ``image-captions`` layout reads, or the folder's ``<split>.csv`` /
+   ``<split>.jsonl`` files; image paths are relative to the captions file's folder; ids are
+   0, 1, 2... in the order images first appear; rows without a split go to ``default_split``;
+4. nothing: every image found under the folder, ids in path order, no captions (the features
+   can be encoded, but ``xmatch eval`` / ``train`` need captions).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xmatch.extract.images import find_images
+
+CAPTION_SUFFIXES = (".csv", ".jsonl")
+#: split files recognised in an image folder, in this order
+SPLIT_NAMES = ("train", "val", "test")
+
+
+class CaptionsError(ValueError):
+    """A captions file that cannot be used (the message names it and the fix)."""
+
+
+@dataclass
+class ImageRecord:
+    """One image to extract.
+
+    Attributes:
+        key: the feature id (``bu_att/<key>.npz``), unique.
+        name: the image's path relative to the image folder (POSIX), as proposers see it.
+        path: the image file.
+        split: ``train``, ``val``, ``test``... (as the captions say).
+        captions: its captions (possibly none).
+        entry: the original Karpathy entry, kept when the captions came from one.
+    """
+
+    key: str
+    name: str
+    path: Path
+    split: str
+    captions: list[str] = field(default_factory=list)
+    entry: dict[str, Any] | None = None
+
+
+def read_records(images: str | os.PathLike, captions: str | os.PathLike | None, default_split: str = "test") -> tuple[list[ImageRecord], str]:
+    """The images to extract and where their captions came from.
+
+    Args:
+        images: the image folder (paths in caption files are relative to it for Karpathy and
+            COCO files, to the captions file's folder for CSV / JSONL).
+        captions: a captions file, or None to look in ``images`` (see the module docstring).
+        default_split: the split of images whose captions name none.
+
+    Returns:
+        ``(records, source)``: records in id order; ``source`` says where captions came from.
+
+    Raises:
+        FileNotFoundError: a missing folder or captions file, no image at all, or caption
+            rows naming image files that do not exist (listed).
+        CaptionsError: a malformed captions file, duplicate ids, empty captions.
+
+    Example:
+        >>> records, source = read_records("my_photos", "my_photos/captions.csv")  # doctest: +SKIP
+        >>> records[0].key, records[0].split, records[0].captions[:1]  # doctest: +SKIP
+        ('0', 'test', ['a dog on a beach'])
+    """
+    root = Path(images).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder {root} does not exist or is not a folder.")
+    files = [Path(captions).expanduser()] if captions is not None else _discover(root)
+    for f in files:
+        if not f.is_file():
+            raise FileNotFoundError(f"captions file {f} does not exist.")
+    if not files:
+        names = find_images(root)
+        if not names:
+            from xmatch.extract.images import IMAGE_SUFFIXES
+
+            raise FileNotFoundError(
+                f"no images in {root} (looked recursively for {', '.join(IMAGE_SUFFIXES)}); is it the right folder?"
+            )
+        records = [ImageRecord(str(k), n, root / n, default_split) for k, n in enumerate(names)]
+        return records, "none (every image in the folder, no captions)"
+    if len(files) == 1 and files[0].suffix == ".json":
+        records = _json_records(root, files[0], default_split)
+    else:
+        records = _table_records(root, files, default_split)
+    _check(records, files)
+    return records, ", ".join(map(str, files))
+
+
+def _discover(root: Path) -> list[Path]:
+    karpathy = sorted(root.glob("dataset_*.json"))
+    if len(karpathy) > 1:
+        raise CaptionsError(f"several Karpathy split files in {root}: {', '.join(map(str, karpathy))}; pass --captions <one of them>.")
+    if karpathy:
+        return karpathy
+    splits = [root / f"{s}{x}" for s in SPLIT_NAMES for x in CAPTION_SUFFIXES if (root / f"{s}{x}").is_file()]
+    if splits:
+        return splits
+    return [root / f"captions{x}" for x in CAPTION_SUFFIXES if (root / f"captions{x}").is_file()][:1]
+
+
+def _json_records(root: Path, path: Path, default_split: str) -> list[ImageRecord]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CaptionsError(f"{path} is not a readable JSON file: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
+        raise CaptionsError(f"{path}: expected a Karpathy split file or COCO caption annotations (an 'images' list).")
+    if isinstance(doc.get("annotations"), list):
+        return _coco_records(root, path, doc, default_split)
+    records = []
+    for pos, im in enumerate(doc["images"]):
+        try:
+            key = im.get("cocoid", im.get("imgid"))
+            rel = Path(im.get("filepath", "") or "") / im["filename"]
+            caps = [s["raw"] for s in im.get("sentences", [])]
+        except (AttributeError, KeyError, TypeError):
+            raise CaptionsError(
+                f"{path}: image entry {pos} is not a Karpathy entry (filename, imgid or cocoid, sentences[].raw)."
+            ) from None
+        if key is None:
+            raise CaptionsError(f"{path}: image entry {pos} ({rel}) has no 'imgid' or 'cocoid'.")
+        records.append(ImageRecord(str(key), rel.as_posix(), root / rel, str(im.get("split", default_split)), caps, im))
+    return records
+
+
+def _coco_records(root: Path, path: Path, doc: dict[str, Any], default_split: str) -> list[ImageRecord]:
+    try:
+        images = {im["id"]: str(im["file_name"]) for im in doc["images"]}
+        grouped: dict[Any, list[str]] = {k: [] for k in images}
+        for ann in doc["annotations"]:
+            grouped[ann["image_id"]].append(ann["caption"])
+    except (KeyError, TypeError) as exc:
+        raise CaptionsError(
+            f"{path}: COCO caption annotations need images (id, file_name) and annotations (image_id, caption) "
+            f"of listed images; {exc!r} is missing."
+        ) from None
+    return [ImageRecord(str(k), images[k], root / images[k], default_split, grouped[k]) for k in images]
+
+
+def _table_records(root: Path, files: list[Path], default_split: str) -> list[ImageRecord]:
+    order: dict[Path, ImageRecord] = {}
+    for f in files:
+        split_of_file = f.stem if f.stem in SPLIT_NAMES and f.parent == root else None
+        for image, caption, split, where in _rows(f):
+            path = (f.parent / image).resolve() if not Path(image).is_absolute() else Path(image)
+            split = split or split_of_file or default_split
+            record = order.get(path)
+            if record is None:
+                name = _relative(path, root)
+                record = order[path] = ImageRecord(str(len(order)), name, path, split)
+            elif record.split != split:
+                raise CaptionsError(f"{where}: image {image} is in split {split!r} here but {record.split!r} before.")
+            record.captions.append(caption)
+    return list(order.values())
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def _rows(path: Path) -> list[tuple[str, str, str | None, str]]:
+    """``(image, caption, split or None, "file:line")`` of a CSV / JSONL captions file."""
+    if path.suffix not in CAPTION_SUFFIXES:
+        raise CaptionsError(f"{path}: a captions file is a .csv, .jsonl or a Karpathy / COCO .json file.")
+    rows: list[tuple[str, str, str | None, str]] = []
+    try:
+        with path.open("r", encoding="utf-8-sig", newline="") as f:
+            if path.suffix == ".csv":
+                reader = csv.DictReader(f)
+                if not reader.fieldnames or not {"image", "caption"} <= set(reader.fieldnames):
+                    raise CaptionsError(f"{path}: the first line must be a header with 'image' and 'caption' (and optionally 'split').")
+                for row in reader:
+                    rows.append((row["image"] or "", row["caption"] or "", row.get("split") or None, f"{path}:{reader.line_num}"))
+            else:
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise CaptionsError(f"{path}:{n}: not a JSON object: {exc}") from None
+                    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("image", "caption")):
+                        raise CaptionsError(f'{path}:{n}: expected {{"image": str, "caption": str}}, got {line.strip()[:80]}')
+                    rows.append((record["image"], record["caption"], record.get("split"), f"{path}:{n}"))
+    except UnicodeDecodeError as exc:
+        raise CaptionsError(f"{path} is not UTF-8 text: {exc}") from None
+    except csv.Error as exc:
+        raise CaptionsError(f"{path} is not a valid CSV file: {exc}") from None
+    for image, caption, _, where in rows:
+        if not image.strip() or not caption.strip():
+            raise CaptionsError(f"{where}: empty image path or caption.")
+    if not rows:
+        raise CaptionsError(f"{path} has no rows (image, caption).")
+    return [(i.strip(), c.strip(), s, w) for i, c, s, w in rows]
+
+
+def _check(records: list[ImageRecord], files: list[Path]) -> None:
+    where = ", ".join(map(str, files))
+    if not records:
+        raise CaptionsError(f"{where} lists no images.")
+    seen: dict[str, str] = {}
+    for r in records:
+        if r.key in seen:
+            raise CaptionsError(f"{where}: id {r.key} is used by both {seen[r.key]} and {r.name}; ids must be unique.")
+        if "/" in r.key or "\\" in r.key or r.key in ("", ".", ".."):
+            raise CaptionsError(f"{where}: id {r.key!r} of {r.name} cannot name a feature file.")
+        seen[r.key] = r.name
+        if any(not isinstance(c, str) or not c.strip() for c in r.captions):
+            raise CaptionsError(f"{where}: image {r.name} (id {r.key}) has an empty caption.")
+    missing = [str(r.path) for r in records if not r.path.is_file()]
+    if missing:
+        from xmatch.data._io import first_few
+
+        raise FileNotFoundError(f"{where} names {len(missing)} image files that do not exist: {first_few(missing)}.")

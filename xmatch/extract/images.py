@@ -1,0 +1,66 @@
+"""Finding and reading the pictures of an image folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+#: file suffixes taken for images when a folder is scanned (case-insensitive)
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+class UnreadableImageError(ValueError):
+    """A file that Pillow cannot decode (the message names it)."""
+
+
+def find_images(folder: str | os.PathLike) -> list[str]:
+    """Paths of the images under ``folder`` (recursively, hidden folders skipped), relative to
+    it, POSIX-style, sorted.
+
+    Raises:
+        FileNotFoundError: ``folder`` does not exist or is not a folder.
+
+    Example:
+        >>> find_images("my_photos")  # doctest: +SKIP
+        ['beach.jpg', 'dogs/rex.png']
+    """
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder {root} does not exist or is not a folder.")
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in filenames:
+            if name.lower().endswith(IMAGE_SUFFIXES) and not name.startswith("."):
+                found.append((Path(dirpath) / name).relative_to(root).as_posix())
+    return sorted(found)
+
+
+def load_image(path: str | os.PathLike) -> Any:
+    """An image file as an RGB PIL image, turned upright by its EXIF orientation (as photo
+    viewers show it; the boxes of ``xmatch extract`` are in this frame).
+
+    Raises:
+        FileNotFoundError: no such file.
+        UnreadableImageError: the file is not an image Pillow can decode.
+
+    Example:
+        >>> load_image("my_photos/beach.jpg").size  # doctest: +SKIP
+        (640, 480)
+    """
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image file {path} does not exist.")
+    try:
+        with Image.open(path) as im:
+            im.load()
+            upright = ImageOps.exif_transpose(im)
+            picture = upright.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise UnreadableImageError(f"{path} is not a readable image: {exc}") from None
+    if picture.width < 1 or picture.height < 1:
+        raise UnreadableImageError(f"{path} is an empty image ({picture.width}x{picture.height}).")
+    return picture

@@ -1,0 +1,423 @@
+"""The extraction run: a folder of images -> region features in the teran or precomp layout.
+
+Work is cut into fixed chunks of ``batch_size`` images (in id order); a chunk is the unit that
+is computed, written and resumed. Its images always run through the backbone together, so a
+resumed or re-split run gives the same bytes. After a chunk's region files are in place, a
+small record of it (image sizes, unreadable files) is written into ``OUT/.extract/``; a chunk
+with a record is finished. Under ``torchrun`` every process takes every N-th chunk; the first
+one then writes the dataset files and the manifest from the chunk records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xmatch.extract.captions import ImageRecord, read_records
+from xmatch.extract.images import UnreadableImageError
+from xmatch.extract.manifest import FORMAT, MANIFEST, ManifestError, read_manifest, settings_differences
+from xmatch.extract.pipeline import PictureLoader, Prepared, RegionPipeline
+from xmatch.extract.writers import (
+    DATASET_FILE,
+    LAYOUTS,
+    PRECOMP_PREFIX,
+    RegionFiles,
+    check_precomp,
+    write_json_atomic,
+    write_precomp,
+    write_teran,
+)
+
+logger = logging.getLogger(__name__)
+
+STATE = ".extract"
+DTYPES = ("float32", "float16")
+#: the settings that decide the bytes written; a resumed run must use the same
+COMPARED = ("layout", "dtype", "batch_size", "pipeline", "images")
+
+
+class ExtractError(ValueError):
+    """An extraction that cannot start or finish (the message says why and what to do)."""
+
+
+@dataclass
+class ExtractResult:
+    """What a run did.
+
+    Attributes:
+        out: the output folder.
+        layout: ``teran`` or ``precomp``.
+        images: images in the written dataset (readable ones).
+        extracted: images this process computed in this run.
+        skipped: images already finished (``resume``).
+        unreadable: ``(image, reason)`` of the files that could not be decoded (left out).
+        feature_dim: width of the region features.
+        seconds: wall time of this run, models built (what grows with the number of images).
+        captions: where the captions came from.
+        splits: images per split.
+        captions_per_image: the distinct caption counts of the images (``[5]`` for COCO).
+    """
+
+    out: Path
+    layout: str
+    images: int
+    extracted: int
+    skipped: int
+    unreadable: list[tuple[str, str]]
+    feature_dim: int
+    seconds: float
+    captions: str
+    splits: dict[str, int] = field(default_factory=dict)
+    captions_per_image: list[int] = field(default_factory=list)
+
+    def summary(self) -> str:
+        rate = f", {self.extracted / self.seconds:.1f} images/s" if self.extracted and self.seconds > 0 else ""
+        bad = f"; {len(self.unreadable)} unreadable, left out" if self.unreadable else ""
+        splits = ", ".join(f"{k} {v}" for k, v in self.splits.items())
+        return (
+            f"{self.images} images ({splits}) in {self.out} ({self.layout} layout, {self.feature_dim}-d features): "
+            f"{self.extracted} extracted, {self.skipped} already done in {self.seconds:.1f} s{rate}{bad}"
+        )
+
+
+def extract(
+    images: str | os.PathLike,
+    out: str | os.PathLike,
+    pipeline: RegionPipeline | Mapping[str, Any] | None = None,
+    *,
+    layout: str = "teran",
+    captions: str | os.PathLike | None = None,
+    split: str = "test",
+    dtype: str = "float32",
+    batch_size: int = 8,
+    workers: int = 2,
+    device: str | torch.device | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ExtractResult:
+    """Extract region features of every image of a folder into ``out``.
+
+    Args:
+        images: the image folder.
+        out: the output folder (created).
+        pipeline: a :class:`RegionPipeline` or its arguments (default: ``windows`` proposals,
+            36 per image, EfficientNet-Lite0 with its packaged ImageNet weights).
+        layout: ``teran`` (``bu_att`` / ``bu_box`` + ``dataset_xmatch.json``, read by the
+            ``teran`` dataset) or ``precomp`` (``<split>_ims.npy`` ..., read by ``scan-precomp``).
+        captions: a captions file (Karpathy / COCO JSON, CSV, JSONL); default: found in the
+            image folder, or none (see :mod:`xmatch.extract.captions`).
+        split: the split of images whose captions name none.
+        dtype: ``float32`` or ``float16`` features on disk.
+        batch_size: images per backbone run (and per resumable chunk).
+        workers: DataLoader worker processes decoding and resizing images (0: in this one).
+        device: ``cpu``, ``cuda``... (default: CUDA when available; under ``torchrun``,
+            ``cuda:LOCAL_RANK``).
+        resume: continue the run in ``out`` (finished chunks are skipped; the settings must
+            be the same).
+        overwrite: remove a previous extraction's files in ``out`` first.
+        progress: show a progress bar.
+
+    Returns:
+        An :class:`ExtractResult` (on every process; the dataset files exist when it returns
+        on the first one).
+
+    Raises:
+        FileNotFoundError: no images, a missing captions file or image.
+        ExtractError: ``out`` holds another extraction (without ``resume`` / ``overwrite``),
+            or one with other settings; every image unreadable.
+        ValueError: bad arguments, e.g. a layout that cannot hold the captions.
+
+    Example:
+        >>> from xmatch.extract import extract
+        >>> result = extract("my_photos", "feats", {"proposer": "windows"})  # doctest: +SKIP
+        >>> print(result.summary())  # doctest: +SKIP
+        120 images (test 120) in feats (teran layout, 1280-d features): 120 extracted, 0 already done in 14.2 s
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}.")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
+    if batch_size < 1 or workers < 0:
+        raise ValueError(f"batch_size must be at least 1 and workers at least 0, got {batch_size}, {workers}.")
+    if resume and overwrite:
+        raise ValueError("resume continues the previous run and overwrite removes it; choose one.")
+    procs = Processes.join(device)
+    try:
+        records, source = read_records(images, captions, split)
+        pipe = pipeline if isinstance(pipeline, RegionPipeline) else RegionPipeline(**dict(pipeline or {}))
+        pipe = pipe.to(procs.device).eval()
+        start = time.perf_counter()
+        if layout == "precomp":
+            check_precomp(records, pipe.fixed_regions)
+        out = Path(out).expanduser()
+        manifest = _manifest(layout, dtype, batch_size, pipe, records, images, source)
+        files = RegionFiles(out if layout == "teran" else out / STATE / "parts", dtype)
+        status = _prepare(out, manifest, resume, overwrite, files) if procs.is_main else None
+        status = procs.broadcast(status)
+        if isinstance(status, str) and status.startswith("error:"):
+            raise ExtractError(status[len("error:"):])
+        if status == "complete":
+            return _result(out, read_manifest(out), 0, len(records), time.perf_counter() - start)
+        chunks = [records[i : i + batch_size] for i in range(0, len(records), batch_size)]
+        mine = [k for k in range(len(chunks)) if k % procs.world == procs.rank]
+        todo = [k for k in mine if not _chunk_file(out, k).is_file()]
+        skipped = sum(len(chunks[k]) for k in mine if k not in todo)
+        logger.info("extracting %d images into %s: %d to do here, %d already done", len(records), out,
+                    sum(len(chunks[k]) for k in todo), skipped)
+        extracted = _run_chunks(pipe, chunks, todo, files, out, workers, progress and procs.is_main, skipped,
+                                sum(len(chunks[k]) for k in mine))
+        procs.barrier()
+        if procs.is_main:
+            manifest = _finish(out, manifest, records, len(chunks), layout, dtype)
+        procs.barrier()
+        return _result(out, manifest if procs.is_main else read_manifest(out), extracted, skipped,
+                       time.perf_counter() - start)
+    finally:
+        procs.leave()
+
+
+# -- the chunks ---------------------------------------------------------------------------
+
+
+class _ChunkSet(torch.utils.data.Dataset):
+    """Chunk ``k`` of the work -> ``(k, [(record, Prepared or error text)])``, decoded in workers."""
+
+    def __init__(self, chunks: list[list[ImageRecord]], todo: list[int], load: PictureLoader) -> None:
+        self.chunks, self.todo, self.load = chunks, todo, load
+
+    def __len__(self) -> int:
+        return len(self.todo)
+
+    def __getitem__(self, i: int) -> tuple[int, list[tuple[ImageRecord, Prepared | str]]]:
+        k = self.todo[i]
+        items: list[tuple[ImageRecord, Prepared | str]] = []
+        for record in self.chunks[k]:
+            try:
+                items.append((record, self.load(record.path, record.name)))
+            except (UnreadableImageError, FileNotFoundError) as exc:
+                items.append((record, str(exc)))
+        return k, items
+
+
+def _unbatched(item: Any) -> Any:
+    return item
+
+
+def _run_chunks(
+    pipe: RegionPipeline,
+    chunks: list[list[ImageRecord]],
+    todo: list[int],
+    files: RegionFiles,
+    out: Path,
+    workers: int,
+    progress: bool,
+    skipped: int,
+    total: int,
+) -> int:
+    from tqdm import tqdm
+
+    loader = torch.utils.data.DataLoader(
+        _ChunkSet(chunks, todo, pipe.loader()), batch_size=None, shuffle=False,
+        num_workers=min(workers, len(todo)), collate_fn=_unbatched,
+    )
+    done = 0
+    with tqdm(total=total, initial=skipped, desc="extract", unit="img", disable=not progress) as bar:
+        for k, items in loader:
+            good = [(r, p) for r, p in items if isinstance(p, Prepared)]
+            bad = [(r.name, p) for r, p in items if isinstance(p, str)]
+            for name, reason in bad:
+                logger.warning("skipping unreadable image: %s", reason)
+            regions = pipe([p for _, p in good]) if good else []
+            for (record, _), reg in zip(good, regions, strict=True):
+                if not files.done(record.key):
+                    files.write(record.key, reg.features.numpy(), reg.boxes.numpy())
+            sizes = {r.key: [p.width, p.height] for r, p in good}
+            write_json_atomic(_chunk_file(out, k), {"sizes": sizes, "unreadable": bad})
+            done += len(good)
+            bar.update(len(items))
+    return done
+
+
+def _chunk_file(out: Path, k: int) -> Path:
+    return out / STATE / f"chunk-{k:07d}.json"
+
+
+# -- the output folder and the manifest ----------------------------------------------------
+
+
+def _manifest(
+    layout: str, dtype: str, batch_size: int, pipe: RegionPipeline, records: Sequence[ImageRecord],
+    images: str | os.PathLike, source: str,
+) -> dict[str, Any]:
+    from xmatch import __version__
+
+    digest = hashlib.sha256("\n".join(f"{r.key}\t{r.name}" for r in records).encode()).hexdigest()
+    proposer = pipe.proposer
+    return {
+        "format": FORMAT,
+        "xmatch": __version__,
+        "complete": False,
+        "layout": layout,
+        "dtype": dtype,
+        "batch_size": batch_size,
+        "feature_dim": pipe.feature_dim,
+        "regions": {"max": proposer.regions, "min": getattr(proposer, "min_regions", proposer.regions)},
+        "pipeline": pipe.describe(),
+        "images": {"count": len(records), "digest": f"sha256:{digest}"},
+        "images_folder": str(Path(images).expanduser().resolve()),
+        "captions": source,
+    }
+
+
+def _prepare(out: Path, manifest: dict[str, Any], resume: bool, overwrite: bool, files: RegionFiles) -> str:
+    """Make ``out`` ready (first process only, before the others start writing): ``"fresh"``,
+    ``"resume"``, ``"complete"``, or ``"error:<message>"`` (so that every process can raise it)."""
+    path = out / MANIFEST
+    if path.is_file():
+        try:
+            old = read_manifest(out)
+        except ManifestError as exc:
+            if not overwrite:
+                return f"error:{exc}"
+            old = {}
+        if overwrite:
+            _remove_outputs(out)
+        elif not resume:
+            return (f"error:{out} already holds an extraction ({path}); pass --resume to continue it or "
+                    "--overwrite to start again.")
+        else:
+            differences = settings_differences({k: old.get(k) for k in COMPARED}, {k: manifest[k] for k in COMPARED})
+            if differences:
+                return (f"error:--resume: {path} was made with other settings ({'; '.join(differences[:6])}); "
+                        "use the same ones, or --overwrite / another --out.")
+            if old.get("complete"):
+                logger.info("%s is already complete; nothing to do", out)
+                return "complete"
+    else:
+        found = [p.name for p in (out / "bu_att", out / "bu_box", out / DATASET_FILE) if p.exists()]
+        found += [p.name for p in out.glob("*_ims.npy")] if out.is_dir() else []
+        if found:
+            return (f"error:{out} holds region features that xmatch extract did not write ({', '.join(found)}) "
+                    "and no extract.json; choose another --out.")
+        if resume:
+            logger.info("nothing to resume in %s; starting", out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / STATE).mkdir(exist_ok=True)
+    files.create()  # also removes the temporary files of a killed run
+    write_json_atomic(path, manifest)
+    return "resume" if resume else "fresh"
+
+
+def _remove_outputs(out: Path) -> None:
+    """Remove what a previous ``xmatch extract`` wrote into ``out`` (and nothing else)."""
+    for name in ("bu_att", "bu_box", STATE):
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)
+    patterns = (MANIFEST, DATASET_FILE, "*_ims.npy", "*_caps.txt", "*_boxes.npy", "*_img_sizes.npy", "*_images.txt")
+    for pattern in patterns:
+        for f in out.glob(pattern):
+            f.unlink()
+
+
+def _finish(out: Path, manifest: dict[str, Any], records: list[ImageRecord], n_chunks: int, layout: str, dtype: str) -> dict[str, Any]:
+    """Gather the chunk records, write the dataset files and the complete manifest."""
+    missing = [k for k in range(n_chunks) if not _chunk_file(out, k).is_file()]
+    if missing:
+        raise ExtractError(f"{len(missing)} chunks of {out} were not extracted (e.g. chunk {missing[0]}); rerun with --resume.")
+    sizes: dict[str, tuple[int, int]] = {}
+    unreadable: list[list[str]] = []
+    for k in range(n_chunks):
+        doc = json.loads(_chunk_file(out, k).read_text(encoding="utf-8"))
+        sizes.update({key: tuple(v) for key, v in doc["sizes"].items()})
+        unreadable += doc["unreadable"]
+    readable = [r for r in records if r.key in sizes]
+    if not readable:
+        raise ExtractError(f"none of the {len(records)} images could be read (e.g. {unreadable[0][1]}); nothing was written.")
+    if layout == "teran":
+        write_teran(out, readable, sizes)
+    else:
+        write_precomp(out, readable, sizes, dtype, RegionFiles(out / STATE / "parts"))
+    splits: dict[str, int] = {}
+    for r in readable:
+        key = PRECOMP_PREFIX.get(r.split, r.split) if layout == "precomp" else r.split
+        splits[key] = splits.get(key, 0) + 1
+    manifest = {**manifest, "complete": True, "splits": splits, "unreadable": unreadable,
+                "captions_per_image": sorted({len(r.captions) for r in readable})}
+    write_json_atomic(out / MANIFEST, manifest)
+    shutil.rmtree(out / STATE)
+    return manifest
+
+
+def _result(out: Path, manifest: dict[str, Any], extracted: int, skipped: int, seconds: float) -> ExtractResult:
+    splits = manifest.get("splits", {})
+    return ExtractResult(
+        out, manifest["layout"], sum(splits.values()), extracted, skipped,
+        [tuple(u) for u in manifest.get("unreadable", [])], manifest["feature_dim"], seconds,
+        manifest.get("captions", ""), splits, list(manifest.get("captions_per_image", [])),
+    )
+
+
+# -- several processes (torchrun) ------------------------------------------------------------
+
+
+@dataclass
+class Processes:
+    """This process's place among those ``torchrun`` started (one process: rank 0 of 1)."""
+
+    rank: int
+    world: int
+    device: torch.device
+    owns_group: bool = False
+
+    @classmethod
+    def join(cls, device: str | torch.device | None) -> Processes:
+        import torch.distributed as dist
+
+        from xmatch.devices import resolve_device
+
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        resolved = resolve_device(device, default="auto")
+        if resolved.type == "cuda" and world > 1:
+            resolved = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        owns = False
+        if world > 1 and not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if resolved.type == "cuda" else "gloo")
+            owns = True
+        return cls(rank, world, resolved, owns)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def broadcast(self, obj: Any) -> Any:
+        if self.world == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def leave(self) -> None:
+        if self.owns_group:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
