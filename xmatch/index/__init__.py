@@ -1,0 +1,34 @@
+"""Search: index a corpus once, query it in milliseconds, exact where it counts.
+
+A corpus of images (or captions) is encoded once by a model and kept on disk as token sets
+(:mod:`xmatch.index.store`); a query is answered in two stages: candidates from an approximate
+nearest-neighbour structure, then exact scores with the model's own pooler
+(:mod:`xmatch.index.search`). The embedded engine is FAISS; the same API targets Qdrant
+(:mod:`xmatch.index.qdrant`). See docs/search.md.
+
+Example:
+    >>> import xmatch.index
+    >>> index = xmatch.index.open("idx")  # doctest: +SKIP
+    >>> for hit in index.search_texts(["a large red circle left of a small blue seven"], k=5)[0].hits:  # doctest: +SKIP
+    ...     print(hit.id, round(hit.score, 3))
+"""
+
+from __future__ import annotations
+
+from xmatch.index.cascade import Cascade
+from xmatch.index.errors import (
+    DamagedIndexError,
+    EmptyIndexError,
+    ModelMismatchError,
+    SearchIndexError,
+    WrongSideError,
+)
+from xmatch.index.fingerprint import model_fingerprint
+from xmatch.index.results import Hit, SearchResult
+from xmatch.index.search import SearchIndex, create, default_candidates, open
+
+__all__ = [
+    "Cascade", "DamagedIndexError", "EmptyIndexError", "Hit", "ModelMismatchError", "SearchIndex",
+    "SearchIndexError", "SearchResult", "WrongSideError", "create", "default_candidates",
+    "model_fingerprint", "open",
+]

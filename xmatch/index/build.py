@@ -1,0 +1,134 @@
+"""Fill an index from a dataset: encode its images (or captions) batch by batch, commit shards.
+
+Each shard of ``shard_size`` items is one atomic append, so a killed run keeps every shard it
+finished; running again with ``resume=True`` (``xmatch index ... --append``) encodes only the
+items whose ids are not in the index yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Subset
+from tqdm.auto import tqdm
+
+from xmatch.data.collate import collate_images
+from xmatch.embeddings import Embeddings
+from xmatch.index.search import SearchIndex
+
+
+def caption_ids(dataset: Any) -> list[str]:
+    """``<image name>#<n>``: the n-th caption (from 0) of each image, e.g. ``900#2``."""
+    owner = np.asarray(dataset.caption_image)
+    first = np.searchsorted(owner, owner, side="left")
+    return [f"{dataset.image_names[o]}#{k - f}" for k, (o, f) in enumerate(zip(owner, first))]
+
+
+def index_dataset(
+    index: SearchIndex,
+    dataset: Any,
+    *,
+    batch_size: int = 64,
+    shard_size: int = 1024,
+    resume: bool = False,
+    progress: bool = True,
+) -> int:
+    """Encode a dataset's images (image index) or captions (caption index) into ``index``.
+
+    Args:
+        index: the index to append to (its side decides what is encoded).
+        dataset: an :mod:`xmatch.data` dataset (images with captions).
+        batch_size: images encoded at once (captions: 4x).
+        shard_size: items per committed shard.
+        resume: skip items whose ids are already in the index (a killed run continued);
+            without it such ids are refused.
+        progress: show a progress bar.
+
+    Returns:
+        The number of items added.
+
+    Example:
+        >>> index = xmatch.index.create("idx", model, model_ref="teran-mrsw-scenes")  # doctest: +SKIP
+        >>> index_dataset(index, xmatch.data.scenes.open_scenes(split="test"))  # doctest: +SKIP
+        100
+    """
+    if shard_size < 1 or batch_size < 1:
+        raise ValueError(f"batch_size and shard_size must be positive, got {batch_size} and {shard_size}.")
+    ids = list(dataset.image_names) if index.side == "images" else caption_ids(dataset)
+    present = set(index.ids) if resume else set()
+    todo = [k for k, i in enumerate(ids) if i not in present]
+    what = "images" if index.side == "images" else "captions"
+    bar = tqdm(total=len(todo), desc=f"index {what}", unit=what[:-1], disable=not progress)
+    added = 0
+    pending: list[tuple[Embeddings, torch.Tensor | None, list[int]]] = []
+    for embeddings, boxes, rows in _encoded(index, dataset, todo, batch_size):
+        pending.append((embeddings, boxes, rows))
+        bar.update(len(rows))
+        if sum(len(r) for *_, r in pending) >= shard_size:
+            added += _commit(index, pending, ids, dataset)
+            pending = []
+    if pending:
+        added += _commit(index, pending, ids, dataset)
+    bar.close()
+    return added
+
+
+def _encoded(index: SearchIndex, dataset: Any, todo: list[int], batch_size: int):
+    """``(embeddings, boxes or None, item numbers)`` batch by batch."""
+    model = index.model
+    if index.side == "texts":
+        captions = dataset.captions
+        step = 4 * batch_size
+        for start in range(0, len(todo), step):
+            rows = todo[start : start + step]
+            with torch.inference_mode():
+                yield model.encode_texts([captions[k] for k in rows], batch_size=step), None, rows
+        return
+    loader = DataLoader(Subset(dataset.images, todo), batch_size=batch_size, shuffle=False, collate_fn=collate_images)
+    for batch in loader:
+        rows = batch["image_ids"].tolist()
+        with torch.inference_mode():
+            if "images" in batch:
+                e = model.encode_images(images=batch["images"])
+                boxes = index._pixel_boxes(batch["images"], e)
+            else:
+                e = model.encode_images(batch["regions"], batch["boxes"], batch.get("region_mask"))
+                boxes = index._token_boxes(batch["boxes"], e)
+        yield e, boxes, rows
+
+
+def _commit(index: SearchIndex, pending: list, ids: list[str], dataset: Any) -> int:
+    embeddings = Embeddings.cat([e for e, _, _ in pending])
+    rows = [r for *_, batch_rows in pending for r in batch_rows]
+    boxes = None
+    if all(b is not None for _, b, _ in pending):
+        width = embeddings.tokens.shape[1]
+        boxes = torch.cat([torch.nn.functional.pad(b, (0, 0, 0, width - b.shape[1])) for _, b, _ in pending])
+    texts = [dataset.captions[k] for k in rows] if index.side == "texts" else None
+    return index.add(embeddings, [ids[k] for k in rows], boxes=boxes, texts=texts)
+
+
+def copy_index(source: SearchIndex, target: SearchIndex, *, progress: bool = True) -> int:
+    """Copy every stored item of ``source`` into ``target`` without encoding again (e.g. an
+    embedded index into a Qdrant collection). Both must be of the same model and side.
+
+    Returns:
+        The number of items copied.
+
+    Example:
+        >>> src = xmatch.index.open("idx")  # doctest: +SKIP
+        >>> copy_index(src, xmatch.index.create("idx-qdrant", src.model, engine="qdrant", qdrant="http://db:6333"))  # doctest: +SKIP
+    """
+    if source.fingerprint != target.fingerprint or source.side != target.side:
+        raise ValueError(f"{source.root} and {target.root} hold different models or sides; they cannot be copied.")
+    copied = 0
+    bar = tqdm(total=len(source), desc="copy index", unit="item", disable=not progress)
+    for start, block in source.store.blocks():
+        rows = list(range(start, start + len(block)))
+        texts = source.store.texts(rows) if source.side == "texts" else None
+        copied += target.add(block, source.store.ids_of(rows), boxes=source.store.boxes(torch.tensor(rows)), texts=texts)
+        bar.update(len(rows))
+    bar.close()
+    return copied

@@ -1,0 +1,581 @@
+"""The search index: a corpus encoded once, kept on disk, queried in two stages.
+
+Stage 1 proposes candidates from an approximate nearest-neighbour structure
+(:mod:`xmatch.index.candidates`, or Qdrant's MaxSim, :mod:`xmatch.index.qdrant`); stage 2
+scores only those candidates exactly with the model's own pooler (:mod:`xmatch.index.rerank`).
+Where stage 1 is an exact scan whose estimate bounds the pooler's score (TERAN's poolers over a
+flat token index, TERN's global cosine over a flat vector index, Qdrant's local MaxSim for
+MrSw), the top-k is *proven* exact: a query whose bound leaves room for an unscored item to
+enter the top-k is scored exhaustively instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xmatch.embeddings import Embeddings
+from xmatch.index import ann, rerank
+from xmatch.index.candidates import GENERATORS, FaissGenerator, FdeGenerator, PooledGenerator, TokenGenerator
+from xmatch.index.errors import EmptyIndexError, ModelMismatchError, SearchIndexError, WrongSideError
+from xmatch.index.fingerprint import embedding_spec, model_fingerprint, short
+from xmatch.index.interaction import interaction, pooled_is_exact
+from xmatch.index.results import Hit, SearchResult
+from xmatch.index.shards import STORED_DTYPES
+from xmatch.index.store import FORMAT, MANIFEST, ShardStore, check_side, read_manifest, write_manifest
+from xmatch.model import MatchingModel
+
+ENGINES = ("faiss", "qdrant")
+MODEL_FOLDER = "model"
+ANN_FOLDER = "ann"
+#: relative float32 rounding allowed when comparing a stage-1 bound with an exact score
+BOUND_TOLERANCE = 1e-5
+
+
+def default_candidates(n_items: int, k: int) -> int:
+    """Candidates scored exactly per query by default: 100 (or 10 k), at most the corpus. The
+    recall@10 measured at this setting is in docs/search.md."""
+    return min(n_items, max(100, 10 * k))
+
+
+class SearchIndex:
+    """A searchable corpus of images (text-to-image search) or captions (image-to-text).
+
+    Made by :func:`create` or :func:`open`; holds the model whose encoders made the stored
+    token sets (its fingerprint is checked) and whose pooler ranks the candidates.
+
+    Example:
+        >>> index = xmatch.index.open("idx")  # doctest: +SKIP
+        >>> [r.ids for r in index.search_texts(["a red circle left of a blue seven"], k=5)]  # doctest: +SKIP
+        [['913', '942', '907', '955', '931']]
+    """
+
+    def __init__(self, root: Path, manifest: dict[str, Any], model: MatchingModel, *, progress: bool = False,
+                 in_memory: bool = False) -> None:
+        self.root, self.manifest, self.model, self.progress = root, manifest, model, progress
+        self.in_memory = in_memory
+        self.model.eval()
+        self.store = _open_store(root, manifest, in_memory)
+        self._generators: dict[str, Any] = {}
+
+    # --- what the index holds --------------------------------------------------------------
+
+    @property
+    def side(self) -> str:
+        """``"images"`` or ``"texts"``: what the stored items are."""
+        return self.manifest["side"]
+
+    @property
+    def engine(self) -> str:
+        return self.manifest["engine"]["name"]
+
+    @property
+    def fingerprint(self) -> str:
+        return self.manifest["model"]["fingerprint"]
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    @property
+    def ids(self) -> list[str]:
+        return self.store.ids
+
+    def __repr__(self) -> str:
+        ref = self.manifest["model"].get("ref") or "bundled model"
+        return f"SearchIndex({str(self.root)!r}: {len(self)} {self.side}, {ref}, engine {self.engine})"
+
+    def get(self, ids: Sequence[str]) -> Embeddings:
+        """The stored token sets of ``ids`` (float32)."""
+        return self.store.gather(torch.tensor(self.store.row_of([str(i) for i in ids]), dtype=torch.long))
+
+    def verify(self) -> None:
+        """Check every stored file against its checksum (reads the whole corpus).
+
+        Raises:
+            DamagedIndexError: naming the damaged file.
+        """
+        self.store.verify()
+
+    # --- appending ---------------------------------------------------------------------------
+
+    def add(
+        self,
+        embeddings: Embeddings | None = None,
+        ids: Sequence[str | int] | None = None,
+        *,
+        texts: Sequence[str] | None = None,
+        images: Sequence[Any] | None = None,
+        regions: torch.Tensor | None = None,
+        boxes: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        batch_size: int = 64,
+    ) -> int:
+        """Append one batch, committed atomically (a kill leaves the index as it was before).
+
+        Pass either already encoded ``embeddings`` (made by this index's model) or what the
+        model encodes: ``texts`` for a caption index; ``images`` (pixel models) or ``regions``
+        + ``boxes`` (+ ``mask``) for an image index. ``ids`` default to the next row numbers;
+        an id already in the index is refused.
+
+        Returns:
+            The number of items added.
+
+        Example:
+            >>> index.add(regions=feats, boxes=boxes, ids=["a", "b"])  # doctest: +SKIP
+            2
+        """
+        from filelock import FileLock
+
+        embeddings, boxes, labels = self._encode_items(embeddings, texts, images, regions, boxes, mask, batch_size)
+        n = len(embeddings)
+        with FileLock(str(self.root / ".lock")):
+            self._reload_if_changed()
+            ids = [str(i) for i in (ids if ids is not None else range(len(self), len(self) + n))]
+            self._check_new_ids(ids, n)
+            if embeddings.dim != self.manifest["dim"]:
+                raise SearchIndexError(f"the index holds {self.manifest['dim']}-d tokens, the batch has {embeddings.dim}-d.")
+            self.store.add(embeddings.detach().to("cpu"), ids, boxes=boxes, texts=labels)
+        return n
+
+    def _encode_items(self, embeddings, texts, images, regions, boxes, mask, batch_size):
+        labels = list(texts) if texts is not None else None
+        if isinstance(texts, str):
+            raise TypeError("texts must be a list of captions; wrap a single one in a list.")
+        if embeddings is not None:
+            if self.side == "texts" and labels is not None and len(labels) != len(embeddings):
+                raise ValueError(f"{len(labels)} texts for {len(embeddings)} embeddings.")
+            return embeddings, self._token_boxes(boxes, embeddings), labels
+        with torch.inference_mode():
+            if self.side == "texts":
+                if labels is None:
+                    raise SearchIndexError("a caption index adds texts=[...] (or their embeddings).")
+                return self.model.encode_texts(labels, batch_size=4 * batch_size), None, labels
+            if texts is not None:
+                raise WrongSideError("this index holds images; add images, regions + boxes, or image embeddings.")
+            if images is not None:
+                e = self.model.encode_images(images=images, batch_size=batch_size)
+                return e, self._pixel_boxes(images, e), None
+            e = self.model.encode_images(regions, boxes, mask, batch_size=batch_size)
+            return e, self._token_boxes(boxes, e), None
+
+    @staticmethod
+    def _token_boxes(boxes: torch.Tensor | None, e: Embeddings) -> torch.Tensor | None:
+        """Region boxes aligned with the stored tokens: the encoder's own (when it chose the
+        regions), else the given ones (region r is token r)."""
+        own = getattr(e, "boxes", None)
+        if own is not None:
+            return own
+        if boxes is None:
+            return None
+        boxes = torch.as_tensor(boxes, dtype=torch.float32)[:, : e.tokens.shape[1]]
+        if boxes.shape[:2] != e.tokens.shape[:2]:
+            return None  # the encoder's tokens are not the given regions (e.g. a grid)
+        return boxes
+
+    def _pixel_boxes(self, images: Sequence[Any], e: Embeddings) -> torch.Tensor | None:
+        """Grid-cell boxes in each original image's frame, when the encoder can say (timm-grid)."""
+        encoder = self.model.image_encoder
+        if getattr(e, "boxes", None) is not None:
+            return e.boxes
+        if not hasattr(encoder, "image_boxes") or not all(hasattr(im, "size") for im in images):
+            return None
+        boxes = torch.stack([encoder.image_boxes(*im.size) for im in images])
+        return boxes if boxes.shape[:2] == e.tokens.shape[:2] else None
+
+    def _check_new_ids(self, ids: list[str], n: int) -> None:
+        if len(ids) != n:
+            raise ValueError(f"{len(ids)} ids for {n} items.")
+        if len(set(ids)) != n:
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise SearchIndexError(f"id {dup!r} appears twice in the batch; ids must be unique.")
+        present = set(self.store.ids)
+        clash = next((i for i in ids if i in present), None)
+        if clash is not None:
+            raise SearchIndexError(f"id {clash!r} is already in the index {self.root}; ids must be unique.")
+
+    def _reload_if_changed(self) -> None:
+        """Another process may have appended since this index was opened: read its manifest."""
+        current = read_manifest(self.root)
+        if current.get("items") != self.manifest.get("items"):
+            self.manifest = current
+            self.store = _open_store(self.root, current, self.in_memory)
+            self._generators.clear()
+
+    # --- searching ---------------------------------------------------------------------------
+
+    def search_texts(self, texts: Sequence[str], k: int = 10, **options: Any) -> list[SearchResult]:
+        """Text-to-image search: the ``k`` best images of each caption.
+
+        Options are those of :meth:`search` (``candidates``, ``exact``, ``stage1``, ...).
+
+        Example:
+            >>> index.search_texts(["a dog on a bench"], k=5)[0].ids  # doctest: +SKIP
+        """
+        if isinstance(texts, str):
+            raise TypeError("search_texts takes a list of queries; wrap a single one in a list.")
+        if self.side != "images":
+            raise WrongSideError(
+                f"{self.root} holds captions: search it with images (search_images / --image); "
+                "for text queries index the images (xmatch index ... --side images)."
+            )
+        with torch.inference_mode():
+            queries = self.model.encode_texts(list(texts))
+        return self.search(queries, k, labels=list(texts), **options)
+
+    def search_images(
+        self,
+        images: Sequence[Any] | None = None,
+        *,
+        regions: torch.Tensor | None = None,
+        boxes: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        k: int = 10,
+        labels: Sequence[str] | None = None,
+        **options: Any,
+    ) -> list[SearchResult]:
+        """Image-to-text search over a caption index: ``images`` for pixel models, or
+        ``regions`` + ``boxes`` (+ ``mask``) of precomputed region features.
+
+        Example:
+            >>> index.search_images([Image.open("dog.png")], k=5)[0].hits[0].text  # doctest: +SKIP
+        """
+        if self.side != "texts":
+            raise WrongSideError(
+                f"{self.root} holds images: search it with texts (search_texts / --text); "
+                "for image queries index the captions (xmatch index ... --side texts)."
+            )
+        with torch.inference_mode():
+            if images is not None:
+                queries = self.model.encode_images(images=images)
+            else:
+                queries = self.model.encode_images(regions, boxes, mask)
+        return self.search(queries, k, labels=list(labels) if labels is not None else None, **options)
+
+    def search(
+        self,
+        queries: Embeddings,
+        k: int = 10,
+        *,
+        candidates: int | None = None,
+        exact: bool = False,
+        stage1: str | None = None,
+        nprobe: int | None = None,
+        labels: Sequence[str] | None = None,
+    ) -> list[SearchResult]:
+        """The ``k`` best stored items of each query (already encoded by this index's model).
+
+        Args:
+            queries: the queries' token sets (texts for an image index, images for a caption index).
+            k: results per query (at most the number of items).
+            candidates: items scored exactly per query (default :func:`default_candidates`;
+                with a provable stage 1, the first batch, default ``2 k``, grown until proven).
+            exact: score every item (no stage 1).
+            stage1: ``tokens``, ``pooled`` or ``fde`` (FAISS), ``maxsim`` or ``pooled``
+                (Qdrant); default: ``tokens`` / ``maxsim`` for token poolers, ``pooled`` for
+                poolers of global vectors.
+            nprobe: centroid lists visited per query token (large token indexes; default 8).
+            labels: the queries' texts, copied into the results.
+
+        Raises:
+            EmptyIndexError: the index holds nothing yet.
+            ValueError: ``k`` is not between 1 and the number of items.
+        """
+        n = len(self)
+        if n == 0:
+            raise EmptyIndexError(f"the index {self.root} is empty; add items first (xmatch index ... --append).")
+        if not 1 <= k <= n:
+            raise ValueError(f"k={k} but the index {self.root} holds {n} items; ask for 1 to {n} results.")
+        if queries.dim != self.manifest["dim"]:
+            raise SearchIndexError(f"queries are {queries.dim}-d but the index holds {self.manifest['dim']}-d tokens.")
+        labels = list(labels) if labels is not None else [None] * len(queries)
+        if exact:
+            return self._exhaustive(queries, k, labels, "exhaustive")
+        generator = self.generator(stage1, queries, nprobe=nprobe)
+        budget = min(n, max(k, candidates if candidates is not None else default_candidates(n, k)))
+        proposed = generator.propose(queries, budget)
+        results: list[SearchResult | None] = [None] * len(queries)
+        redo = []
+        for q, rows in enumerate(proposed.rows):  # each query has its own candidates: one pooler call each
+            if proposed.bounds is None:
+                scores = rerank.score_rows(self.model, self.side, self.store, rows, queries[q])
+                if len(scores) < k:
+                    redo.append(q)  # stage 1 found fewer than k items: score everything
+                    continue
+                top = scores.topk(k)
+                results[q] = self._result(top.values, rows[top.indices], labels[q], len(rows), False, generator.name)
+                continue
+            # a provable order needs no margin: start at 2 k, the bound says when to stop
+            first = candidates if candidates is not None else 2 * k
+            found = self._proven_top(queries[q], rows, proposed.bounds[q], float(proposed.floor[q]), k, first)
+            if found is None:
+                redo.append(q)
+            else:
+                top, scored = found
+                results[q] = self._result(top.values, rows[top.indices], labels[q], scored, True, generator.name)
+        if redo:
+            again = self._exhaustive(queries[torch.tensor(redo)], k, [labels[q] for q in redo], generator.name)
+            for q, result in zip(redo, again):
+                results[q] = result
+        return results  # type: ignore[return-value]
+
+    def _proven_top(self, query: Embeddings, rows: torch.Tensor, bounds: torch.Tensor, floor: float, k: int,
+                    first: int) -> tuple[Any, int] | None:
+        """Score rows in decreasing order of their bound, doubling the batch, until no bound left
+        (nor ``floor``, the bound of every row not listed) can beat the k-th exact score: the
+        threshold algorithm. Returns ``(top-k, rows scored)``, or None when the unlisted rows
+        would have to be scored too."""
+        done = min(first, len(rows))
+        scores = rerank.score_rows(self.model, self.side, self.store, rows[:done], query)
+        while True:
+            top = scores.topk(min(k, len(scores)))
+            if len(top.values) == k:
+                left = max(float(bounds[done]) if done < len(rows) else -torch.inf, floor)
+                if _below(torch.tensor(left), top.values[-1]):
+                    return top, done
+            if done == len(rows):
+                return None
+            more = rows[done : 2 * done]
+            scores = torch.cat([scores, rerank.score_rows(self.model, self.side, self.store, more, query)])
+            done += len(more)
+
+    def _exhaustive(self, queries: Embeddings, k: int, labels: list, stage1: str) -> list[SearchResult]:
+        scores, rows = rerank.exhaustive_top(self.model, self.side, self.store, queries, k)
+        return [self._result(s, r, label, len(self), True, stage1) for s, r, label in zip(scores, rows, labels)]
+
+    def _result(self, scores: torch.Tensor, rows: torch.Tensor, label: str | None, scored: int, exact: bool,
+                stage1: str) -> SearchResult:
+        rows_list = rows.tolist()
+        ids, texts = self.store.ids_of(rows_list), self.store.texts(rows_list)
+        hits = [Hit(i, float(s), r, t) for i, s, r, t in zip(ids, scores.tolist(), rows_list, texts)]
+        return SearchResult(hits, label, scored, len(self), exact, stage1)
+
+    def generator(self, name: str | None, queries: Embeddings | None = None, *, nprobe: int | None = None) -> Any:
+        """The stage-1 generator ``name`` (default: the pooler's), built or loaded on first use."""
+        inter = interaction(self.model.pooler, self.model.spec.get("pooler", {}).get("name"))
+        if name is None:
+            name = self._default_stage1(inter)
+        key = name
+        if name == "pooled":
+            # the global vectors rank for poolers that score them (TERN); a token pooler's
+            # candidates come from the tokens' mean (its global slot, if any, is not scored)
+            source = "pooled" if inter is None and self._has_pooled(queries) else "mean"
+            key = f"pooled:{source}"
+        if key not in self._generators:
+            self._generators[key] = self._make_generator(name, inter, key)
+        gen = self._generators[key]
+        if nprobe is not None:
+            gen.nprobe = nprobe
+        return gen
+
+    def _default_stage1(self, inter: Any) -> str:
+        """``tokens`` (``maxsim`` on Qdrant) for token poolers, ``pooled`` for global-vector ones.
+
+        One exception, measured (docs/search.md): a pooler whose only sum runs over the stored
+        item's tokens (MwSr for text queries) gets ``pooled`` (the tokens' mean) once the corpus
+        is past the exact token scan; the centroid estimate of such sums is weaker.
+        """
+        if inter is None:
+            return "pooled"
+        if self.engine == "qdrant":
+            return "maxsim"
+        query_sum = inter.text_sum if self.side == "images" else inter.image_sum
+        if not query_sum and int(self.store.lengths().sum()) > ann.FLAT_LIMIT:
+            return "pooled"
+        return "tokens"
+
+    def _has_pooled(self, queries: Embeddings | None) -> bool:
+        stored = self.store.has_pooled()
+        return stored and (queries is None or queries.pooled is not None)
+
+    def _make_generator(self, name: str, inter: Any, key: str) -> Any:
+        if self.engine == "qdrant":
+            from xmatch.index.qdrant import QdrantGenerator
+
+            return QdrantGenerator(self.store, name, inter, self.side, exact_pooled=pooled_is_exact(self.model.pooler))
+        if name not in GENERATORS:
+            raise ValueError(f"unknown stage-1 generator {name!r} for the FAISS engine; generators: {', '.join(GENERATORS)}.")
+        folder, writable = self.root / ANN_FOLDER, os.access(self.root, os.W_OK)
+        common = {"writable": writable, "progress": self.progress}
+        if name == "pooled":
+            source = key.split(":", 1)[1]
+            exact = pooled_is_exact(self.model.pooler) and source == "pooled"
+            return PooledGenerator(self.store, folder, source=source, exact_scores=exact, **common)
+        if inter is None:
+            raise ValueError(f"the pooler {type(self.model.pooler).__name__} reads only global vectors; use stage1='pooled'.")
+        if name == "fde":
+            return FdeGenerator(self.store, folder, inter, self.side, **common)
+        return TokenGenerator(self.store, folder, inter, self.side, **common)
+
+    def prepare(self, stage1: str | None = None) -> None:
+        """Build (or bring up to date) the stage-1 structure now rather than at the first query."""
+        if len(self) == 0:
+            return
+        gen = self.generator(stage1)
+        if isinstance(gen, FaissGenerator):
+            gen.sync()
+
+    def close(self) -> None:
+        """Release the engine's resources (the Qdrant client's storage lock)."""
+        close = getattr(self.store, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> SearchIndex:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _below(bound: torch.Tensor, kth: torch.Tensor) -> bool:
+    """Whether no unscored item can beat the k-th exact score: at most a tie within float
+    rounding (the bound and the score are float32 sums of the same products)."""
+    kth = float(kth)
+    return float(bound) <= kth + BOUND_TOLERANCE * max(1.0, abs(kth))
+
+
+def _open_store(root: Path, manifest: dict[str, Any], in_memory: bool = False) -> Any:
+    if manifest["engine"]["name"] == "qdrant":
+        from xmatch.index.qdrant import QdrantStore
+
+        return QdrantStore(root, manifest)
+    return ShardStore(root, manifest, in_memory)
+
+
+# --- creating and opening ----------------------------------------------------------------------
+
+
+def create(
+    path: str | os.PathLike,
+    model: MatchingModel,
+    *,
+    side: str = "images",
+    model_ref: str | None = None,
+    dtype: str = "float16",
+    engine: str = "faiss",
+    qdrant: str | None = None,
+    collection: str | None = None,
+    progress: bool = False,
+) -> SearchIndex:
+    """Create an empty index for ``model`` at ``path``.
+
+    Args:
+        path: the index folder (created; must not hold an index already).
+        model: the model whose encoders fill the index and whose pooler ranks.
+        side: ``"images"`` (answers text queries) or ``"texts"`` (answers image queries).
+        model_ref: how to rebuild the model when opening: a zoo name with weights,
+            ``local-dir:DIR`` or ``hf-hub:ORG/NAME``. Without it the model is saved into the
+            index (``INDEX/model``), so the index is self-contained.
+        dtype: ``"float16"`` (default, half the bytes) or ``"float32"`` for the stored tokens.
+        engine: ``"faiss"`` (embedded, default) or ``"qdrant"`` (token sets in a Qdrant collection).
+        qdrant: with ``engine="qdrant"``: a server URL (``http://host:6333``) or a folder for
+            Qdrant's embedded local mode (default ``INDEX/qdrant``).
+        collection: the Qdrant collection name (default ``xmatch-<folder name>``).
+
+    Example:
+        >>> model = xmatch.build("teran-mrsw-scenes", pretrained=True)  # doctest: +SKIP
+        >>> index = xmatch.index.create("idx", model, model_ref="teran-mrsw-scenes")  # doctest: +SKIP
+    """
+    root = Path(path)
+    check_side(side)
+    if dtype not in STORED_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(STORED_DTYPES)}, got {dtype!r}.")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; engines: {', '.join(ENGINES)}.")
+    if (root / MANIFEST).exists():
+        raise SearchIndexError(f"{root} already holds an index; append to it (xmatch index ... --append) or choose another --out.")
+    if root.exists() and any(root.iterdir()):
+        raise SearchIndexError(f"{root} exists and is not an empty folder; choose another --out.")
+    root.mkdir(parents=True, exist_ok=True)
+    from xmatch import __version__
+
+    if model_ref is not None and model_ref.startswith("local-dir:"):
+        model_ref = "local-dir:" + str(Path(model_ref[len("local-dir:") :]).resolve())
+    if model_ref is None:
+        import xmatch
+
+        xmatch.save_pretrained(model, root / MODEL_FOLDER)
+    engine_record: dict[str, Any] = {"name": engine}
+    if engine == "qdrant":
+        engine_record |= {"location": qdrant or str((root / "qdrant").resolve()),
+                          "collection": collection or f"xmatch-{root.resolve().name}"}
+    manifest = {
+        "format": FORMAT,
+        "xmatch_version": __version__,
+        "side": side,
+        "dim": model.embed_dim,
+        "dtype": dtype,
+        "model": {"ref": model_ref, "fingerprint": model_fingerprint(model), "spec": embedding_spec(model),
+                  "pooler": model.spec.get("pooler", {}).get("name")},
+        "engine": engine_record,
+        "items": 0,
+        "shards": [],
+    }
+    write_manifest(root, manifest)
+    return SearchIndex(root, manifest, model, progress=progress)
+
+
+def open(  # noqa: A001 - the public name is xmatch.index.open, as the issue asks
+    path: str | os.PathLike,
+    model: MatchingModel | str | None = None,
+    *,
+    device: str | torch.device | None = None,
+    progress: bool = False,
+    in_memory: bool = False,
+) -> SearchIndex:
+    """Open an index for searching and appending.
+
+    Args:
+        path: the index folder.
+        model: the model to query with: None (the one the index records: its zoo name or
+            bundle, or the copy saved inside the index), a model, or a name for
+            ``xmatch.build(name, pretrained=True)``. Its pooler ranks; its encoders must be
+            the index's (same fingerprint), or the index is refused.
+        device: where the model runs (default CPU).
+        in_memory: read the stored token sets into memory instead of mapping them (steadier
+            latency where the system reclaims cold file pages; costs their size in RAM).
+
+    Raises:
+        FileNotFoundError: no index at ``path``.
+        ModelMismatchError: ``model`` is not the model the index was built with.
+        DamagedIndexError: a file of the index is missing or damaged (named).
+
+    Example:
+        >>> index = xmatch.index.open("idx")  # doctest: +SKIP
+        >>> len(index), index.side  # doctest: +SKIP
+        (100, 'images')
+    """
+    root = Path(path)
+    manifest = read_manifest(root)
+    if model is None or isinstance(model, str):
+        model = _load_model(root, manifest, model, device)
+    elif device is not None:
+        model = model.to(device)
+    found = model_fingerprint(model)
+    if found != manifest["model"]["fingerprint"]:
+        ref = manifest["model"].get("ref") or f"the model saved in {root / MODEL_FOLDER}"
+        raise ModelMismatchError(
+            f"the query model (fingerprint {short(found)}) is not the model the index {root} was built with "
+            f"({ref}, fingerprint {short(manifest['model']['fingerprint'])}): its embeddings live in another space. "
+            f"Open the index without a model to use {ref}, or re-index with this model (xmatch index ... --out NEW_INDEX)."
+        )
+    return SearchIndex(root, manifest, model, progress=progress, in_memory=in_memory)
+
+
+def _load_model(root: Path, manifest: dict[str, Any], name: str | None, device: Any) -> MatchingModel:
+    import xmatch
+
+    ref = name or manifest["model"].get("ref")
+    if ref is None:
+        bundle = root / MODEL_FOLDER
+        if not bundle.is_dir():
+            raise SearchIndexError(f"{root} records no model and has no {MODEL_FOLDER}/ bundle; pass model=... to open().")
+        return xmatch.build(f"local-dir:{bundle}", pretrained=True, device=device)
+    if "=" in ref:  # NAME_OR_SPEC=WEIGHTS, as on the command line
+        base, weights = ref.split("=", 1)
+        return xmatch.build(base, pretrained=weights, device=device)
+    return xmatch.build(ref, pretrained=True, device=device)

@@ -1,0 +1,238 @@
+"""The index folder: a manifest (``index.json``) and the corpus token sets in shard files.
+
+Layout::
+
+    INDEX/
+      index.json              what the index holds: side, model fingerprint and spec, engine,
+                              and the list of complete shards (the commit record)
+      shards/00000000.safetensors ...   one per appended batch (see xmatch.index.shards)
+      ann/                    stage-1 structures (FAISS files), derived from the shards
+
+An append writes its shard file first, then replaces ``index.json`` atomically; the manifest
+is the commit point. A crash or kill at any moment leaves the previous manifest, which lists
+only complete shards: the index reopens at its last complete append, and a half-written shard
+(``*.partial``) or an uncommitted one is removed by the next append. Writers take a file lock;
+readers need none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xmatch.embeddings import Embeddings
+from xmatch.index.errors import DamagedIndexError, SearchIndexError
+from xmatch.index.shards import STORED_DTYPES, Shard, ShardInfo, fsync_dir, write_shard
+
+MANIFEST = "index.json"
+FORMAT = "xmatch.index/1"
+SIDES = ("images", "texts")
+SHARDS = "shards"
+
+
+def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    """Replace ``root/index.json`` atomically (temporary file, fsync, rename, fsync folder)."""
+    tmp = root / (MANIFEST + ".partial")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / MANIFEST)
+    fsync_dir(root)
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The manifest of the index at ``root``, checked for the format.
+
+    Raises:
+        FileNotFoundError: no index there.
+        DamagedIndexError: the manifest is unreadable or of another format.
+    """
+    path = root / MANIFEST
+    if not path.is_file():
+        hint = " (it holds files, but no index.json)" if root.is_dir() and any(root.iterdir()) else ""
+        raise FileNotFoundError(
+            f"no search index at {root}{hint}; create one with `xmatch index MODEL --out {root}` "
+            "or xmatch.index.create(...)."
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DamagedIndexError(f"{path} is unreadable ({exc}): the index manifest is damaged.") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise DamagedIndexError(f"{path} is not an xmatch index manifest (format {FORMAT!r} expected).")
+    return manifest
+
+
+class ShardStore:
+    """The corpus token sets of an index, kept in memory-mapped shard files.
+
+    Rows are numbered in append order across shards. The shards are memory-mapped, or read
+    into memory with ``in_memory=True`` (steady latency where the system reclaims cold pages). ``gather(rows)`` returns the token sets
+    of any rows as float32 ``Embeddings``; ``blocks()`` walks the whole corpus shard by shard.
+
+    Example:
+        >>> store = ShardStore(Path("idx"), read_manifest(Path("idx")))  # doctest: +SKIP
+        >>> store.gather(torch.tensor([0, 5])).tokens.shape  # doctest: +SKIP
+        torch.Size([2, 36, 256])
+    """
+
+    def __init__(self, root: Path, manifest: dict[str, Any], in_memory: bool = False) -> None:
+        self.root = root
+        self.manifest = manifest
+        self.in_memory = in_memory
+        self.shards = [Shard(root / s["file"], ShardInfo(**s), in_memory) for s in manifest.get("shards", [])]
+        counts = torch.tensor([0] + [len(s) for s in self.shards], dtype=torch.long)
+        self.starts = counts.cumsum(0)
+        self._row_of: dict[str, int] | None = None
+        self._lengths: list[torch.Tensor] = []
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return STORED_DTYPES[self.manifest["dtype"]]
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def ids(self) -> list[str]:
+        return [i for s in self.shards for i in s.ids]
+
+    def ids_of(self, rows: list[int]) -> list[str]:
+        """The ids of ``rows``."""
+        shard, local = self.locate(torch.as_tensor(rows, dtype=torch.long))
+        return [self.shards[s].ids[r] for s, r in zip(shard.tolist(), local.tolist())]
+
+    def has_pooled(self) -> bool:
+        """Whether the items carry global vectors."""
+        return bool(self.shards) and self.shards[0].pooled is not None
+
+    def row_of(self, ids: list[str]) -> list[int]:
+        """Rows of the given ids (KeyError naming the first unknown one)."""
+        if self._row_of is None:
+            self._row_of = {item: row for row, item in enumerate(self.ids)}
+        missing = [i for i in ids if i not in self._row_of]
+        if missing:
+            raise KeyError(f"id {missing[0]!r} is not in the index {self.root} ({len(missing)} unknown ids).")
+        return [self._row_of[i] for i in ids]
+
+    def add(
+        self,
+        embeddings: Embeddings,
+        ids: list[str],
+        boxes: torch.Tensor | None = None,
+        texts: list[str] | None = None,
+    ) -> None:
+        """Append one batch as a new shard and commit it in the manifest (call under the lock)."""
+        folder = self.root / SHARDS
+        folder.mkdir(exist_ok=True)
+        self._remove_uncommitted(folder)
+        name = f"{len(self.shards):08d}.safetensors"
+        embeddings = embeddings.trimmed()
+        if boxes is not None:
+            boxes = boxes[:, : embeddings.tokens.shape[1]]
+        info = write_shard(folder / name, embeddings, ids, dtype=self.dtype, boxes=boxes, texts=texts)
+        record = info.as_dict() | {"file": f"{SHARDS}/{name}"}
+        self.manifest["shards"] = [*self.manifest.get("shards", []), record]
+        self.manifest["items"] = len(self) + len(ids)
+        write_manifest(self.root, self.manifest)
+        self.shards.append(Shard(self.root / record["file"], ShardInfo(**record), self.in_memory))
+        self.starts = torch.cat([self.starts, self.starts[-1:] + len(ids)])
+        if self._row_of is not None:
+            self._row_of.update({item: len(self) - len(ids) + k for k, item in enumerate(ids)})
+
+    def _remove_uncommitted(self, folder: Path) -> None:
+        """Shard files a killed append left behind (not in the manifest)."""
+        committed = {Path(s["file"]).name for s in self.manifest.get("shards", [])}
+        for path in folder.iterdir():
+            if path.name not in committed:
+                path.unlink(missing_ok=True)
+
+    def locate(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(shard number, row within the shard) of each global row."""
+        shard = torch.searchsorted(self.starts, rows, right=True) - 1
+        return shard, rows - self.starts[shard]
+
+    def gather(self, rows: torch.Tensor) -> Embeddings:
+        """Float32 token sets of ``rows``, in the order given (padded to the widest shard touched)."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= len(self)):
+            raise IndexError(f"rows out of range for an index of {len(self)} items.")
+        shard, local = self.locate(rows)
+        order = torch.argsort(shard)
+        touched, counts = torch.unique_consecutive(shard[order], return_counts=True)
+        parts = []
+        for s, picked in zip(touched.tolist(), torch.split(local[order], counts.tolist())):
+            parts.append(self.shards[s].embeddings(picked))  # one fancy index per touched shard
+        gathered = parts[0] if len(parts) == 1 else _cat(parts)
+        back = torch.argsort(order)
+        pooled = None if gathered.pooled is None else gathered.pooled.index_select(0, back)
+        return Embeddings(gathered.tokens.index_select(0, back), gathered.mask.index_select(0, back), pooled)
+
+    def blocks(self, first: int = 0) -> Iterator[tuple[int, Embeddings]]:
+        """``(first row, float32 token sets)`` of every shard from row ``first`` on, in row order."""
+        for start, shard in zip(self.starts.tolist(), self.shards):
+            if start + len(shard) <= first:
+                continue
+            e = shard.embeddings()
+            if first > start:
+                e, start = e[first - start :], first
+            yield start, e
+
+    def lengths(self) -> torch.Tensor:
+        """Real tokens of every item ``[N]`` (computed once per shard)."""
+        if len(self._lengths) != len(self.shards):
+            self._lengths += [s.lengths() for s in self.shards[len(self._lengths) :]]
+        return torch.cat(self._lengths) if self._lengths else torch.zeros(0, dtype=torch.long)
+
+    def texts(self, rows: list[int]) -> list[str | None]:
+        """The caption of each row (None for image indexes)."""
+        shard, local = self.locate(torch.as_tensor(rows, dtype=torch.long))
+        out = []
+        for s, r in zip(shard.tolist(), local.tolist()):
+            texts = self.shards[s].texts
+            out.append(texts[r] if texts is not None else None)
+        return out
+
+    def boxes(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """Region boxes ``[n, T, 4]`` of ``rows`` (None when the index keeps none)."""
+        if not self.shards or self.shards[0].boxes is None:
+            return None
+        shard, local = self.locate(torch.as_tensor(rows, dtype=torch.long))
+        width = max(s.boxes.shape[1] for s in self.shards)
+        out = torch.zeros(len(shard), width, 4)
+        for k, (s, r) in enumerate(zip(shard.tolist(), local.tolist())):
+            b = self.shards[s].boxes[r]
+            out[k, : b.shape[0]] = b.float()
+        return out
+
+    def verify(self) -> None:
+        """Check every shard's sha256 against the manifest (reads the whole corpus once).
+
+        Raises:
+            DamagedIndexError: naming the first shard whose content changed.
+        """
+        from xmatch.hub import _sha256
+
+        for shard in self.shards:
+            if _sha256(shard.path) != shard.info.sha256:
+                raise DamagedIndexError(shard._damaged("has another sha256 than the manifest records"))
+
+
+def _cat(parts: list[Embeddings]) -> Embeddings:
+    """Concatenate; shards of one width (the usual case) need no padding copy."""
+    if len({p.tokens.shape[1] for p in parts}) == 1:
+        pooled = None if parts[0].pooled is None else torch.cat([p.pooled for p in parts])
+        return Embeddings(torch.cat([p.tokens for p in parts]), torch.cat([p.mask for p in parts]), pooled)
+    return Embeddings.cat(parts)
+
+
+def check_side(side: str) -> str:
+    if side not in SIDES:
+        raise SearchIndexError(f"an index holds 'images' or 'texts', not {side!r}.")
+    return side
