@@ -6,9 +6,11 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm.auto import tqdm
 
 from xmatch.components.base import (
     EncoderOutput,
@@ -20,7 +22,11 @@ from xmatch.components.base import (
     TextEncoder,
     TokenBatch,
 )
+from xmatch.buckets import BucketedEmbeddings
 from xmatch.embeddings import Embeddings
+
+#: inputs of at least this many items get a progress bar by default (on a terminal)
+LONG_INPUT = 2048
 
 
 def _projection(width: int, embed_dim: int, learned: bool) -> nn.Module:
@@ -88,7 +94,8 @@ class MatchingModel(nn.Module):
         x = reasoner(projection(out.tokens.to(self.dtype)), out.mask)
         pooled = F.normalize(x[:, 0], dim=-1) if out.global_slot else None
         tokens, content = (x[:, 1:], out.content[:, 1:]) if out.global_slot else (x, out.content)
-        return Embeddings(F.normalize(tokens, dim=-1), content, pooled).trimmed()
+        boxes = out.boxes[:, 1:] if out.boxes is not None and out.global_slot else out.boxes
+        return Embeddings(F.normalize(tokens, dim=-1), content, pooled, boxes).trimmed()
 
     def encode_images(
         self,
@@ -97,22 +104,29 @@ class MatchingModel(nn.Module):
         mask: torch.Tensor | None = None,
         *,
         images: Sequence[Any] | torch.Tensor | None = None,
-        batch_size: int | None = None,
+        batch_size: int | None = 64,
+        progress: bool | None = None,
     ) -> Embeddings:
-        """Encode images into region embeddings.
+        """Encode images into region embeddings, ``batch_size`` images at a time so that memory
+        stays bounded for any number of images.
 
         Args:
-            regions: ``[B, R, F]`` precomputed region features.
+            regions: ``[B, R, F]`` precomputed region features (a tensor or a NumPy array).
             boxes: ``[B, R, 4]`` boxes normalised to [0, 1] (``xmatch.normalize_boxes``).
             mask: ``[B, R]`` bool, True for real regions (default: all real).
             images: raw images, for encoders that take pixels.
-            batch_size: encode this many images at a time (default: all at once).
+            batch_size: images per forward pass (default 64; None: all at once).
+            progress: show a progress bar (default: for long inputs, on a terminal).
+
+        Raises:
+            ValueError: regions, boxes and mask are for different numbers of images (both
+                shapes are named), or are not what the image encoder reads.
         """
         if self.image_encoder.takes_pixels:
             if images is None:
                 raise ValueError(f"the image encoder {type(self.image_encoder).__name__} takes images=...")
             return self._batched(len(images), batch_size, lambda s: self._finish(
-                self.image_encoder(images=images[s]), self.image_projection, self.image_reasoner))
+                self.image_encoder(images=images[s]), self.image_projection, self.image_reasoner), progress, "images")
         if images is not None:
             raise ValueError(
                 f"the image encoder {type(self.image_encoder).__name__} takes precomputed "
@@ -120,13 +134,13 @@ class MatchingModel(nn.Module):
             )
         if regions is None or boxes is None:
             raise ValueError("encode_images needs regions=[B, R, F] and boxes=[B, R, 4].")
-        regions, boxes = regions.to(self.device), boxes.to(self.device)
-        mask = mask.to(self.device) if mask is not None else None
+        regions, boxes, mask = _region_tensors(regions, boxes, mask)
+        device = self.device
         return self._batched(len(regions), batch_size, lambda s: self._finish(
-            self.image_encoder(regions[s], boxes[s], None if mask is None else mask[s]),
+            self.image_encoder(regions[s].to(device), boxes[s].to(device), None if mask is None else mask[s].to(device)),
             self.image_projection,
             self.image_reasoner,
-        ))
+        ), progress, "images")
 
     def tokenize(self, texts: Sequence[str]) -> TokenBatch:
         """Tokenise captions with the text encoder's own tokenizer."""
@@ -134,8 +148,11 @@ class MatchingModel(nn.Module):
             raise TypeError("encode_texts expects a list of captions; wrap a single one in a list.")
         return self.text_encoder.tokenize(list(texts))
 
-    def encode_texts(self, texts: Sequence[str] | TokenBatch, *, batch_size: int = 256) -> Embeddings:
-        """Encode captions into word embeddings (in batches of ``batch_size``)."""
+    def encode_texts(
+        self, texts: Sequence[str] | TokenBatch, *, batch_size: int = 256, progress: bool | None = None
+    ) -> Embeddings:
+        """Encode captions into word embeddings (in batches of ``batch_size``; ``progress``: a
+        progress bar, by default for long inputs on a terminal)."""
         if isinstance(texts, TokenBatch):
             return self._finish(self.text_encoder(texts.to(self.device)), self.text_projection, self.text_reasoner)
         texts = list(texts) if not isinstance(texts, str) else texts
@@ -143,25 +160,35 @@ class MatchingModel(nn.Module):
             self.text_encoder(self.tokenize(texts[s]).to(self.device)),
             self.text_projection,
             self.text_reasoner,
-        ))
+        ), progress, "captions")
 
     @staticmethod
-    def _batched(n: int, batch_size: int | None, encode) -> Embeddings:
+    def _batched(n: int, batch_size: int | None, encode, progress: bool | None, unit: str) -> Embeddings:
         if n == 0:
             raise ValueError("nothing to encode: the input is empty.")
         step = batch_size or n
-        parts = [encode(slice(i, i + step)) for i in range(0, n, step)]
+        # by default a bar only for long inputs, and (disable=None) only on a terminal
+        disable = (not progress) if progress is not None else (True if n < LONG_INPUT else None)
+        parts = []
+        with tqdm(total=n, desc=f"encode {unit}", unit=unit[:3], disable=disable) as bar:
+            for i in range(0, n, step):
+                parts.append(encode(slice(i, i + step)))
+                bar.update(len(parts[-1]))
         return parts[0] if len(parts) == 1 else Embeddings.cat(parts)
 
     def similarity(
         self,
-        img: Embeddings,
-        txt: Embeddings,
+        img: Embeddings | BucketedEmbeddings,
+        txt: Embeddings | BucketedEmbeddings,
         *,
         image_chunk: int | None = None,
         text_chunk: int | None = None,
     ) -> torch.Tensor:
-        """Scores ``[n_images, n_texts]`` with the model's pooler, computed in bounded memory."""
+        """Scores ``[n_images, n_texts]`` with the model's pooler, computed in bounded memory.
+
+        Either side may be :class:`~xmatch.buckets.BucketedEmbeddings` (length buckets): each
+        bucket is then scored at its own width, so the work follows the real token count.
+        """
         return self.pooler(img, txt, image_chunk=image_chunk, text_chunk=text_chunk)
 
     def alignment(self, img: Embeddings, txt: Embeddings) -> torch.Tensor:
@@ -178,7 +205,8 @@ class MatchingModel(nn.Module):
         (list of captions or a TokenBatch), as :func:`xmatch.data.collate` makes it.
         """
         img = self.encode_images(
-            batch.get("regions"), batch.get("boxes"), batch.get("region_mask"), images=batch.get("images")
+            batch.get("regions"), batch.get("boxes"), batch.get("region_mask"), images=batch.get("images"),
+            batch_size=None, progress=False,
         )
         txt = self.encode_texts(batch["texts"], batch_size=len(batch["texts"]))
         if len(img) != len(txt):
@@ -208,3 +236,28 @@ class MatchingModel(nn.Module):
         """
         img, txt = self.encode_batch(batch)
         return self.batch_loss(img, txt, batch.get("image_ids"))
+
+
+def _region_tensors(regions: Any, boxes: Any, mask: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Region inputs as tensors (NumPy arrays are accepted), moved to the model's device batch
+    by batch. Every argument must describe the same images."""
+    named = {"regions": regions, "boxes": boxes, "mask": mask}
+    tensors: dict[str, torch.Tensor | None] = {}
+    for name, value in named.items():
+        if value is None or isinstance(value, torch.Tensor):
+            tensors[name] = value
+        elif isinstance(value, np.ndarray):
+            tensors[name] = torch.from_numpy(value)
+        else:
+            raise TypeError(f"encode_images: {name} must be a torch tensor or a NumPy array, got {type(value).__name__}.")
+    reference = tensors["regions"]
+    for name in ("boxes", "mask"):
+        other = tensors[name]
+        # only the image axis needs checking here: slicing by it would drop images silently;
+        # every other shape problem is the image encoder's to name
+        if other is not None and reference.dim() == 3 and other.dim() >= 1 and other.shape[0] != reference.shape[0]:
+            raise ValueError(
+                f"encode_images: regions {tuple(reference.shape)} and {name} {tuple(other.shape)} are for "
+                f"{reference.shape[0]} and {other.shape[0]} images; pass the same images to every argument."
+            )
+    return tensors["regions"], tensors["boxes"], tensors["mask"]  # type: ignore[return-value]

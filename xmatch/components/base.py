@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from xmatch.buckets import BucketedEmbeddings
 from xmatch.embeddings import Embeddings
 
 
@@ -23,12 +24,16 @@ class EncoderOutput:
             regions / words, never the special slots ([CLS], [SEP], the image CLS slot).
         global_slot: whether position 0 is a global slot (I-CLS / [CLS]) whose reasoned
             output becomes ``Embeddings.pooled``.
+        boxes: ``[B, T, 4]`` normalised box of every position, for image encoders that choose
+            their regions (zeros for the global slot and padding); it becomes
+            ``Embeddings.boxes``.
     """
 
     tokens: torch.Tensor
     mask: torch.Tensor
     content: torch.Tensor
     global_slot: bool = False
+    boxes: torch.Tensor | None = None
 
 
 @dataclass
@@ -142,13 +147,15 @@ class Pooler(nn.Module):
 
     def forward(
         self,
-        img: Embeddings,
-        txt: Embeddings,
+        img: Embeddings | BucketedEmbeddings,
+        txt: Embeddings | BucketedEmbeddings,
         *,
         batch_layout: bool = False,
         image_chunk: int | None = None,
         text_chunk: int | None = None,
     ) -> torch.Tensor:
+        if isinstance(img, BucketedEmbeddings) or isinstance(txt, BucketedEmbeddings):
+            return self._bucketed(img, txt, batch_layout, image_chunk, text_chunk)
         if img.dim != txt.dim:
             raise ValueError(
                 f"image and text embeddings have different widths ({img.dim} vs {txt.dim}); "
@@ -168,6 +175,48 @@ class Pooler(nn.Module):
                     img_block, txt[j : j + text_chunk], **context
                 )
         return out
+
+    def _bucketed(
+        self,
+        img: Embeddings | BucketedEmbeddings,
+        txt: Embeddings | BucketedEmbeddings,
+        batch_layout: bool,
+        image_chunk: int | None,
+        text_chunk: int | None,
+    ) -> torch.Tensor:
+        """Score bucket against bucket (each block as narrow as its items) and scatter the
+        blocks back into corpus order. Every built-in context is computable per bucket outside
+        the training batch layout, which needs the whole batch's widths."""
+        if batch_layout:
+            raise ValueError("the training batch layout scores one padded batch; pass Embeddings, not BucketedEmbeddings.")
+        if img.dim != txt.dim:
+            raise ValueError(
+                f"image and text embeddings have different widths ({img.dim} vs {txt.dim}); "
+                "they must come from the same model."
+            )
+        img_parts = _parts(img)
+        txt_parts = _parts(txt)
+        first = img_parts[0][0].tokens
+        out = first.new_empty(len(img), len(txt))
+        for ip, ipos in img_parts:
+            rows = slice(None) if ipos is None else ipos.to(out.device)
+            for tp, tpos in txt_parts:
+                block = self.forward(ip, tp, image_chunk=image_chunk, text_chunk=text_chunk)
+                if ipos is None and tpos is None:
+                    out = block
+                elif tpos is None:
+                    out[rows] = block
+                elif ipos is None:
+                    out[:, tpos.to(out.device)] = block
+                else:
+                    out[rows[:, None], tpos.to(out.device)[None, :]] = block
+        return out
+
+
+def _parts(e: Embeddings | BucketedEmbeddings) -> list[tuple[Embeddings, torch.Tensor | None]]:
+    if isinstance(e, BucketedEmbeddings):
+        return list(zip(e.parts, e.positions))
+    return [(e, None)]
 
 
 @dataclass

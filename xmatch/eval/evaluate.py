@@ -19,7 +19,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from xmatch.embeddings import Embeddings
+from xmatch.data.base import ImageTextDataset
+from xmatch.data.fit import check_images_fit
+from xmatch.buckets import BucketedEmbeddings
 from xmatch.eval.protocol import EvalResult, evaluate_blocks, fold_layout
 from xmatch.model import MatchingModel
 
@@ -40,10 +42,11 @@ class RetrievalSet(Protocol):
 
 @dataclass
 class Encoded:
-    """A dataset encoded by one model: image and caption embeddings, in dataset order."""
+    """A dataset encoded by one model: image and caption embeddings in length buckets
+    (:class:`~xmatch.buckets.BucketedEmbeddings`), indexed in dataset order."""
 
-    images: Embeddings
-    captions: Embeddings
+    images: BucketedEmbeddings
+    captions: BucketedEmbeddings
     seconds: float
 
 
@@ -56,7 +59,9 @@ def encode_dataset(
     text_batch_size: int = 256,
     progress: bool = True,
 ) -> Encoded:
-    """Encode every image once and every caption once.
+    """Encode every image once and every caption once, into length buckets: captions are
+    encoded shortest first (so a batch pads only to its own longest), and neither side is
+    ever padded to the corpus's longest item.
 
     Example:
         >>> enc = encode_dataset(model, xmatch.data.open_dataset("teran", "data/coco", split="test"))  # doctest: +SKIP
@@ -74,16 +79,21 @@ def encode_dataset(
             bar.update(len(parts[-1]))
     if not parts:
         raise ValueError("the dataset has no images to encode.")
-    images = Embeddings.cat(parts)
+    images = BucketedEmbeddings.from_parts(parts)
     if len(images) != n_images:
         raise ValueError(
             f"the dataset yielded {len(images)} images for {len(dataset.captions)} captions "
             f"({dataset.captions_per_image} per image = {n_images} images expected)."
         )
-    captions, texts = [], list(dataset.captions)
+    texts = list(dataset.captions)
+    # characters are a cheap proxy of the token count; the buckets use the real counts
+    order = sorted(range(len(texts)), key=lambda k: len(texts[k]))
+    captions, positions = [], []
     for i in tqdm(range(0, len(texts), text_batch_size), desc="encode captions", unit="batch", disable=not progress):
-        captions.append(model.encode_texts(texts[i : i + text_batch_size], batch_size=text_batch_size))
-    return Encoded(images, Embeddings.cat(captions), time.perf_counter() - start)
+        chosen = order[i : i + text_batch_size]
+        captions.append(model.encode_texts([texts[k] for k in chosen], batch_size=text_batch_size))
+        positions.append(torch.tensor(chosen, dtype=torch.long))
+    return Encoded(images, BucketedEmbeddings.from_parts(captions, positions), time.perf_counter() - start)
 
 
 @torch.inference_mode()
@@ -144,6 +154,9 @@ def evaluate(
     models = [models] if isinstance(models, MatchingModel) else list(models)
     if not models:
         raise ValueError("evaluate needs at least one model.")
+    if isinstance(dataset, ImageTextDataset):
+        for model in models:
+            check_images_fit(model, dataset, "evaluation")
     c = dataset.captions_per_image
     if not c:
         raise ValueError(
