@@ -79,7 +79,7 @@ def test_extra_protocols_refuse_before_encoding(bundles, scenes_root, monkeypatc
 
     test = open_scenes(scenes_root, "test", size="tiny", backbone="test_efficientnet", weights="random", progress=False)
     model = xmatch.build(bundles[0], pretrained=True)
-    monkeypatch.setattr(suite, "encode_dataset", lambda *a, **k: pytest.fail("encoded before refusing"))
+    monkeypatch.setattr(suite, "ensemble_blocks", lambda *a, **k: pytest.fail("encoded before refusing"))
     with pytest.raises(ValueError, match="--caption-ids FILE"):
         run_protocols(model, test, "eccv-caption")
     del test.hard_negative_groups, test.word_classes  # a dataset that declares nothing

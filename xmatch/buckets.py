@@ -22,11 +22,10 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from xmatch.embeddings import Embeddings
+from xmatch.embeddings import Embeddings, read_safetensors, write_safetensors
 
 _FORMAT = "xmatch.bucketed-embeddings/1"
 #: at most this share of a bucket's token slots is padding
@@ -204,8 +203,6 @@ class BucketedEmbeddings:
         Example:
             >>> b.save("captions.safetensors"); BucketedEmbeddings.load("captions.safetensors")  # doctest: +SKIP
         """
-        from safetensors.torch import save_file
-
         tensors: dict[str, torch.Tensor] = {}
         for k, (part, pos) in enumerate(zip(self.parts, self.positions)):
             tensors[f"{k}.tokens"] = part.tokens.detach()
@@ -216,36 +213,24 @@ class BucketedEmbeddings:
             if part.boxes is not None:
                 tensors[f"{k}.boxes"] = part.boxes.detach()
         meta = {"format": _FORMAT, "parts": str(len(self.parts)), "user": json.dumps(metadata or {})}
-        path = Path(path)
-        tmp = path.with_name(path.name + ".partial")
-        save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=meta)
-        os.replace(tmp, path)
+        write_safetensors(path, tensors, meta)
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: str | torch.device = "cpu") -> BucketedEmbeddings:
         """Read a file written by :meth:`save`."""
-        from safetensors import safe_open
-
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"no embeddings file at {path}.")
-        try:
-            with safe_open(str(path), framework="pt", device=str(device)) as f:
-                meta = f.metadata() or {}
-                if meta.get("format") != _FORMAT:
-                    raise ValueError(
-                        f"{path} is not a bucketed xmatch embeddings file (format {meta.get('format')!r}); "
-                        "read plain ones with Embeddings.load."
-                    )
-                keys = set(f.keys())
-                parts, positions = [], []
-                for k in range(int(meta["parts"])):
-                    pooled = f.get_tensor(f"{k}.pooled") if f"{k}.pooled" in keys else None
-                    boxes = f.get_tensor(f"{k}.boxes") if f"{k}.boxes" in keys else None
-                    parts.append(Embeddings(f.get_tensor(f"{k}.tokens"), f.get_tensor(f"{k}.mask"), pooled, boxes))
-                    positions.append(f.get_tensor(f"{k}.positions").cpu())
-        except (OSError, RuntimeError, KeyError) as exc:
-            raise ValueError(f"{path} is not a readable bucketed embeddings file ({exc}).") from exc
+        with read_safetensors(path, device, "bucketed embeddings") as (f, meta):
+            if meta.get("format") != _FORMAT:
+                raise ValueError(
+                    f"{path} is not a bucketed xmatch embeddings file (format {meta.get('format')!r}); "
+                    "read plain ones with Embeddings.load."
+                )
+            keys = set(f.keys())
+            parts, positions = [], []
+            for k in range(int(meta["parts"])):
+                pooled = f.get_tensor(f"{k}.pooled") if f"{k}.pooled" in keys else None
+                boxes = f.get_tensor(f"{k}.boxes") if f"{k}.boxes" in keys else None
+                parts.append(Embeddings(f.get_tensor(f"{k}.tokens"), f.get_tensor(f"{k}.mask"), pooled, boxes))
+                positions.append(f.get_tensor(f"{k}.positions").cpu())
         return cls(parts, positions)
 
 

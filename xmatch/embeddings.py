@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -125,38 +128,49 @@ class Embeddings:
         Example:
             >>> e.save("corpus.safetensors"); Embeddings.load("corpus.safetensors")  # doctest: +SKIP
         """
-        from safetensors.torch import save_file
-
-        tensors = {"tokens": self.tokens.detach().contiguous(), "mask": self.mask.contiguous()}
+        tensors = {"tokens": self.tokens.detach(), "mask": self.mask}
         if self.pooled is not None:
-            tensors["pooled"] = self.pooled.detach().contiguous()
+            tensors["pooled"] = self.pooled.detach()
         if self.boxes is not None:
-            tensors["boxes"] = self.boxes.detach().contiguous()
-        meta = {"format": _FORMAT, "user": json.dumps(metadata or {})}
-        path = Path(path)
-        tmp = path.with_name(path.name + ".partial")
-        save_file({k: v.cpu() for k, v in tensors.items()}, str(tmp), metadata=meta)
-        os.replace(tmp, path)
+            tensors["boxes"] = self.boxes.detach()
+        write_safetensors(path, tensors, {"format": _FORMAT, "user": json.dumps(metadata or {})})
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: str | torch.device = "cpu") -> Embeddings:
         """Read a file written by :meth:`save`."""
-        from safetensors import safe_open
+        with read_safetensors(path, device, "embeddings") as (f, meta):
+            if meta.get("format") != _FORMAT:
+                raise ValueError(
+                    f"{path} is a safetensors file but not xmatch embeddings "
+                    f"(format {meta.get('format')!r}); write it with Embeddings.save."
+                )
+            keys = set(f.keys())
+            pooled = f.get_tensor("pooled") if "pooled" in keys else None
+            boxes = f.get_tensor("boxes") if "boxes" in keys else None
+            return cls(f.get_tensor("tokens"), f.get_tensor("mask"), pooled, boxes)
 
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"no embeddings file at {path}.")
-        try:
-            with safe_open(str(path), framework="pt", device=str(device)) as f:
-                meta = f.metadata() or {}
-                if meta.get("format") != _FORMAT:
-                    raise ValueError(
-                        f"{path} is a safetensors file but not xmatch embeddings "
-                        f"(format {meta.get('format')!r}); write it with Embeddings.save."
-                    )
-                keys = set(f.keys())
-                pooled = f.get_tensor("pooled") if "pooled" in keys else None
-                boxes = f.get_tensor("boxes") if "boxes" in keys else None
-                return cls(f.get_tensor("tokens"), f.get_tensor("mask"), pooled, boxes)
-        except (OSError, RuntimeError) as exc:
-            raise ValueError(f"{path} is not a readable safetensors file ({exc}).") from exc
+
+def write_safetensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Write ``tensors`` to ``path`` atomically: a reader sees the old file or the whole new one."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+
+
+@contextmanager
+def read_safetensors(path: str | os.PathLike, device: str | torch.device, what: str) -> Iterator[tuple[Any, dict[str, str]]]:
+    """Open a safetensors file of ``what`` for reading; yields the open file and its metadata.
+    A missing file is a FileNotFoundError, an unreadable or incomplete one a ValueError naming it."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {what} file at {path}.")
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            yield f, f.metadata() or {}
+    except (OSError, RuntimeError, KeyError) as exc:
+        raise ValueError(f"{path} is not a readable safetensors file of {what} ({exc}); it may be truncated.") from exc

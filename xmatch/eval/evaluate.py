@@ -167,16 +167,46 @@ def evaluate(
     if n_images * c != len(dataset.captions):
         raise ValueError(f"{len(dataset.captions)} captions are not {c} per image.")
     folds = fold_layout(n_images, protocol, fold_images)
+    blocks, timings, _ = ensemble_blocks(
+        models, dataset, folds, c, image_batch_size=image_batch_size, text_batch_size=text_batch_size, progress=progress
+    )
+    result = evaluate_blocks(blocks, protocol, c, relevance)
+    result.timings = timings
+    return result
+
+
+def ensemble_blocks(
+    models: Sequence[MatchingModel],
+    dataset: RetrievalSet,
+    folds: Sequence[slice],
+    captions_per_image: int,
+    *,
+    image_batch_size: int = 64,
+    text_batch_size: int = 256,
+    progress: bool = True,
+    keep_images: bool = False,
+) -> tuple[list[np.ndarray], dict[str, float], list[BucketedEmbeddings]]:
+    """Encode the dataset with each model, score each fold's block and average the blocks over
+    the models (one model: its own scores). Each model's embeddings are freed before the next
+    is encoded.
+
+    Returns:
+        The averaged blocks, the timings (``model{k}_encode_s``, ``model{k}_similarity_s``) and,
+        with ``keep_images``, each model's image embeddings (else an empty list).
+    """
     blocks: list[np.ndarray] | None = None
-    timings = {}
+    timings: dict[str, float] = {}
+    images: list[BucketedEmbeddings] = []
     for k, model in enumerate(models):
         encoded = encode_dataset(
             model, dataset, image_batch_size=image_batch_size, text_batch_size=text_batch_size, progress=progress
         )
         start = time.perf_counter()
-        scores = score_blocks(model, encoded, folds, c, progress=progress)
+        scores = score_blocks(model, encoded, folds, captions_per_image, progress=progress)
         timings[f"model{k}_encode_s"] = encoded.seconds
         timings[f"model{k}_similarity_s"] = time.perf_counter() - start
+        if keep_images:
+            images.append(encoded.images)
         del encoded
         if blocks is None:
             blocks = scores
@@ -186,6 +216,4 @@ def evaluate(
     if len(models) > 1:
         for block in blocks:
             block /= len(models)
-    result = evaluate_blocks(blocks, protocol, c, relevance)
-    result.timings = timings
-    return result
+    return blocks, timings, images

@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from xmatch.embeddings import Embeddings
-from xmatch.eval.evaluate import Encoded, RetrievalSet, encode_dataset, score_blocks
+from xmatch.buckets import BucketedEmbeddings
+from xmatch.eval.evaluate import Encoded, RetrievalSet, ensemble_blocks, score_blocks
 from xmatch.eval.protocol import PROTOCOLS, EvalResult, evaluate_blocks, fold_layout
 from xmatch.model import MatchingModel
 
@@ -217,12 +216,10 @@ def _provenance(models: Sequence[MatchingModel], names: Sequence[str], dataset: 
 
 
 @torch.inference_mode()
-def _encode_captions(model: MatchingModel, texts: list[str], batch_size: int, like: type) -> Any:
-    """Encode ``texts`` in order into the container ``encode_dataset`` uses (``like``: its
-    ``from_parts`` when it has one, e.g. length buckets, else one padded ``Embeddings``)."""
+def _encode_captions(model: MatchingModel, texts: list[str], batch_size: int) -> BucketedEmbeddings:
+    """Encode ``texts`` in order into length buckets, as ``encode_dataset`` does."""
     parts = [model.encode_texts(texts[i : i + batch_size], batch_size=batch_size) for i in range(0, len(texts), batch_size)]
-    combine = getattr(like, "from_parts", None)
-    return combine(parts) if combine is not None else Embeddings.cat(parts)
+    return BucketedEmbeddings.from_parts(parts)
 
 
 def run_protocols(
@@ -293,28 +290,10 @@ def run_protocols(
     needs = _resolve_needs(dataset, extras, groups, caption_ids, pmrp_dir, word_classes, probes)
 
     whole = bool(set(WHOLE_MATRIX) & set(extras))
-    blocks: list[np.ndarray] | None = None
-    images: list[Any] = []
-    caption_kind: type = Embeddings
-    timings: dict[str, float] = {}
-    for k, model in enumerate(models):
-        encoded = encode_dataset(model, dataset, image_batch_size=image_batch_size,
-                                 text_batch_size=text_batch_size, progress=progress)
-        start = time.perf_counter()
-        scores = score_blocks(model, encoded, [slice(0, n_images)] if whole else folds, c, progress=progress)
-        timings[f"model{k}_encode_s"] = encoded.seconds
-        timings[f"model{k}_similarity_s"] = time.perf_counter() - start
-        if "probes" in extras:
-            images.append(encoded.images)
-            caption_kind = type(encoded.captions)
-        del encoded
-        if blocks is None:
-            blocks = scores
-        else:
-            for total, block in zip(blocks, scores):
-                total += block
-    for block in blocks if len(models) > 1 else []:
-        block /= len(models)
+    blocks, timings, images = ensemble_blocks(
+        models, dataset, [slice(0, n_images)] if whole else folds, c, image_batch_size=image_batch_size,
+        text_batch_size=text_batch_size, progress=progress, keep_images="probes" in extras,
+    )
     full = blocks[0] if whole else None
     if whole:
         blocks = [full[f, c * f.start : c * f.stop] for f in folds]
@@ -347,7 +326,7 @@ def run_protocols(
             total: list[np.ndarray] | None = None
             for model, img in zip(models, images):
                 # one bar over the probes (probe_figures) instead of several per probe
-                txt = _encode_captions(model, texts, text_batch_size, caption_kind)
+                txt = _encode_captions(model, texts, text_batch_size)
                 scored = score_blocks(model, Encoded(img, txt, 0.0), folds, c, progress=False)
                 total = scored if total is None else [a + b for a, b in zip(total, scored)]
             return [b / len(models) for b in total]
