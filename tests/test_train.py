@@ -198,6 +198,23 @@ def test_amp_is_checked_against_the_device(fixture_bert, data_root, tmp_path):
     assert result.steps == 2 and math.isfinite(result.last_loss)
 
 
+def test_the_batch_loss_is_computed_in_float32_under_bf16_autocast(fixture_bert):
+    """Encoders may run in bfloat16; the scores and the hinge do not (their resolution would be
+    coarser than the margin)."""
+    from xmatch.embeddings import Embeddings
+
+    model = learnable_model(fixture_bert)
+    g = torch.Generator().manual_seed(0)
+    mask = torch.arange(7)[None] < torch.tensor([[7], [5], [3], [6]])
+    img = Embeddings(torch.randn(4, 7, model.embed_dim, generator=g).bfloat16(), mask)
+    txt = Embeddings(torch.randn(4, 7, model.embed_dim, generator=g).bfloat16(), mask.flip(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under_autocast = model.batch_loss(img, txt).loss
+    reference = model.batch_loss(img.to(torch.float32), txt.to(torch.float32)).loss
+    assert under_autocast.dtype == torch.float32
+    assert torch.equal(under_autocast, reference)
+
+
 # --- recipe, schedule, groups, order ----------------------------------------------------------
 
 
