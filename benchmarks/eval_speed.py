@@ -80,20 +80,21 @@ def full_size_teran(bert_dir: str) -> xmatch.MatchingModel:
     return xmatch.build("teran-mrsw-coco", text_encoder={"source": bert_dir, "pretrained": False}).eval()
 
 
-def drawn_embeddings(n: int, lengths: np.ndarray, dim: int, seed: int, chunk: int = 4096) -> BucketedEmbeddings:
-    """Unit-norm token sets of the given lengths, built chunk by chunk into buckets (never one
-    tensor padded to the longest item)."""
+def drawn_embeddings(n: int, lengths: np.ndarray, dim: int, seed: int, batch: int = 256) -> BucketedEmbeddings:
+    """Unit-norm token sets of the given lengths, drawn batch by batch in length order and
+    bucketed as ``encode_dataset`` does (never one tensor padded to the longest item, and the
+    batches released as they are bucketed)."""
     g = torch.Generator().manual_seed(seed)
     parts, positions = [], []
     order = np.argsort(lengths, kind="stable")
-    for start in range(0, n, chunk):
-        idx = order[start : start + chunk]
+    for start in range(0, n, batch):
+        idx = order[start : start + batch]
         width = int(lengths[idx].max())
         tokens = F.normalize(torch.randn(len(idx), width, dim, generator=g), dim=-1)
         mask = torch.arange(width)[None] < torch.from_numpy(lengths[idx])[:, None]
         parts.append(Embeddings(tokens, mask))
         positions.append(torch.from_numpy(idx.astype(np.int64)))
-    return BucketedEmbeddings.from_parts(parts, positions)
+    return BucketedEmbeddings.from_parts(parts, positions, consume=True)
 
 
 def encoded_embeddings(model: xmatch.MatchingModel, n_images: int, lengths: np.ndarray, seed: int) -> Encoded:
@@ -108,13 +109,13 @@ def encoded_embeddings(model: xmatch.MatchingModel, n_images: int, lengths: np.n
             regions = torch.from_numpy(rng.random((b, 36, 2048), dtype=np.float32))
             xy = torch.from_numpy(rng.random((b, 36, 2), dtype=np.float32)) * 0.5
             parts.append(model.encode_images(regions, torch.cat([xy, xy + 0.4], -1)))
-        images = BucketedEmbeddings.from_parts(parts)
+        images = BucketedEmbeddings.from_parts(parts, consume=True)
         parts = []
         for i in range(0, len(texts), 256):
             idx = order[i : i + 256]
             parts.append(model.encode_texts([texts[k] for k in idx]))
             positions.append(torch.from_numpy(idx.astype(np.int64)))
-    return Encoded(images, BucketedEmbeddings.from_parts(parts, positions), time.perf_counter() - start)
+    return Encoded(images, BucketedEmbeddings.from_parts(parts, positions, consume=True), time.perf_counter() - start)
 
 
 def interleaved_rates(model: xmatch.MatchingModel, img: BucketedEmbeddings, txt: BucketedEmbeddings,
@@ -208,7 +209,9 @@ def main() -> None:
     embedded = sum(p.tokens.nbytes + p.mask.nbytes for e in (img, txt) for p in e.parts) / 2**30
     print(f"peak resident memory: {peak_rss_gb():.2f} GB (embeddings {embedded:.2f} GB, model "
           f"{sum(p.nbytes for p in model.parameters()) / 2**30:.2f} GB)")
-    print(f"chance-level check: t2i R@1 {result.t2i['r1']:.3f}, i2t R@1 {result.i2t['r1']:.3f}")
+    chance = 100 / args.images  # one right image among N; c right captions among c N
+    print(f"chance-level check (random embeddings): t2i R@1 {result.t2i['r1']:.3f}%, i2t R@1 "
+          f"{result.i2t['r1']:.3f}% (chance {chance:.3f}% each)")
 
 
 if __name__ == "__main__":

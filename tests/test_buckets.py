@@ -50,6 +50,38 @@ def test_one_long_caption_does_not_widen_the_corpus():
     assert bucketed.slots <= 1.15 * bucketed.real_tokens
 
 
+def test_consuming_releases_each_batch_once_it_is_bucketed():
+    """Batches encoded in length order are freed as their buckets are built, so the corpus is
+    never held twice; the buckets are those of a non-consuming call."""
+    import weakref
+
+    whole = corpus(600, 30, seed=5)
+    order = torch.argsort(whole.lengths, stable=True)
+    batches = [whole[order[k : k + 50]] for k in range(0, 600, 50)]
+    positions = [order[k : k + 50] for k in range(0, 600, 50)]
+    kept = BucketedEmbeddings.from_parts(list(batches), positions)
+    alive = [weakref.ref(b.tokens) for b in batches]
+    freed_while_bucketing = []
+    real_cat = torch.cat
+
+    def watching_cat(tensors, *args, **kwargs):  # after each bucket: how many batches are gone
+        freed_while_bucketing.append(sum(ref() is None for ref in alive))
+        return real_cat(tensors, *args, **kwargs)
+
+    mine, batches = batches, None
+    torch.cat = watching_cat
+    try:
+        consumed = BucketedEmbeddings.from_parts(mine, positions, consume=True)
+    finally:
+        torch.cat = real_cat
+    assert mine == [None] * 12 and all(ref() is None for ref in alive)
+    assert 0 < max(freed_while_bucketing) < 12  # released progressively, not only at the end
+    for a, b in zip(kept.parts, consumed.parts):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask)
+    with pytest.raises(TypeError, match="list it may empty"):
+        BucketedEmbeddings.from_parts(tuple(kept.parts), consume=True)
+
+
 @pytest.mark.parametrize("pooler", [MrSw(), MwSr(), Symm(), MrAvgw(), GlobalCosine(), MrSw(compat="original")],
                          ids=["MrSw", "MwSr", "Symm", "MrAvgw", "global-cosine", "MrSw-original"])
 def test_bucketed_scores_equal_the_padded_ones(pooler):

@@ -82,6 +82,8 @@ class BucketedEmbeddings:
         parts: Sequence[Embeddings],
         positions: Sequence[torch.Tensor] | None = None,
         max_waste: float = DEFAULT_MAX_WASTE,
+        *,
+        consume: bool = False,
     ) -> BucketedEmbeddings:
         """Bucket the items of several ``Embeddings`` (e.g. the batches of an encoding loop)
         without padding them all to one width first.
@@ -90,6 +92,10 @@ class BucketedEmbeddings:
             parts: the encoded batches.
             positions: each batch's corpus positions (default: the batches in order).
             max_waste: the largest share of padding slots a bucket may hold.
+            consume: ``parts`` is a list this call may empty: each batch is released (its slot
+                set to ``None``) once its items are in buckets, so that batches encoded in
+                length order never coexist with all of their buckets (peak memory about one
+                bucket above the corpus, instead of twice the corpus).
         """
         if not parts:
             raise ValueError("BucketedEmbeddings.from_parts needs at least one part.")
@@ -103,6 +109,9 @@ class BucketedEmbeddings:
         row = torch.cat([torch.arange(len(p)) for p in parts])
         where = torch.cat([pos.cpu().long() for pos in positions])
         order = torch.sort(spans, stable=True).indices
+        if consume and not isinstance(parts, list):
+            raise TypeError("from_parts(consume=True) needs the batches in a list it may empty.")
+        left = torch.tensor([len(p) for p in parts])
         out_parts, out_positions = [], []
         for chosen in _bucket_runs(spans[order], max_waste):
             members = order[chosen]
@@ -117,6 +126,11 @@ class BucketedEmbeddings:
             boxes = torch.cat([_fit(p.boxes, width) for _, p in pieces]) if pieces[0][1].boxes is not None else None
             out_parts.append(Embeddings(tokens, mask, pooled, boxes))
             out_positions.append(torch.cat([where[m] for m, _ in pieces]))
+            if consume:
+                del pieces
+                left -= torch.bincount(owner[members], minlength=len(parts))
+                for k in (left == 0).nonzero().flatten().tolist():
+                    parts[k] = None  # type: ignore[call-overload]
         return cls(out_parts, out_positions)
 
     # -- views -----------------------------------------------------------------------------------

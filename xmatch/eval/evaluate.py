@@ -79,7 +79,7 @@ def encode_dataset(
             bar.update(len(parts[-1]))
     if not parts:
         raise ValueError("the dataset has no images to encode.")
-    images = BucketedEmbeddings.from_parts(parts)
+    images = BucketedEmbeddings.from_parts(parts, consume=True)
     if len(images) != n_images:
         raise ValueError(
             f"the dataset yielded {len(images)} images for {len(dataset.captions)} captions "
@@ -93,7 +93,7 @@ def encode_dataset(
         chosen = order[i : i + text_batch_size]
         captions.append(model.encode_texts([texts[k] for k in chosen], batch_size=text_batch_size))
         positions.append(torch.tensor(chosen, dtype=torch.long))
-    return Encoded(images, BucketedEmbeddings.from_parts(captions, positions), time.perf_counter() - start)
+    return Encoded(images, BucketedEmbeddings.from_parts(captions, positions, consume=True), time.perf_counter() - start)
 
 
 @torch.inference_mode()

@@ -219,7 +219,7 @@ def _provenance(models: Sequence[MatchingModel], names: Sequence[str], dataset: 
 def _encode_captions(model: MatchingModel, texts: list[str], batch_size: int) -> BucketedEmbeddings:
     """Encode ``texts`` in order into length buckets, as ``encode_dataset`` does."""
     parts = [model.encode_texts(texts[i : i + batch_size], batch_size=batch_size) for i in range(0, len(texts), batch_size)]
-    return BucketedEmbeddings.from_parts(parts)
+    return BucketedEmbeddings.from_parts(parts, consume=True)
 
 
 def run_protocols(
