@@ -54,6 +54,7 @@ from xmatch.buckets import BucketedEmbeddings
 from xmatch.embeddings import Embeddings
 from xmatch.eval import Encoded
 from xmatch.eval.protocol import evaluate_scores
+from xmatch.memory import release_free_memory
 from xmatch.zoo_params import write_bert_base_dir
 
 #: images scored per step, as score_blocks does
@@ -82,8 +83,8 @@ def full_size_teran(bert_dir: str) -> xmatch.MatchingModel:
 
 def drawn_embeddings(n: int, lengths: np.ndarray, dim: int, seed: int, batch: int = 256) -> BucketedEmbeddings:
     """Unit-norm token sets of the given lengths, drawn batch by batch in length order and
-    bucketed as ``encode_dataset`` does (never one tensor padded to the longest item, and the
-    batches released as they are bucketed)."""
+    bucketed as ``encode_dataset`` does (never one tensor padded to the longest item, freed
+    memory returned after each batch, and the batches released as they are bucketed)."""
     g = torch.Generator().manual_seed(seed)
     parts, positions = [], []
     order = np.argsort(lengths, kind="stable")
@@ -94,6 +95,7 @@ def drawn_embeddings(n: int, lengths: np.ndarray, dim: int, seed: int, batch: in
         mask = torch.arange(width)[None] < torch.from_numpy(lengths[idx])[:, None]
         parts.append(Embeddings(tokens, mask))
         positions.append(torch.from_numpy(idx.astype(np.int64)))
+        release_free_memory()  # as encode_dataset does after each batch
     return BucketedEmbeddings.from_parts(parts, positions, consume=True)
 
 
@@ -109,12 +111,14 @@ def encoded_embeddings(model: xmatch.MatchingModel, n_images: int, lengths: np.n
             regions = torch.from_numpy(rng.random((b, 36, 2048), dtype=np.float32))
             xy = torch.from_numpy(rng.random((b, 36, 2), dtype=np.float32)) * 0.5
             parts.append(model.encode_images(regions, torch.cat([xy, xy + 0.4], -1)))
+            release_free_memory()
         images = BucketedEmbeddings.from_parts(parts, consume=True)
         parts = []
         for i in range(0, len(texts), 256):
             idx = order[i : i + 256]
             parts.append(model.encode_texts([texts[k] for k in idx]))
             positions.append(torch.from_numpy(idx.astype(np.int64)))
+            release_free_memory()
     return Encoded(images, BucketedEmbeddings.from_parts(parts, positions, consume=True), time.perf_counter() - start)
 
 
@@ -155,9 +159,11 @@ def main() -> None:
     if args.captions % args.images:
         parser.error("--captions must be a multiple of --images (captions per image)")
 
+    imported = peak_rss_gb()
     with tempfile.TemporaryDirectory() as tmp:
         model = full_size_teran(str(write_bert_base_dir(os.path.join(tmp, "bert-base-uncased"))))
     params = sum(p.numel() for p in model.parameters())
+    built = peak_rss_gb()
     lengths = caption_lengths(args.captions, seed=1)
     dim = model.embed_dim
     if args.encode:
@@ -208,7 +214,8 @@ def main() -> None:
     print(f"ranking (both directions): {t_rank:.1f} s; end to end {t_sim + t_rank:.1f} s")
     embedded = sum(p.tokens.nbytes + p.mask.nbytes for e in (img, txt) for p in e.parts) / 2**30
     print(f"peak resident memory: {peak_rss_gb():.2f} GB (embeddings {embedded:.2f} GB, model "
-          f"{sum(p.nbytes for p in model.parameters()) / 2**30:.2f} GB)")
+          f"{sum(p.nbytes for p in model.parameters()) / 2**30:.2f} GB; resident {imported:.2f} GB after the imports, "
+          f"{built:.2f} GB with the model built, score matrix {scores.nbytes / 2**30:.2f} GB)")
     chance = 100 / args.images  # one right image among N; c right captions among c N
     print(f"chance-level check (random embeddings): t2i R@1 {result.t2i['r1']:.3f}%, i2t R@1 "
           f"{result.i2t['r1']:.3f}% (chance {chance:.3f}% each)")

@@ -9,7 +9,7 @@ per-tensor Adam, with its default (fused) Adam, and under each ``--amp`` mode, s
 is a ratio to the bare loop. The original TERAN code itself cannot run here (it needs its
 data loaders and a 2019 transformers); the bare loop is its step on the same modules.
 
-    python benchmarks/train_speed.py                      # CPU, 20 measured steps, fp32 and bf16
+    python benchmarks/train_speed.py                      # CPU, 20 measured steps, fp32 (and bf16 if native)
     python benchmarks/train_speed.py --device cuda --amp bf16 fp16 --steps 100
 """
 
@@ -29,6 +29,7 @@ import xmatch
 from xmatch.data.base import ImageTextDataset
 from xmatch.data.items import RegionImage
 from xmatch.train import TrainConfig, Trainer
+from xmatch.train.trainer import cpu_has_native_bf16
 
 WORDS = ("a man woman dog cat bus car red blue small large sitting standing on near next to the "
          "street bench tree with holding table plate food white black young old riding horse").split()
@@ -117,8 +118,9 @@ def _sync(device: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--amp", nargs="+", default=["none", "bf16"], choices=["none", "bf16", "fp16"],
-                        help="mixed-precision modes of the trainer rows (the bare loop is always float32)")
+    parser.add_argument("--amp", nargs="+", default=None, choices=["none", "bf16", "fp16"],
+                        help="mixed-precision modes of the trainer rows (the bare loop is always float32); "
+                             "default: none, and bf16 where the device computes it natively")
     parser.add_argument("--batch-size", type=int, default=40)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
@@ -136,6 +138,12 @@ def main() -> None:
     # the original code's step: float32, per-tensor Adam, captions padded to the batch's longest
     bare = bare_loop(build_model(args.device), data, args.steps, args.warmup, args.batch_size, args.device, "none")
     print(f"bare PyTorch loop, float32, default Adam   : {bare:8.2f} pairs/s")
+    if args.amp is None:
+        native = torch.device(args.device).type != "cpu" or cpu_has_native_bf16()
+        args.amp = ["none", "bf16"] if native else ["none"]
+        if not native:
+            print("bf16 row skipped: this CPU has no bfloat16 instructions (AVX512-BF16 / AMX), so its "
+                  "bfloat16 matmuls are emulated, far slower than float32 (ask for it with --amp none bf16)")
     rows = [("none", False)] + [(amp, None) for amp in args.amp]
     for amp, fused in rows:
         rate = trainer_run(build_model(args.device), data, args.steps, args.warmup, args.batch_size, args.device,

@@ -50,34 +50,40 @@ def test_one_long_caption_does_not_widen_the_corpus():
     assert bucketed.slots <= 1.15 * bucketed.real_tokens
 
 
-def test_consuming_releases_each_batch_once_it_is_bucketed():
-    """Batches encoded in length order are freed as their buckets are built, so the corpus is
-    never held twice; the buckets are those of a non-consuming call."""
+def test_consuming_releases_each_batch_once_it_is_bucketed(monkeypatch):
+    """Batches are freed as soon as their items are copied into a bucket, within a bucket too
+    (one bucket of equal-length images must not hold the whole corpus twice); the buckets are
+    those of a non-consuming call."""
     import weakref
 
-    whole = corpus(600, 30, seed=5)
-    order = torch.argsort(whole.lengths, stable=True)
-    batches = [whole[order[k : k + 50]] for k in range(0, 600, 50)]
-    positions = [order[k : k + 50] for k in range(0, 600, 50)]
-    kept = BucketedEmbeddings.from_parts(list(batches), positions)
-    alive = [weakref.ref(b.tokens) for b in batches]
-    freed_while_bucketing = []
-    real_cat = torch.cat
+    from xmatch import buckets
 
-    def watching_cat(tensors, *args, **kwargs):  # after each bucket: how many batches are gone
-        freed_while_bucketing.append(sum(ref() is None for ref in alive))
-        return real_cat(tensors, *args, **kwargs)
+    for equal_lengths in (False, True):
+        whole = corpus(600, 30, min_len=30 if equal_lengths else 1, seed=5)
+        order = torch.argsort(whole.lengths, stable=True)
+        batches = [whole[order[k : k + 50]] for k in range(0, 600, 50)]
+        positions = [order[k : k + 50] for k in range(0, 600, 50)]
+        kept = BucketedEmbeddings.from_parts(list(batches), positions)
+        alive = [weakref.ref(b.tokens) for b in batches]
+        freed_before_add = []
+        real_add = buckets._Bucket.add
 
-    mine, batches = batches, None
-    torch.cat = watching_cat
-    try:
+        def watching_add(self, part, rows, alive=alive, log=freed_before_add, real_add=real_add):
+            log.append(sum(ref() is None for ref in alive))
+            real_add(self, part, rows)
+
+        mine, batches = batches, None
+        monkeypatch.setattr(buckets._Bucket, "add", watching_add)
         consumed = BucketedEmbeddings.from_parts(mine, positions, consume=True)
-    finally:
-        torch.cat = real_cat
-    assert mine == [None] * 12 and all(ref() is None for ref in alive)
-    assert 0 < max(freed_while_bucketing) < 12  # released progressively, not only at the end
-    for a, b in zip(kept.parts, consumed.parts):
-        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask)
+        monkeypatch.undo()
+        assert mine == [None] * 12 and all(ref() is None for ref in alive)
+        assert freed_before_add == sorted(freed_before_add) and 0 < freed_before_add[-1] < 12
+        if equal_lengths:  # one bucket: each batch is gone before the next one is copied
+            assert len(consumed.parts) == 1 and freed_before_add == list(range(12))
+        for a, b in zip(kept.parts, consumed.parts):
+            assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask)
+        for a, b in zip(kept.positions, consumed.positions):
+            assert torch.equal(a, b)
     with pytest.raises(TypeError, match="list it may empty"):
         BucketedEmbeddings.from_parts(tuple(kept.parts), consume=True)
 
@@ -137,3 +143,14 @@ def test_encoding_is_batched_by_default_with_the_same_result(fixture_bert):
         batched = model.encode_images(regions, boxes, mask)
     assert sizes == [64, 64, 22]
     torch.testing.assert_close(batched.tokens, whole.tokens, rtol=0, atol=1e-6)
+
+
+def test_a_slice_shares_the_parts_it_holds_whole():
+    """score_blocks slices the caption corpus per fold: for the full protocol that slice is the
+    whole corpus, which must not be copied."""
+    b = BucketedEmbeddings.from_embeddings(corpus(300, 30, seed=7))
+    whole = b[0 : len(b)]
+    assert [p.tokens.data_ptr() for p in whole.parts] == [p.tokens.data_ptr() for p in b.parts]
+    assert all(torch.equal(x, y) for x, y in zip(whole.positions, b.positions))
+    half = b[100:200]
+    assert len(half) == 100 and torch.equal(half.to_embeddings().tokens, b.to_embeddings().tokens[100:200])

@@ -118,7 +118,11 @@ def test_pooler_contract(name):
     scores = pooler(img, txt)
     assert scores.shape == (4, 6) and torch.isfinite(scores).all()
     scores.sum().backward()
-    assert (img.tokens.grad is not None) or (img.pooled.grad is not None)
+    for side in (img, txt):  # the gradient reaches both sides, and never a padded slot
+        grads = [t.grad for t in (side.tokens, side.pooled) if t.grad is not None]
+        assert grads and any(bool(g.abs().sum() > 0) for g in grads), "no gradient reaches one side"
+        if side.tokens.grad is not None:
+            assert not side.tokens.grad[~side.mask].any(), "padded token slots receive a gradient"
     s64 = pooler.double()(img.detach().to(torch.float64), txt.detach().to(torch.float64))
     assert s64.dtype == torch.float64
     torch.testing.assert_close(s64.float(), scores.detach(), rtol=1e-5, atol=1e-5)
@@ -127,11 +131,20 @@ def test_pooler_contract(name):
 @pytest.mark.parametrize("name", sorted(LOSS_KWARGS))
 def test_loss_contract(name):
     loss = get_registry("losses").get(name)(**LOSS_KWARGS[name])
-    scores = torch.randn(5, 5, requires_grad=True)
+    scores = torch.randn(5, 5, generator=torch.Generator().manual_seed(0), requires_grad=True)
     out = loss({"main": scores})
-    assert out.loss.dim() == 0 and out.loss.item() >= 0 or name == "uncertainty"
+    assert out.loss.dim() == 0 and torch.isfinite(out.loss)
+    hinge = get_registry("losses").get("hinge")()({"main": scores}).loss
+    assert hinge.item() > 0  # these scores violate the margin, so every loss must push on them
+    if name == "uncertainty":  # sum_k exp(-s_k) L_k + s_k, with s_k moved off its zero init
+        with torch.no_grad():
+            loss.log_variances.fill_(0.5)
+        out = loss({"main": scores})
+        torch.testing.assert_close(out.loss, torch.exp(torch.tensor(-0.5)) * hinge + 0.5)
+    else:
+        assert out.loss.item() >= 0
     out.loss.backward()
-    assert scores.grad is not None
+    assert scores.grad is not None and scores.grad.abs().sum() > 0
     assert_all_grads(loss)
 
 

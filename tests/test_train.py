@@ -198,6 +198,22 @@ def test_amp_is_checked_against_the_device(fixture_bert, data_root, tmp_path):
     assert result.steps == 2 and math.isfinite(result.last_loss)
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_on_a_cpu_without_bf16_instructions_warns(fixture_bert, data_root, tmp_path, monkeypatch, caplog, native):
+    """Emulated bfloat16 matmuls are hundreds of times slower than float32 (measured on an
+    AVX2-only CPU): say so instead of letting a run crawl."""
+    from xmatch.train import trainer
+
+    monkeypatch.setattr(trainer, "cpu_has_native_bf16", lambda: native)
+    train, _ = splits(data_root, max_images=4)
+    with caplog.at_level("WARNING", logger="xmatch.train.trainer"):
+        Trainer(learnable_model(fixture_bert), train, TrainConfig(amp="bf16"), run_dir=tmp_path, device="cpu")
+    warned = [r.getMessage() for r in caplog.records if "bfloat16 instructions" in r.getMessage()]
+    assert len(warned) == (0 if native else 1)
+    if not native:
+        assert "use amp = 'none'" in warned[0]
+
+
 def test_the_batch_loss_is_computed_in_float32_under_bf16_autocast(fixture_bert):
     """Encoders may run in bfloat16; the scores and the hinge do not (their resolution would be
     coarser than the margin)."""

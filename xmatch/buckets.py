@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from xmatch.embeddings import Embeddings, read_safetensors, write_safetensors
+from xmatch.memory import release_free_memory
 
 _FORMAT = "xmatch.bucketed-embeddings/1"
 #: at most this share of a bucket's token slots is padding
@@ -93,9 +94,9 @@ class BucketedEmbeddings:
             positions: each batch's corpus positions (default: the batches in order).
             max_waste: the largest share of padding slots a bucket may hold.
             consume: ``parts`` is a list this call may empty: each batch is released (its slot
-                set to ``None``) once its items are in buckets, so that batches encoded in
-                length order never coexist with all of their buckets (peak memory about one
-                bucket above the corpus, instead of twice the corpus).
+                set to ``None``) as soon as its items are copied into their buckets, and buckets
+                are filled in place, so the corpus is never held twice (peak memory about one
+                batch above the corpus, instead of up to three times the corpus).
         """
         if not parts:
             raise ValueError("BucketedEmbeddings.from_parts needs at least one part.")
@@ -111,26 +112,25 @@ class BucketedEmbeddings:
         order = torch.sort(spans, stable=True).indices
         if consume and not isinstance(parts, list):
             raise TypeError("from_parts(consume=True) needs the batches in a list it may empty.")
+        if consume:
+            release_free_memory()  # what the encoding loop freed before the buckets are allocated
         left = torch.tensor([len(p) for p in parts])
         out_parts, out_positions = [], []
         for chosen in _bucket_runs(spans[order], max_waste):
             members = order[chosen]
             width = max(int(spans[members].max()), 1)
+            bucket = _Bucket(parts[int(owner[members[0]])], len(members), width)
             pieces = []
             for k in owner[members].unique().tolist():
                 mine = members[owner[members] == k]
-                pieces.append((mine, parts[k][row[mine].to(parts[k].tokens.device)]))
-            tokens = torch.cat([_fit(p.tokens, width) for _, p in pieces])
-            mask = torch.cat([_fit(p.mask, width) for _, p in pieces])
-            pooled = torch.cat([p.pooled for _, p in pieces]) if pieces[0][1].pooled is not None else None
-            boxes = torch.cat([_fit(p.boxes, width) for _, p in pieces]) if pieces[0][1].boxes is not None else None
-            out_parts.append(Embeddings(tokens, mask, pooled, boxes))
-            out_positions.append(torch.cat([where[m] for m, _ in pieces]))
-            if consume:
-                del pieces
-                left -= torch.bincount(owner[members], minlength=len(parts))
-                for k in (left == 0).nonzero().flatten().tolist():
+                bucket.add(parts[k], row[mine].to(parts[k].tokens.device))
+                pieces.append(where[mine])
+                left[k] -= len(mine)
+                if consume and left[k] == 0:
                     parts[k] = None  # type: ignore[call-overload]
+                    release_free_memory()  # the batch's pages, which glibc would keep as a heap hole
+            out_parts.append(bucket.embeddings())
+            out_positions.append(torch.cat(pieces))
         return cls(out_parts, out_positions)
 
     # -- views -----------------------------------------------------------------------------------
@@ -178,7 +178,10 @@ class BucketedEmbeddings:
         parts, positions = [], []
         for part, pos in zip(self.parts, self.positions):
             keep = ((pos >= start) & (pos < stop)).nonzero().flatten()
-            if len(keep):
+            if len(keep) == len(part):  # a whole part: a view, so a slice of the corpus is not a copy of it
+                parts.append(part.trimmed())
+                positions.append(pos - start)
+            elif len(keep):
                 parts.append(part[keep.to(part.tokens.device)].trimmed())
                 positions.append(pos[keep] - start)
         if not parts:
@@ -271,10 +274,31 @@ def _bucket_runs(sorted_spans: torch.Tensor, max_waste: float) -> list[slice]:
     return runs
 
 
-def _fit(x: torch.Tensor, width: int) -> torch.Tensor:
-    """``x`` cut or zero-padded to ``width`` along axis 1 (the cut columns are padding)."""
-    have = x.shape[1]
-    if have >= width:
-        return x[:, :width]
-    pad = [0, 0] * (x.dim() - 2) + [0, width - have]
-    return torch.nn.functional.pad(x, pad)
+class _Bucket:
+    """One bucket's tensors, allocated once and filled piece by piece (no concatenation, which
+    would hold every piece and the result at once). ``torch.empty`` leaves the pages
+    untouched until a piece is written, so memory grows as the source batches are released."""
+
+    def __init__(self, like: Embeddings, n: int, width: int) -> None:
+        t = like.tokens
+        self.width, self.filled = width, 0
+        self.tokens = torch.empty((n, width, *t.shape[2:]), dtype=t.dtype, device=t.device)
+        self.mask = torch.empty((n, width), dtype=torch.bool, device=t.device)
+        self.pooled = None if like.pooled is None else torch.empty((n, *like.pooled.shape[1:]),
+                                                                   dtype=like.pooled.dtype, device=t.device)
+        self.boxes = None if like.boxes is None else torch.empty((n, width, *like.boxes.shape[2:]),
+                                                                 dtype=like.boxes.dtype, device=t.device)
+
+    def add(self, part: Embeddings, rows: torch.Tensor) -> None:
+        at = slice(self.filled, self.filled + len(rows))
+        have = min(part.tokens.shape[1], self.width)
+        for dst, src in ((self.tokens, part.tokens), (self.mask, part.mask), (self.boxes, part.boxes)):
+            if dst is not None:
+                dst[at, :have] = src[rows, :have]
+                dst[at, have:] = 0  # padding columns: zeros, as Embeddings pads
+        if self.pooled is not None:
+            self.pooled[at] = part.pooled[rows]
+        self.filled += len(rows)
+
+    def embeddings(self) -> Embeddings:
+        return Embeddings(self.tokens, self.mask, self.pooled, self.boxes)

@@ -19,10 +19,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from xmatch.buckets import BucketedEmbeddings
 from xmatch.data.base import ImageTextDataset
 from xmatch.data.fit import check_images_fit
-from xmatch.buckets import BucketedEmbeddings
 from xmatch.eval.protocol import EvalResult, evaluate_blocks, fold_layout
+from xmatch.memory import release_free_memory
 from xmatch.model import MatchingModel
 
 
@@ -76,6 +77,7 @@ def encode_dataset(
                 parts.append(model.encode_images(images=batch["images"]))
             else:
                 parts.append(model.encode_images(batch["regions"], batch["boxes"], batch.get("region_mask")))
+            release_free_memory()  # the batch's activations: growing batches never fit old heap holes
             bar.update(len(parts[-1]))
     if not parts:
         raise ValueError("the dataset has no images to encode.")
@@ -93,6 +95,7 @@ def encode_dataset(
         chosen = order[i : i + text_batch_size]
         captions.append(model.encode_texts([texts[k] for k in chosen], batch_size=text_batch_size))
         positions.append(torch.tensor(chosen, dtype=torch.long))
+        release_free_memory()
     return Encoded(images, BucketedEmbeddings.from_parts(captions, positions, consume=True), time.perf_counter() - start)
 
 

@@ -84,7 +84,7 @@ class TrainConfig:
         log_every_steps: CSV / TensorBoard log period.
         tensorboard: write TensorBoard logs (None: when the package is installed).
         max_steps: stop after this many optimizer steps (a budget, e.g. for benchmarks).
-        fused: the optimizer's fused kernel (one pass over all parameters; on the CPU about 9x
+        fused: the optimizer's fused kernel (one pass over all parameters; on the CPU 5x to 9x
             faster than the default per-tensor loop). None: wherever the parameters allow
             it. It rounds differently in the last bit, so a run resumed or repeated with
             another setting is not bit-identical (the scenes recipes pin ``false``: they

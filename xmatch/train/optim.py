@@ -75,8 +75,9 @@ def build_optimizer(groups: list[GroupPlan], config: TrainConfig) -> torch.optim
 
 def _fusable(params: list[torch.Tensor]) -> bool | None:
     """Whether the fused optimizer kernels take these parameters: floating point, all on the
-    CPU or all on CUDA. On the CPU the fused Adam step is about 9x faster than the default
-    per-tensor loop (0.63 s against 5.8 s per step for 210 M float32 parameters, 2 threads)."""
+    CPU or all on CUDA. On the CPU the fused Adam step is 5x to 9x faster than the default
+    per-tensor loop (0.148 s against 0.754 s for TERAN's 205 tensors with the MiniLM text side,
+    0.63 s against 5.8 s for 210 M parameters on a busier machine; 2 threads)."""
     kinds = {p.device.type for p in params}
     if len(kinds) != 1 or kinds.pop() not in ("cpu", "cuda"):
         return None

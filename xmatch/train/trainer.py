@@ -45,6 +45,12 @@ from xmatch.vocab import check_captions
 logger = logging.getLogger(__name__)
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (AVX512-BF16 or AMX tiles);
+    without either, torch emulates them far slower than float32."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 class Callback:
     """Hooks into training; override what you need (every hook runs on every process).
 
@@ -171,6 +177,12 @@ class Trainer:
             raise ConfigError("train -> amp: fp16 needs a GPU; on the CPU use amp = 'bf16' or 'none'.")
         if not torch.amp.is_autocast_available(kind):
             raise ConfigError(f"train -> amp: autocast is not available on '{kind}'; use amp = 'none'.")
+        if amp == "bf16" and kind == "cpu" and not cpu_has_native_bf16():
+            logger.warning(
+                "train -> amp: bf16 on a CPU without bfloat16 instructions (AVX512-BF16 or AMX): "
+                "matrix products are emulated and run tens to hundreds of times slower than "
+                "float32 here; use amp = 'none' on this machine."
+            )
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.config.amp == "none":
