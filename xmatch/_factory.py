@@ -65,7 +65,7 @@ def list_models(pattern: str | None = None) -> list[str]:
 
     Example:
         >>> xmatch.list_models("teran-mrsw-*")
-        ['teran-mrsw-coco', 'teran-mrsw-f30k']
+        ['teran-mrsw-coco', 'teran-mrsw-f30k', ...]
     """
     return match(models.names(), pattern)
 

@@ -206,8 +206,8 @@ def cache_dir() -> Path:
     ``~/.cache/xmatch``. It is created on the first download.
 
     Example:
-        >>> os.environ["XMATCH_HOME"] = "/data/xmatch"  # doctest: +SKIP
-        >>> xmatch.hub.cache_dir()  # doctest: +SKIP
+        >>> os.environ["XMATCH_HOME"] = "/data/xmatch"
+        >>> xmatch.hub.cache_dir()
         PosixPath('/data/xmatch')
     """
     home = os.environ.get(ENV_HOME)
@@ -221,8 +221,8 @@ def offline_mode() -> bool:
     use the cache only and never touch the network.
 
     Example:
-        >>> os.environ["XMATCH_OFFLINE"] = "1"  # doctest: +SKIP
-        >>> xmatch.hub.offline_mode()  # doctest: +SKIP
+        >>> os.environ["XMATCH_OFFLINE"] = "1"
+        >>> xmatch.hub.offline_mode()
         True
     """
     return _offline_switch() is not None
