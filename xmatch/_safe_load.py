@@ -48,7 +48,7 @@ def load_torch_file(
 
     Example:
         >>> state = load_torch_file("run/checkpoints/step-100/trainer_state.pt",
-        ...                         what="a trainer state")  # doctest: +SKIP
+        ...                         what="a trainer state")  # needs a training run's checkpoint  # doctest: +SKIP
     """
     import torch
 

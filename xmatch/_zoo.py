@@ -153,7 +153,7 @@ def zoo_entries_from_toml(package: str, resource: str = "zoo.toml") -> dict[str,
     the group ``xmatch_models`` at one of the returned entries.
 
     Example:
-        >>> ENTRIES = zoo_entries_from_toml("my_plugin", "zoo.toml")  # doctest: +SKIP
+        >>> ENTRIES = zoo_entries_from_toml("my_plugin", "zoo.toml")  # runs inside a plugin package  # doctest: +SKIP
         >>> my_model_coco = ENTRIES["my-model-coco"]  # doctest: +SKIP
     """
     text = importlib.resources.files(package).joinpath(resource).read_text(encoding="utf-8")

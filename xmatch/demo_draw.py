@@ -159,7 +159,7 @@ def draw_alignment(
         An RGB picture.
 
     Example:
-        >>> A = model.alignment(img[0], txt[0]).cpu().numpy()  # doctest: +SKIP
+        >>> A = model.alignment(img[0], txt[0]).cpu().numpy()  # needs a model, a picture and its boxes  # doctest: +SKIP
         >>> draw_alignment(pil_image, boxes, ["a", "red", "7"], A).save("alignment.png")  # doctest: +SKIP
     """
     boxes = np.asarray(boxes, dtype=np.float64)
@@ -259,7 +259,7 @@ def draw_retrieval_grid(rows: Sequence[GridRow], *, thumb: int = 150) -> Image.I
         An RGB picture.
 
     Example:
-        >>> row = GridRow("a red 7 above a blue circle", [im1, im2], ["1. #3", "2. #4"], [True, False])  # doctest: +SKIP
+        >>> row = GridRow("a red 7 above a blue circle", [im1, im2], ["1. #3", "2. #4"], [True, False])  # needs pictures  # doctest: +SKIP
         >>> draw_retrieval_grid([row]).save("retrieval.png")  # doctest: +SKIP
     """
     if not rows:

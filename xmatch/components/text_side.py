@@ -95,7 +95,7 @@ class TextSide:
         max_length: the position limit written into the config (BERT), else None.
 
     Example:
-        >>> side = xmatch.vocab.build_text_side("teran-mrsw-scenes", captions, "runs/mine/text_side")  # doctest: +SKIP
+        >>> side = xmatch.vocab.build_text_side("teran-mrsw-scenes", captions, "runs/mine/text_side")  # needs the training captions  # doctest: +SKIP
         >>> model = xmatch.build("teran-mrsw-scenes", **side.spec_overrides)  # doctest: +SKIP
     """
 

@@ -26,7 +26,7 @@ def collate(pairs: Sequence[Pair]) -> dict[str, Any]:
     (LongTensor ``[B]``, the caption index).
 
     Example:
-        >>> loader = DataLoader(dataset, batch_size=40, shuffle=True, collate_fn=collate)  # doctest: +SKIP
+        >>> loader = DataLoader(dataset, batch_size=40, shuffle=True, collate_fn=collate)  # needs a dataset and a model  # doctest: +SKIP
         >>> model(next(iter(loader))).loss  # doctest: +SKIP
     """
     if not pairs:
@@ -45,7 +45,7 @@ def collate_images(items: Sequence[ImageItem]) -> dict[str, Any]:
     and ``image_ids`` (LongTensor ``[B]``, the image indices).
 
     Example:
-        >>> batch = collate_images([dataset.images[0], dataset.images[1]])  # doctest: +SKIP
+        >>> batch = collate_images([dataset.images[0], dataset.images[1]])  # needs a dataset  # doctest: +SKIP
         >>> batch["region_mask"].shape  # doctest: +SKIP
         torch.Size([2, 36])
     """

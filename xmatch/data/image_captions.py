@@ -46,7 +46,7 @@ class ImageCaptionsDataset(ImageTextDataset):
             caption or image path, a file without rows; at load time an unreadable image.
 
     Example:
-        >>> ds = ImageCaptionsDataset("photos/captions.csv")  # doctest: +SKIP
+        >>> ds = ImageCaptionsDataset("photos/captions.csv")  # needs the user's photos and captions  # doctest: +SKIP
         >>> ds.image(0).size, ds.captions[:2]  # doctest: +SKIP
         ((640, 480), ['a dog on a bench', 'a brown dog resting'])
     """

@@ -68,7 +68,7 @@ class PrecompDataset(ImageTextDataset):
             without sizes; at load time NaN features or boxes outside the image.
 
     Example:
-        >>> ds = PrecompDataset("data/f30k_precomp", "test")  # doctest: +SKIP
+        >>> ds = PrecompDataset("data/f30k_precomp", "test")  # needs the Flickr30k precomp features on disk  # doctest: +SKIP
         >>> ds.num_images, len(ds), type(ds.features).__name__  # doctest: +SKIP
         (1000, 5000, 'memmap')
     """

@@ -135,7 +135,7 @@ class GroupSet:
         image's own captions (``0`` = its first caption). ``kind`` defaults to ``"group"``.
 
         Example:
-            >>> GroupSet.from_json("groups.json", dataset)  # doctest: +SKIP
+            >>> GroupSet.from_json("groups.json", dataset)  # needs a groups file and its dataset  # doctest: +SKIP
         """
         path = Path(path)
         try:
@@ -363,7 +363,7 @@ def dataset_groups(dataset: Any, source: str | os.PathLike | None = None) -> Gro
         ValueError: the dataset declares none and no file is given.
 
     Example:
-        >>> dataset_groups(open_dataset("scenes", None, split="test")).kinds[:3]  # doctest: +SKIP
+        >>> dataset_groups(open_dataset("scenes", None, split="test")).kinds[:3]  # generates the scenes benchmark (minutes)  # doctest: +SKIP
         ['size', 'colour', 'colour']
     """
     if source is not None:

@@ -10,7 +10,7 @@ can be traced to how it was made; each PNG also carries them in its metadata
 Plots need matplotlib (``pip install 'xmatch[report]'``), imported only here.
 
 Example:
-    >>> records = [run_protocols(m, test, "full,groups", name=n) for n, m in models.items()]  # doctest: +SKIP
+    >>> records = [run_protocols(m, test, "full,groups", name=n) for n, m in models.items()]  # evaluates models on the scenes benchmark (minutes)  # doctest: +SKIP
     >>> print(comparison_tables(records))  # doctest: +SKIP
     >>> write_report(records, "out/")  # doctest: +SKIP
     {'recall_curves': PosixPath('out/recall_curves.png'), ..., 'html': PosixPath('out/index.html')}
@@ -200,7 +200,7 @@ def comparison_tables(records: Sequence[RunRecord]) -> str:
     """All tables as terminal text.
 
     Example:
-        >>> print(comparison_tables(records))  # doctest: +SKIP
+        >>> print(comparison_tables(records))  # needs evaluation records  # doctest: +SKIP
     """
     if not records:
         raise ValueError("a comparison needs at least one evaluated model or result file.")
@@ -452,7 +452,7 @@ def write_report(records: Sequence[RunRecord], out: str | os.PathLike, *, comman
         ``{name: path}`` of every file written.
 
     Example:
-        >>> write_report(records, "out")["html"]  # doctest: +SKIP
+        >>> write_report(records, "out")["html"]  # needs evaluation records and matplotlib  # doctest: +SKIP
         PosixPath('out/index.html')
     """
     if not records:

@@ -22,7 +22,7 @@ def find_images(folder: str | os.PathLike) -> list[str]:
         FileNotFoundError: ``folder`` does not exist or is not a folder.
 
     Example:
-        >>> find_images("my_photos")  # doctest: +SKIP
+        >>> find_images("my_photos")  # needs the user's photos  # doctest: +SKIP
         ['beach.jpg', 'dogs/rex.png']
     """
     root = Path(folder).expanduser()
@@ -46,7 +46,7 @@ def load_image(path: str | os.PathLike) -> Any:
         UnreadableImageError: the file is not an image Pillow can decode.
 
     Example:
-        >>> load_image("my_photos/beach.jpg").size  # doctest: +SKIP
+        >>> load_image("my_photos/beach.jpg").size  # needs the user's photos  # doctest: +SKIP
         (640, 480)
     """
     from PIL import Image, ImageOps, UnidentifiedImageError

@@ -44,7 +44,7 @@ class BoxesProposer(Proposer):
             ``regions``: a fixed count, like bottom-up attention's 36).
 
     Example:
-        >>> p = BoxesProposer("boxes.json", regions=36)  # doctest: +SKIP
+        >>> p = BoxesProposer("boxes.json", regions=36)  # needs a boxes file  # doctest: +SKIP
         >>> p([ImageInfo(640, 480, name="rex.jpg")])[0].boxes.shape  # doctest: +SKIP
         torch.Size([36, 4])
     """

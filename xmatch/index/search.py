@@ -49,7 +49,7 @@ class SearchIndex:
     token sets (its fingerprint is checked) and whose pooler ranks the candidates.
 
     Example:
-        >>> index = xmatch.index.open("idx")  # doctest: +SKIP
+        >>> index = xmatch.index.open("idx")  # needs an index built with `xmatch index`  # doctest: +SKIP
         >>> [r.ids for r in index.search_texts(["a red circle left of a blue seven"], k=5)]  # doctest: +SKIP
         [['913', '942', '907', '955', '931']]
     """
@@ -125,7 +125,7 @@ class SearchIndex:
             The number of items added.
 
         Example:
-            >>> index.add(regions=feats, boxes=boxes, ids=["a", "b"])  # doctest: +SKIP
+            >>> index.add(regions=feats, boxes=boxes, ids=["a", "b"])  # needs an index and region features  # doctest: +SKIP
             2
         """
         from filelock import FileLock
@@ -213,7 +213,7 @@ class SearchIndex:
         Options are those of :meth:`search` (``candidates``, ``exact``, ``stage1``, ...).
 
         Example:
-            >>> index.search_texts(["a dog on a bench"], k=5)[0].ids  # doctest: +SKIP
+            >>> index.search_texts(["a dog on a bench"], k=5)[0].ids  # needs an index  # doctest: +SKIP
         """
         if isinstance(texts, str):
             raise TypeError("search_texts takes a list of queries; wrap a single one in a list.")
@@ -241,7 +241,7 @@ class SearchIndex:
         ``regions`` + ``boxes`` (+ ``mask``) of precomputed region features.
 
         Example:
-            >>> index.search_images([Image.open("dog.png")], k=5)[0].hits[0].text  # doctest: +SKIP
+            >>> index.search_images([Image.open("dog.png")], k=5)[0].hits[0].text  # needs an index and a picture  # doctest: +SKIP
         """
         if self.side != "texts":
             raise WrongSideError(
@@ -477,7 +477,7 @@ def create(
         collection: the Qdrant collection name (default ``xmatch-<folder name>``).
 
     Example:
-        >>> model = xmatch.build("teran-mrsw-scenes", pretrained=True)  # doctest: +SKIP
+        >>> model = xmatch.build("teran-mrsw-scenes", pretrained=True)  # writes an index of a trained model  # doctest: +SKIP
         >>> index = xmatch.index.create("idx", model, model_ref="teran-mrsw-scenes")  # doctest: +SKIP
     """
     root = Path(path)
@@ -545,7 +545,7 @@ def open(  # noqa: A001 - the public name is xmatch.index.open, as the issue ask
         DamagedIndexError: a file of the index is missing or damaged (named).
 
     Example:
-        >>> index = xmatch.index.open("idx")  # doctest: +SKIP
+        >>> index = xmatch.index.open("idx")  # needs an index built with `xmatch index`  # doctest: +SKIP
         >>> len(index), index.side  # doctest: +SKIP
         (100, 'images')
     """

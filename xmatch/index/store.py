@@ -77,7 +77,7 @@ class ShardStore:
     of any rows as float32 ``Embeddings``; ``blocks()`` walks the whole corpus shard by shard.
 
     Example:
-        >>> store = ShardStore(Path("idx"), read_manifest(Path("idx")))  # doctest: +SKIP
+        >>> store = ShardStore(Path("idx"), read_manifest(Path("idx")))  # needs an index  # doctest: +SKIP
         >>> store.gather(torch.tensor([0, 5])).tokens.shape  # doctest: +SKIP
         torch.Size([2, 36, 256])
     """

@@ -60,7 +60,7 @@ def build_optimizer(groups: list[GroupPlan], config: TrainConfig) -> torch.optim
     """The recipe's optimizer over the planned groups (each group's ``lr = lr * lr_scale``).
 
     Example:
-        >>> opt = build_optimizer(plan_groups(model, cfg), cfg)  # doctest: +SKIP
+        >>> opt = build_optimizer(plan_groups(model, cfg), cfg)  # needs a model and a training config  # doctest: +SKIP
     """
     param_groups = [
         {"params": g.params, "lr": config.lr * g.lr_scale, "weight_decay": g.weight_decay} for g in groups

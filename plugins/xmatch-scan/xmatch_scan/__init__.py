@@ -13,7 +13,7 @@ Installing the distribution registers, through entry points (nothing in xmatch i
 
 Example:
     >>> import xmatch
-    >>> model = xmatch.build("scan-t2i-avg-f30k", text_encoder={"vocab": "captions.txt"})  # doctest: +SKIP
+    >>> model = xmatch.build("scan-t2i-avg-f30k", text_encoder={"vocab": "captions.txt"})  # needs a captions file and region features  # doctest: +SKIP
     >>> scores = model.similarity(model.encode_images(regions, boxes), model.encode_texts(["a dog"]))  # doctest: +SKIP
 """
 

@@ -38,7 +38,7 @@ def init_like_original(model: MatchingModel) -> MatchingModel:
         The same model.
 
     Example:
-        >>> model = init_like_original(xmatch.build("vsepp-precomp-coco", text_encoder={"vocab": words}))  # doctest: +SKIP
+        >>> model = init_like_original(xmatch.build("vsepp-precomp-coco", text_encoder={"vocab": words}))  # builds the full-size VSE++ (seconds)  # doctest: +SKIP
     """
     if not isinstance(model.image_encoder, (VSEPPImageEncoder, VSEPPPrecompEncoder)) or not isinstance(
         model.text_encoder, VSEPPTextEncoder
