@@ -240,7 +240,7 @@ def token_labels(model: MatchingModel, caption: str) -> list[str]:
     (words for Bi-GRU / Bi-LSTM, word pieces for BERT).
 
     Example:
-        >>> token_labels(model, "a Red 7, left of a circle")  # needs a model  # doctest: +SKIP
+        >>> token_labels(xmatch.build("teran-mrsw-scenes"), "a Red 7, left of a circle")
         ['a', 'red', '7', ',', 'left', 'of', 'a', 'circle']
     """
     batch = model.tokenize([caption])
