@@ -126,7 +126,9 @@ class WordListTagger:
         classes :class:`SwapAttributes` may swap).
 
         Example:
-            >>> WordListTagger.from_json("word_classes.json").classes  # needs a word-classes file  # doctest: +SKIP
+            >>> doc = {"noun": ["dog", ["car", "auto"]], "adjective": ["red"], "relation": ["left of"]}
+            >>> _ = Path("word_classes.json").write_text(json.dumps(doc))
+            >>> WordListTagger.from_json("word_classes.json").classes
             ('noun', 'adjective', 'relation')
         """
         path = Path(path)
