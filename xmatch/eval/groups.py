@@ -135,7 +135,12 @@ class GroupSet:
         image's own captions (``0`` = its first caption). ``kind`` defaults to ``"group"``.
 
         Example:
-            >>> GroupSet.from_json("groups.json", dataset)  # needs a groups file and its dataset  # doctest: +SKIP
+            >>> from types import SimpleNamespace
+            >>> split = SimpleNamespace(image_names=["images/900.png", "images/901.png"], caption_image=np.array([0, 0, 1, 1]))
+            >>> _ = Path("groups.json").write_text('{"groups": [{"images": ["900", 1], "kind": "colour"}]}')
+            >>> gs = GroupSet.from_json("groups.json", split)
+            >>> len(gs), gs.kinds
+            (1, ['colour'])
         """
         path = Path(path)
         try:
