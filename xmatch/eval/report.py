@@ -200,7 +200,15 @@ def comparison_tables(records: Sequence[RunRecord]) -> str:
     """All tables as terminal text.
 
     Example:
-        >>> print(comparison_tables(records))  # needs evaluation records  # doctest: +SKIP
+        >>> from xmatch.eval import evaluate_scores
+        >>> from xmatch.eval.suite import RunRecord
+        >>> records = [RunRecord("perfect", evaluate_scores(np.eye(3).repeat(5, axis=1), "full"))]  # or load_records(...)
+        >>> print(comparison_tables(records))
+        Recall@K (full)
+        model    i2t R@1  i2t R@5  i2t R@10  t2i R@1  t2i R@5  t2i R@10  i2t medr  t2i medr   rsum
+        -------  -------  -------  --------  -------  -------  --------  --------  --------  -----
+        perfect    100.0    100.0     100.0    100.0    100.0     100.0       1.0       1.0  600.0
+        ...
     """
     if not records:
         raise ValueError("a comparison needs at least one evaluated model or result file.")
@@ -452,7 +460,7 @@ def write_report(records: Sequence[RunRecord], out: str | os.PathLike, *, comman
         ``{name: path}`` of every file written.
 
     Example:
-        >>> write_report(records, "out")["html"]  # needs evaluation records and matplotlib  # doctest: +SKIP
+        >>> write_report(records, "out")["html"]  # draws its plots with matplotlib (seconds)  # doctest: +SKIP
         PosixPath('out/index.html')
     """
     if not records:
