@@ -23,8 +23,6 @@ from xmatch.registry import get_registry
 
 from learnable import write_learnable_precomp
 
-pytest.importorskip("sklearn")  # the scenes generator draws digit glyphs from scikit-learn
-
 FAST_SCENES = {"size": "tiny", "backbone": "test_efficientnet", "weights": "random", "progress": False}
 
 
@@ -39,6 +37,8 @@ class Case:
 
 @pytest.fixture(scope="module")
 def scenes_root(tmp_path_factory) -> Path:
+    """The tiny scenes set, the source of the scenes, teran and image-captions cases."""
+    pytest.importorskip("sklearn", reason="the scenes generator draws digit glyphs from scikit-learn")
     from xmatch.data.scenes import open_scenes
 
     root = tmp_path_factory.mktemp("scenes")
@@ -63,7 +63,7 @@ def teran_case(tmp: Path, scenes_root: Path) -> Case:
                 read_at_open=(folder / KARPATHY_FILE, features / "bu_att" / f"{ds.image_names[0]}.npz"))
 
 
-def precomp_case(tmp: Path, scenes_root: Path) -> Case:
+def precomp_case(tmp: Path, scenes_root: Path | None) -> Case:
     root = write_learnable_precomp(tmp / "precomp", "test", 4, seed=0)
     return Case(root, "test", {"boxes_normalized": True}, read_at_open=(root / "test_caps.txt", root / "test_ims.npy"))
 
@@ -79,7 +79,7 @@ def scenes_case(tmp: Path, scenes_root: Path) -> Case:
     return Case(scenes_root, "test", dict(FAST_SCENES, generate=False))
 
 
-CASES: dict[str, Callable[[Path, Path], Case]] = {
+CASES: dict[str, Callable[[Path, Path | None], Case]] = {
     "teran": teran_case,
     "scan-precomp": precomp_case,
     "image-captions": image_captions_case,
@@ -92,8 +92,9 @@ def test_every_registered_dataset_has_a_contract_case():
 
 
 @pytest.fixture(params=sorted(CASES))
-def case(request, tmp_path, scenes_root) -> tuple[str, Case]:
-    return request.param, CASES[request.param](tmp_path, scenes_root)
+def case(request, tmp_path) -> tuple[str, Case]:
+    scenes = None if request.param == "scan-precomp" else request.getfixturevalue("scenes_root")
+    return request.param, CASES[request.param](tmp_path, scenes)
 
 
 def open_case(name: str, case: Case) -> ImageTextDataset:
