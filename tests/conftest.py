@@ -10,6 +10,10 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# scripts the tests run or that wrote the fixtures: not collected (--doctest-modules would import them)
+collect_ignore = ["train_driver.py", "fixtures"]
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
 
