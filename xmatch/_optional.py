@@ -30,9 +30,10 @@ def require(module: str, pip_name: str, feature: str) -> ModuleType:
     Example:
         >>> require("json", "json", "this example").__name__
         'json'
-        >>> datasets = require("sklearn.datasets", "scikit-learn", "the scenes' digit glyphs")  # doctest: +SKIP
-        MissingDependencyError: the scenes' digit glyphs needs the optional package sklearn, which is not
-        installed (No module named 'sklearn'): pip install "scikit-learn"
+        >>> require("no_such_package.datasets", "no-such-package", "the scenes' digit glyphs")
+        Traceback (most recent call last):
+        xmatch._optional.MissingDependencyError: the scenes' digit glyphs needs the optional package no_such_package,
+        which is not installed (No module named 'no_such_package'): pip install "no-such-package"
     """
     top = module.partition(".")[0]
     try:

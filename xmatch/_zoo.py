@@ -153,8 +153,9 @@ def zoo_entries_from_toml(package: str, resource: str = "zoo.toml") -> dict[str,
     the group ``xmatch_models`` at one of the returned entries.
 
     Example:
-        >>> ENTRIES = zoo_entries_from_toml("my_plugin", "zoo.toml")  # doctest: +SKIP
-        >>> my_model_coco = ENTRIES["my-model-coco"]  # doctest: +SKIP
+        >>> entries = zoo_entries_from_toml("xmatch.zoo", "tern.toml")  # a plugin: ("my_plugin", "zoo.toml")
+        >>> entries["tern-coco"].dataset
+        'coco'
     """
     text = importlib.resources.files(package).joinpath(resource).read_text(encoding="utf-8")
     raw = _checked_tables(tomllib.loads(text), f"{package}/{resource}")

@@ -218,7 +218,10 @@ class BucketedEmbeddings:
         positions), atomically.
 
         Example:
-            >>> b.save("captions.safetensors"); BucketedEmbeddings.load("captions.safetensors")  # doctest: +SKIP
+            >>> e = Embeddings(torch.randn(3, 4, 8), torch.arange(4)[None] < torch.tensor([[1], [4], [2]]))
+            >>> BucketedEmbeddings.from_embeddings(e).save("captions.safetensors")
+            >>> BucketedEmbeddings.load("captions.safetensors").real_tokens
+            7
         """
         tensors: dict[str, torch.Tensor] = {}
         for k, (part, pos) in enumerate(zip(self.parts, self.positions)):

@@ -12,7 +12,7 @@ Transformer Encoders", ACM TOMM 2021). See docs/demo.md.
 
 Example:
     >>> from xmatch.demo import run_demo
-    >>> result = run_demo(out="demo-out")  # doctest: +SKIP
+    >>> result = run_demo(out="demo-out")  # runs the whole demo (minutes)  # doctest: +SKIP
     >>> result.figures.t2i["r1"], result.files["alignment"]  # doctest: +SKIP
 """
 
@@ -144,7 +144,7 @@ def prepare_scenes(
     (``layout="images"`` for models that take pixels).
 
     Example:
-        >>> prepare_scenes("test").num_images  # doctest: +SKIP
+        >>> prepare_scenes("test").num_images  # generates the scenes benchmark (minutes)  # doctest: +SKIP
         100
     """
     from xmatch.data.scenes import open_scenes
@@ -187,7 +187,7 @@ def train_demo_model(
     This is what ``xmatch train MODEL --dataset scenes --recipe RECIPE`` does.
 
     Example:
-        >>> net = train_demo_model("teran-mrsw-scenes", "runs/demo")  # doctest: +SKIP
+        >>> net = train_demo_model("teran-mrsw-scenes", "runs/demo")  # trains a model (minutes)  # doctest: +SKIP
     """
     import xmatch
     from xmatch.train import Trainer, load_recipe
@@ -240,7 +240,7 @@ def token_labels(model: MatchingModel, caption: str) -> list[str]:
     (words for Bi-GRU / Bi-LSTM, word pieces for BERT).
 
     Example:
-        >>> token_labels(model, "a Red 7, left of a circle")  # doctest: +SKIP
+        >>> token_labels(xmatch.build("teran-mrsw-scenes"), "a Red 7, left of a circle")
         ['a', 'red', '7', ',', 'left', 'of', 'a', 'circle']
     """
     batch = model.tokenize([caption])
@@ -266,7 +266,7 @@ def figures_table(result: EvalResult) -> str:
     """Recall@1/5/10 and NDCG ROUGE-L in both directions, and rsum.
 
     Example:
-        >>> print(figures_table(result))  # doctest: +SKIP
+        >>> print(figures_table(result))  # needs a demo result  # doctest: +SKIP
                           R@1     R@5    R@10   NDCG ROUGE-L
         image -> text   41.00   78.00   89.00         0.6612
     """
@@ -367,7 +367,7 @@ def showcase(scores: np.ndarray, test: Any, figures: EvalResult, count: int, top
     images, then ``max(1, count // 2)`` of each as images querying the captions.
 
     Example:
-        >>> [r.outcome for r in showcase(scores, test, figures, 2, 5, twins(test))]  # doctest: +SKIP
+        >>> [r.outcome for r in showcase(scores, test, figures, 2, 5, twins(test))]  # needs a trained model's scores on the scenes benchmark  # doctest: +SKIP
         ['success', 'success', 'failure', 'failure', 'success', 'failure']
     """
     owner = np.asarray(test.caption_image)
@@ -428,7 +428,7 @@ def run_demo(
         The figures, rankings, written files and the model.
 
     Example:
-        >>> run_demo(size="small", out="demo-out").files["retrieval"]  # doctest: +SKIP
+        >>> run_demo(size="small", out="demo-out").files["retrieval"]  # runs the whole demo (minutes)  # doctest: +SKIP
         PosixPath('demo-out/retrieval.png')
     """
     import xmatch

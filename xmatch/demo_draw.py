@@ -159,8 +159,11 @@ def draw_alignment(
         An RGB picture.
 
     Example:
-        >>> A = model.alignment(img[0], txt[0]).cpu().numpy()  # doctest: +SKIP
-        >>> draw_alignment(pil_image, boxes, ["a", "red", "7"], A).save("alignment.png")  # doctest: +SKIP
+        >>> boxes = np.array([[0.1, 0.1, 0.5, 0.5], [0.4, 0.3, 0.9, 0.8]])
+        >>> A = np.array([[0.2, 0.7, -0.1], [0.5, 0.1, 0.8]])  # model.alignment(img[0], txt[0]).cpu().numpy()
+        >>> picture = draw_alignment(Image.new("RGB", (64, 64), "white"), boxes, ["a", "red", "7"], A)
+        >>> picture.mode
+        'RGB'
     """
     boxes = np.asarray(boxes, dtype=np.float64)
     alignment = np.asarray(alignment, dtype=np.float64)
@@ -259,8 +262,9 @@ def draw_retrieval_grid(rows: Sequence[GridRow], *, thumb: int = 150) -> Image.I
         An RGB picture.
 
     Example:
-        >>> row = GridRow("a red 7 above a blue circle", [im1, im2], ["1. #3", "2. #4"], [True, False])  # doctest: +SKIP
-        >>> draw_retrieval_grid([row]).save("retrieval.png")  # doctest: +SKIP
+        >>> im1, im2 = Image.new("RGB", (64, 64), "red"), Image.new("RGB", (64, 64), "blue")
+        >>> row = GridRow("a red 7 above a blue circle", [im1, im2], ["1. #3", "2. #4"], [True, False])
+        >>> draw_retrieval_grid([row]).save("retrieval.png")
     """
     if not rows:
         raise ValueError("the retrieval grid needs at least one query row.")

@@ -126,7 +126,10 @@ class Embeddings:
         """Write to a ``.safetensors`` file (tokens, mask, pooled, boxes, and string metadata).
 
         Example:
-            >>> e.save("corpus.safetensors"); Embeddings.load("corpus.safetensors")  # doctest: +SKIP
+            >>> e = Embeddings(torch.randn(4, 3, 8), torch.ones(4, 3, dtype=torch.bool))
+            >>> e.save("corpus.safetensors")
+            >>> Embeddings.load("corpus.safetensors").tokens.shape
+            torch.Size([4, 3, 8])
         """
         tensors = {"tokens": self.tokens.detach(), "mask": self.mask}
         if self.pooled is not None:

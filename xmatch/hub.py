@@ -206,8 +206,8 @@ def cache_dir() -> Path:
     ``~/.cache/xmatch``. It is created on the first download.
 
     Example:
-        >>> os.environ["XMATCH_HOME"] = "/data/xmatch"  # doctest: +SKIP
-        >>> xmatch.hub.cache_dir()  # doctest: +SKIP
+        >>> os.environ["XMATCH_HOME"] = "/data/xmatch"
+        >>> xmatch.hub.cache_dir()
         PosixPath('/data/xmatch')
     """
     home = os.environ.get(ENV_HOME)
@@ -221,8 +221,8 @@ def offline_mode() -> bool:
     use the cache only and never touch the network.
 
     Example:
-        >>> os.environ["XMATCH_OFFLINE"] = "1"  # doctest: +SKIP
-        >>> xmatch.hub.offline_mode()  # doctest: +SKIP
+        >>> os.environ["XMATCH_OFFLINE"] = "1"
+        >>> xmatch.hub.offline_mode()
         True
     """
     return _offline_switch() is not None
@@ -268,7 +268,7 @@ def fetch(
 
     Example:
         >>> path = xmatch.hub.fetch({"source": "https://example.org/tiny.safetensors",
-        ...                          "sha256": "3f5a...", "size": 203256})  # doctest: +SKIP
+        ...                          "sha256": "3f5a...", "size": 203256})  # downloads  # doctest: +SKIP
     """
     limits = _Limits(_timeout(timeout), _min_rate(min_rate))
     return _fetch(validate_weight_source(source), _root(cache_dir), limits, progress, entry=None)
@@ -297,7 +297,7 @@ def download_entry(
             lists each source's failure.
 
     Example:
-        >>> xmatch.hub.download_entry("my-entry")  # doctest: +SKIP
+        >>> xmatch.hub.download_entry("my-entry")  # downloads  # doctest: +SKIP
         PosixPath('/home/me/.cache/xmatch/weights/3f5a.../model.safetensors')
     """
     from xmatch._zoo import ZooEntry

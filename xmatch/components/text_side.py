@@ -95,8 +95,11 @@ class TextSide:
         max_length: the position limit written into the config (BERT), else None.
 
     Example:
-        >>> side = xmatch.vocab.build_text_side("teran-mrsw-scenes", captions, "runs/mine/text_side")  # doctest: +SKIP
-        >>> model = xmatch.build("teran-mrsw-scenes", **side.spec_overrides)  # doctest: +SKIP
+        >>> captions = ["a red circle", "a blue seven left of a circle"]
+        >>> side = xmatch.vocab.build_text_side("teran-mrsw-scenes", captions, "runs/mine/text_side")
+        >>> side.kind, side.words, side.arguments
+        ('vocabulary', 7, {'vocab': 'vocab.json'})
+        >>> model = xmatch.build("teran-mrsw-scenes", **side.spec_overrides)
     """
 
     kind: Literal["vocabulary", "tokenizer"]

@@ -60,7 +60,7 @@ def compare_with_original_outputs(model: torch.nn.Module, io_path: str | os.Path
         ValueError: the file lacks the inputs, or holds none of the outputs above.
 
     Example:
-        >>> report = compare_with_original_outputs(model, "tern-small/io.npz")  # doctest: +SKIP
+        >>> report = compare_with_original_outputs(model, "tern-small/io.npz")  # needs a converted model and the original outputs  # doctest: +SKIP
         >>> report.ok, report.differences["similarity global-cosine"] < 1e-5  # doctest: +SKIP
         (True, True)
     """

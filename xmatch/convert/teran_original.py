@@ -126,7 +126,7 @@ def spec_from_original_config(config: dict[str, Any], bert_source: str) -> dict[
     evaluation code does.
 
     Example:
-        >>> spec = spec_from_original_config(checkpoint["config"], "bert-base-uncased")  # doctest: +SKIP
+        >>> spec = spec_from_original_config(checkpoint["config"], "bert-base-uncased")  # needs the authors' checkpoint  # doctest: +SKIP
         >>> spec["pooler"]  # a TERN config  # doctest: +SKIP
         {'name': 'global-cosine'}
     """
@@ -229,7 +229,7 @@ def check_fits(requested: Mapping[str, Any], converted: Mapping[str, Any], name:
         ValueError: naming each difference, the zoo entries the checkpoint fits, and the fix.
 
     Example:
-        >>> check_fits(xmatch.info("tern-coco").spec, converted_spec, "tern-coco", "model_best.pth")  # doctest: +SKIP
+        >>> check_fits(xmatch.info("tern-coco").spec, converted_spec, "tern-coco", "model_best.pth")  # needs a converted spec  # doctest: +SKIP
     """
     differences = [
         (label, ours, theirs) for label, ours, theirs in _structure(requested, converted) if ours != theirs

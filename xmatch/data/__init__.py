@@ -16,7 +16,7 @@ Every dataset has ``captions`` ordered image by image, ``caption_image``,
 
 Example:
     >>> from xmatch.data import open_dataset
-    >>> ds = open_dataset("teran", "data/coco", split="train", restval=True)  # doctest: +SKIP
+    >>> ds = open_dataset("teran", "data/coco", split="train", restval=True)  # needs the COCO features on disk  # doctest: +SKIP
     >>> batch = next(iter(ds.loader(40)))  # doctest: +SKIP
     >>> sorted(batch)  # doctest: +SKIP
     ['boxes', 'image_ids', 'indices', 'region_mask', 'regions', 'texts']
@@ -62,7 +62,7 @@ def open_dataset(name: str, root: str | os.PathLike, split: str | None = None, *
         xmatch.SpecError: unknown option or a value of the wrong type.
 
     Example:
-        >>> ds = open_dataset("scan-precomp", "data/coco_precomp", split="testall")  # doctest: +SKIP
+        >>> ds = open_dataset("scan-precomp", "data/coco_precomp", split="testall")  # needs the COCO precomp features on disk  # doctest: +SKIP
         >>> ds.num_images, ds.captions_per_image  # doctest: +SKIP
         (5000, 5)
     """

@@ -35,7 +35,7 @@ class ImageTextDataset(Dataset[Pair]):
     Subclasses call :meth:`_set_index` once and implement :meth:`image`.
 
     Example:
-        >>> ds = xmatch.data.open_dataset("scan-precomp", "data/f30k_precomp", split="test")  # doctest: +SKIP
+        >>> ds = xmatch.data.open_dataset("scan-precomp", "data/f30k_precomp", split="test")  # needs the Flickr30k precomp features on disk  # doctest: +SKIP
         >>> len(ds), ds.num_images, ds.captions_per_image  # doctest: +SKIP
         (5000, 1000, 5)
         >>> ds[7].image_index, ds.caption_image[7]  # doctest: +SKIP
@@ -92,7 +92,7 @@ class ImageTextDataset(Dataset[Pair]):
         """A DataLoader of training pairs batched by :func:`xmatch.data.collate`.
 
         Example:
-            >>> for batch in ds.loader(40):  # doctest: +SKIP
+            >>> for batch in ds.loader(40):  # needs a dataset and a model  # doctest: +SKIP
             ...     model(batch).loss.backward()
         """
         return DataLoader(
@@ -104,7 +104,7 @@ class ImageTextDataset(Dataset[Pair]):
         (each image once: for evaluation and offline encoding).
 
         Example:
-            >>> for b in ds.image_loader(64, num_workers=4):  # doctest: +SKIP
+            >>> for b in ds.image_loader(64, num_workers=4):  # needs a dataset and a model  # doctest: +SKIP
             ...     embs = model.encode_images(b["regions"], b["boxes"], b["region_mask"])
         """
         return DataLoader(

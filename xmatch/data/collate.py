@@ -26,8 +26,11 @@ def collate(pairs: Sequence[Pair]) -> dict[str, Any]:
     (LongTensor ``[B]``, the caption index).
 
     Example:
-        >>> loader = DataLoader(dataset, batch_size=40, shuffle=True, collate_fn=collate)  # doctest: +SKIP
-        >>> model(next(iter(loader))).loss  # doctest: +SKIP
+        >>> pairs = [Pair(RegionImage(np.ones((r, 8), np.float32), np.zeros((r, 4), np.float32)), f"caption {r}", r, r)
+        ...          for r in (2, 3)]
+        >>> batch = collate(pairs)  # DataLoader(dataset, batch_size=40, collate_fn=collate) calls it
+        >>> batch["regions"].shape, batch["region_mask"].tolist(), batch["texts"]
+        (torch.Size([2, 3, 8]), [[True, True, False], [True, True, True]], ['caption 2', 'caption 3'])
     """
     if not pairs:
         raise ValueError("collate needs at least one item.")
@@ -45,9 +48,10 @@ def collate_images(items: Sequence[ImageItem]) -> dict[str, Any]:
     and ``image_ids`` (LongTensor ``[B]``, the image indices).
 
     Example:
-        >>> batch = collate_images([dataset.images[0], dataset.images[1]])  # doctest: +SKIP
-        >>> batch["region_mask"].shape  # doctest: +SKIP
-        torch.Size([2, 36])
+        >>> items = [ImageItem(RegionImage(np.ones((36, 8), np.float32), np.zeros((36, 4), np.float32)), k) for k in (4, 7)]
+        >>> batch = collate_images(items)  # dataset.image_loader(64) calls it on dataset.images
+        >>> batch["region_mask"].shape, batch["image_ids"].tolist()
+        (torch.Size([2, 36]), [4, 7])
     """
     if not items:
         raise ValueError("collate_images needs at least one item.")

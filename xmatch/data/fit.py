@@ -22,7 +22,7 @@ def check_images_fit(model: Any, dataset: Any, role: str) -> None:
             features of another width; the message says what to change.
 
     Example:
-        >>> check_images_fit(model, xmatch.data.open_dataset("scenes", None, split="test"), "evaluation")  # doctest: +SKIP
+        >>> check_images_fit(model, xmatch.data.open_dataset("scenes", None, split="test"), "evaluation")  # generates the scenes benchmark (minutes)  # doctest: +SKIP
     """
     if len(dataset) == 0:
         raise ValueError(f"the {role} set is empty.")

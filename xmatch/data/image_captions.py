@@ -46,9 +46,12 @@ class ImageCaptionsDataset(ImageTextDataset):
             caption or image path, a file without rows; at load time an unreadable image.
 
     Example:
-        >>> ds = ImageCaptionsDataset("photos/captions.csv")  # doctest: +SKIP
-        >>> ds.image(0).size, ds.captions[:2]  # doctest: +SKIP
-        ((640, 480), ['a dog on a bench', 'a brown dog resting'])
+        >>> from PIL import Image
+        >>> Image.new("RGB", (64, 48)).save("dog.jpg")
+        >>> _ = Path("captions.csv").write_text("image,caption\\ndog.jpg,a dog on a bench\\ndog.jpg,a brown dog resting\\n")
+        >>> ds = ImageCaptionsDataset("captions.csv")
+        >>> ds.image(0).size, ds.captions[:2]
+        ((64, 48), ['a dog on a bench', 'a brown dog resting'])
     """
 
     def __init__(self, root: PathArg, split: str | None = None) -> None:

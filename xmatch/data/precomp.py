@@ -68,9 +68,12 @@ class PrecompDataset(ImageTextDataset):
             without sizes; at load time NaN features or boxes outside the image.
 
     Example:
-        >>> ds = PrecompDataset("data/f30k_precomp", "test")  # doctest: +SKIP
-        >>> ds.num_images, len(ds), type(ds.features).__name__  # doctest: +SKIP
-        (1000, 5000, 'memmap')
+        >>> np.save("test_ims.npy", np.ones((2, 36, 8), np.float32))  # data/f30k_precomp: 1000 images
+        >>> _ = Path("test_caps.txt").write_text("".join(f"caption {k}\\n" for k in range(10)))
+        >>> np.save("test_boxes.npy", np.tile(np.float32([0.1, 0.1, 0.5, 0.5]), (2, 36, 1)))
+        >>> ds = PrecompDataset(".", "test", boxes_normalized=True)
+        >>> ds.num_images, len(ds), type(ds.features).__name__
+        (2, 10, 'memmap')
     """
 
     def __init__(

@@ -106,7 +106,7 @@ def open_scenes(
         FileNotFoundError: the set is missing and ``generate`` does not allow making it there.
 
     Example:
-        >>> ds = open_scenes("~/.cache/xmatch/datasets/scenes", "train")  # doctest: +SKIP
+        >>> ds = open_scenes("~/.cache/xmatch/datasets/scenes", "train")  # generates the scenes benchmark (minutes)  # doctest: +SKIP
         >>> ds.num_images, ds.captions[1], ds.image(0).regions.shape  # doctest: +SKIP
         (800, 'a little green circle to the left of a small blue triangle', (36, 1280))
     """
@@ -347,7 +347,7 @@ def read_scenes(folder: PathArg) -> list[dict[str, Any]]:
     ``objects`` (``kind``, ``colour``, ``size``, pixel ``box``, ...), in image-id order.
 
     Example:
-        >>> ds = open_scenes(split="test")  # doctest: +SKIP
+        >>> ds = open_scenes(split="test")  # generates the scenes benchmark (minutes)  # doctest: +SKIP
         >>> [r["description"] for r in read_scenes(ds.root) if r["group"] == 450]  # doctest: +SKIP
         ['a small blue 6 above a large purple 1', 'a large blue 6 above a small purple 1']
     """
@@ -371,7 +371,7 @@ def twins(dataset: Any) -> dict[int, int]:
     layout whose twin is in the same split.
 
     Example:
-        >>> twins(open_scenes(split="test"))[0]  # doctest: +SKIP
+        >>> twins(open_scenes(split="test"))[0]  # generates the scenes benchmark (minutes)  # doctest: +SKIP
         1
     """
     row = {int(Path(name).stem): i for i, name in enumerate(dataset.image_names)}
@@ -390,7 +390,7 @@ def scene_groups(dataset: Any) -> Any:
     so ``xmatch eval ... --dataset scenes --protocol groups`` finds them.
 
     Example:
-        >>> scene_groups(open_scenes(split="test")).kinds[:2]  # doctest: +SKIP
+        >>> scene_groups(open_scenes(split="test")).kinds[:2]  # generates the scenes benchmark (minutes)  # doctest: +SKIP
         ['size', 'colour']
     """
     from xmatch.eval.groups import Group, GroupSet
@@ -427,7 +427,7 @@ def twin_accuracy(scores: np.ndarray | Any, dataset: Any) -> tuple[float, int]:
         (accuracy in [0, 1], number of captions whose scene has its twin in the split).
 
     Example:
-        >>> test = open_scenes(split="test")  # doctest: +SKIP
+        >>> test = open_scenes(split="test")  # generates the scenes benchmark (minutes)  # doctest: +SKIP
         >>> twin_accuracy(model.similarity(img, txt), test)  # doctest: +SKIP
         (0.71, 500)
     """

@@ -93,7 +93,7 @@ class RegionFeatureExtractor:
         seed: seed of a random initialisation.
 
     Example:
-        >>> ex = RegionFeatureExtractor("efficientnet_lite0", "package:efficientnet-lite0", 224)  # doctest: +SKIP
+        >>> ex = RegionFeatureExtractor("efficientnet_lite0", "package:efficientnet-lite0", 224)  # needs a picture and the packaged backbone  # doctest: +SKIP
         >>> ex([image], np.array([[[0, 0, 224, 224]]], np.float32)).shape  # doctest: +SKIP
         (1, 1, 1280)
     """

@@ -98,7 +98,7 @@ class TeranDataset(ImageTextDataset):
             mismatch, a box count that differs from the region count, boxes outside the image.
 
     Example:
-        >>> ds = TeranDataset("data/coco", "test")  # doctest: +SKIP
+        >>> ds = TeranDataset("data/coco", "test")  # needs the COCO features on disk  # doctest: +SKIP
         >>> ds.num_images, ds.captions_per_image, ds.size_source  # doctest: +SKIP
         (5000, 5, 'COCO annotations data/coco/annotations/captions_val2014.json')
         >>> img = ds.image(0); img.regions.shape, img.boxes.max() <= 1  # doctest: +SKIP

@@ -25,7 +25,7 @@ them); mAP@R = (1/R) sum over r <= R of precision@r at each rank r that
 holds a positive; R-Precision = the share of positives in the top R.
 
 Example:
-    >>> ids = coco_ids(dataset, caption_ids="data/coco/annotations/coco_test_ids.npy")  # doctest: +SKIP
+    >>> ids = coco_ids(dataset, caption_ids="data/coco/annotations/coco_test_ids.npy")  # needs the COCO caption ids and eccv-caption  # doctest: +SKIP
     >>> eccv_caption_metrics(scores, ids)["t2i"]["map_at_r"]  # doctest: +SKIP
 """
 
@@ -118,7 +118,7 @@ def coco_ids(dataset: Any, caption_ids: str | os.PathLike | Sequence[int] | np.n
             captions of one dataset image that belong to different COCO images.
 
     Example:
-        >>> coco_ids(test, "data/coco_precomp/testall_ids.txt").image_ids[:2]  # doctest: +SKIP
+        >>> coco_ids(test, "data/coco_precomp/testall_ids.txt").image_ids[:2]  # needs the COCO precomp ids file  # doctest: +SKIP
         array([391895, 522418])
     """
     if caption_ids is None:
@@ -318,7 +318,7 @@ def retrieved_items(scores: Any, ids: CocoIds, k: int = 100) -> dict[str, dict[i
     evaluator (the cross-check in the tests).
 
     Example:
-        >>> package.eccv_metrics(retrieved_items(scores, ids), "all")  # doctest: +SKIP
+        >>> package.eccv_metrics(retrieved_items(scores, ids), "all")  # needs eccv-caption's annotations  # doctest: +SKIP
     """
     scores = _check_scores(scores, ids)
     out: dict[str, dict[int, list[int]]] = {}

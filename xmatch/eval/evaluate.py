@@ -65,7 +65,7 @@ def encode_dataset(
     ever padded to the corpus's longest item.
 
     Example:
-        >>> enc = encode_dataset(model, xmatch.data.open_dataset("teran", "data/coco", split="test"))  # doctest: +SKIP
+        >>> enc = encode_dataset(model, xmatch.data.open_dataset("teran", "data/coco", split="test"))  # needs the COCO features on disk  # doctest: +SKIP
     """
     start = time.perf_counter()
     model.eval()
@@ -151,7 +151,7 @@ def evaluate(
         fold_images: images per fold (default: the protocol's).
 
     Example:
-        >>> result = xmatch.eval.evaluate(model, dataset, "coco-1k")  # doctest: +SKIP
+        >>> result = xmatch.eval.evaluate(model, dataset, "coco-1k")  # needs a model and a dataset  # doctest: +SKIP
         >>> print(result.table())  # doctest: +SKIP
     """
     models = [models] if isinstance(models, MatchingModel) else list(models)

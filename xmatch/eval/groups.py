@@ -135,7 +135,12 @@ class GroupSet:
         image's own captions (``0`` = its first caption). ``kind`` defaults to ``"group"``.
 
         Example:
-            >>> GroupSet.from_json("groups.json", dataset)  # doctest: +SKIP
+            >>> from types import SimpleNamespace
+            >>> split = SimpleNamespace(image_names=["images/900.png", "images/901.png"], caption_image=np.array([0, 0, 1, 1]))
+            >>> _ = Path("groups.json").write_text('{"groups": [{"images": ["900", 1], "kind": "colour"}]}')
+            >>> gs = GroupSet.from_json("groups.json", split)
+            >>> len(gs), gs.kinds
+            (1, ['colour'])
         """
         path = Path(path)
         try:
@@ -363,7 +368,7 @@ def dataset_groups(dataset: Any, source: str | os.PathLike | None = None) -> Gro
         ValueError: the dataset declares none and no file is given.
 
     Example:
-        >>> dataset_groups(open_dataset("scenes", None, split="test")).kinds[:3]  # doctest: +SKIP
+        >>> dataset_groups(open_dataset("scenes", None, split="test")).kinds[:3]  # generates the scenes benchmark (minutes)  # doctest: +SKIP
         ['size', 'colour', 'colour']
     """
     if source is not None:

@@ -126,7 +126,9 @@ class WordListTagger:
         classes :class:`SwapAttributes` may swap).
 
         Example:
-            >>> WordListTagger.from_json("word_classes.json").classes  # doctest: +SKIP
+            >>> doc = {"noun": ["dog", ["car", "auto"]], "adjective": ["red"], "relation": ["left of"]}
+            >>> _ = Path("word_classes.json").write_text(json.dumps(doc))
+            >>> WordListTagger.from_json("word_classes.json").classes
             ('noun', 'adjective', 'relation')
         """
         path = Path(path)
@@ -173,7 +175,7 @@ class PosTagger:
     adjectives, ADP relation words).
 
     Example:
-        >>> import nltk  # doctest: +SKIP
+        >>> import nltk  # needs nltk and its tagger data  # doctest: +SKIP
         >>> t = PosTagger(lambda ws: [tag for _, tag in nltk.pos_tag(ws, tagset="universal")])  # doctest: +SKIP
     """
 
@@ -480,7 +482,7 @@ class PerturbedCaptions:
     swaps change what a caption says and are probes or negatives, not positives.
 
     Example:
-        >>> train = PerturbedCaptions(open_dataset("scenes", None, split="train"), [ShuffleWords()], p=0.3)  # doctest: +SKIP
+        >>> train = PerturbedCaptions(open_dataset("scenes", None, split="train"), [ShuffleWords()], p=0.3)  # trains a model (minutes)  # doctest: +SKIP
         >>> Trainer(model, train, config).fit()  # doctest: +SKIP
     """
 

@@ -447,7 +447,7 @@ def load_original_relevance(
 
     Example:
         >>> rel = load_original_relevance("coco/relevances/coco-test-rougeL.npy", n_captions=25000)
-        ... # doctest: +SKIP
+        ... # needs the authors' relevance file  # doctest: +SKIP
         >>> rel.shape  # doctest: +SKIP
         (25000, 5000)
     """
@@ -489,7 +489,7 @@ def save_original_relevance(path: str | os.PathLike, relevance: np.ndarray) -> P
 
     Example:
         >>> save_original_relevance("data/coco/relevances/coco-test-rougeL.npy", rel)
-        ... # doctest: +SKIP
+        ... # needs a relevance matrix  # doctest: +SKIP
     """
     relevance = np.asarray(relevance)
     if relevance.ndim != 2:

@@ -10,7 +10,7 @@ can be traced to how it was made; each PNG also carries them in its metadata
 Plots need matplotlib (``pip install 'xmatch[report]'``), imported only here.
 
 Example:
-    >>> records = [run_protocols(m, test, "full,groups", name=n) for n, m in models.items()]  # doctest: +SKIP
+    >>> records = [run_protocols(m, test, "full,groups", name=n) for n, m in models.items()]  # evaluates models on the scenes benchmark (minutes)  # doctest: +SKIP
     >>> print(comparison_tables(records))  # doctest: +SKIP
     >>> write_report(records, "out/")  # doctest: +SKIP
     {'recall_curves': PosixPath('out/recall_curves.png'), ..., 'html': PosixPath('out/index.html')}
@@ -200,7 +200,15 @@ def comparison_tables(records: Sequence[RunRecord]) -> str:
     """All tables as terminal text.
 
     Example:
-        >>> print(comparison_tables(records))  # doctest: +SKIP
+        >>> from xmatch.eval import evaluate_scores
+        >>> from xmatch.eval.suite import RunRecord
+        >>> records = [RunRecord("perfect", evaluate_scores(np.eye(3).repeat(5, axis=1), "full"))]  # or load_records(...)
+        >>> print(comparison_tables(records))
+        Recall@K (full)
+        model    i2t R@1  i2t R@5  i2t R@10  t2i R@1  t2i R@5  t2i R@10  i2t medr  t2i medr   rsum
+        -------  -------  -------  --------  -------  -------  --------  --------  --------  -----
+        perfect    100.0    100.0     100.0    100.0    100.0     100.0       1.0       1.0  600.0
+        ...
     """
     if not records:
         raise ValueError("a comparison needs at least one evaluated model or result file.")
@@ -452,7 +460,7 @@ def write_report(records: Sequence[RunRecord], out: str | os.PathLike, *, comman
         ``{name: path}`` of every file written.
 
     Example:
-        >>> write_report(records, "out")["html"]  # doctest: +SKIP
+        >>> write_report(records, "out")["html"]  # draws its plots with matplotlib (seconds)  # doctest: +SKIP
         PosixPath('out/index.html')
     """
     if not records:

@@ -48,7 +48,7 @@ def find_spice_jar(jar: str | os.PathLike | None = None) -> Path:
             Stanford CoreNLP 3.6.0 jars; the message says what to download and where to put it.
 
     Example:
-        >>> find_spice_jar("/opt/SPICE-1.0/spice-1.0.jar")  # doctest: +SKIP
+        >>> find_spice_jar("/opt/SPICE-1.0/spice-1.0.jar")  # needs the SPICE jar  # doctest: +SKIP
         PosixPath('/opt/SPICE-1.0/spice-1.0.jar')
     """
     setup = (
@@ -191,7 +191,7 @@ def spice_relevance(
             output lacks pairs or is malformed.
 
     Example:
-        >>> rel = spice_relevance(captions, jar="SPICE-1.0/spice-1.0.jar")  # doctest: +SKIP
+        >>> rel = spice_relevance(captions, jar="SPICE-1.0/spice-1.0.jar")  # needs the SPICE jar and Java  # doctest: +SKIP
     """
     from xmatch.eval.relevance import check_captions
 

@@ -11,7 +11,7 @@ Protocol names (comma-separated in one string): at most one Recall@K protocol of
 ``cxc``) and any of :data:`EXTRA_PROTOCOLS`.
 
 Example:
-    >>> record = run_protocols(model, test, "full,groups,probes", name="teran-mrsw-scenes")  # doctest: +SKIP
+    >>> record = run_protocols(model, test, "full,groups,probes", name="teran-mrsw-scenes")  # evaluates a model on the scenes benchmark (minutes)  # doctest: +SKIP
     >>> record.extras["groups"]["overall"]["t2i"], record.provenance["dataset"]["fingerprint"]  # doctest: +SKIP
     (66.8, '3f1c0a9b2d4e')
 """
@@ -132,7 +132,7 @@ def load_records(path: str | os.PathLike) -> list[RunRecord]:
     (``results.json``): one record, or ``{"runs": [...]}``.
 
     Example:
-        >>> [r.name for r in load_records("out/results.json")]  # doctest: +SKIP
+        >>> [r.name for r in load_records("out/results.json")]  # needs a results file  # doctest: +SKIP
         ['teran-mrsw-scenes', 'tern-scenes']
     """
     path = Path(path)
@@ -173,7 +173,7 @@ def dataset_fingerprint(dataset: Any) -> str:
     a moved folder is the same data).
 
     Example:
-        >>> dataset_fingerprint(open_dataset("scenes", None, split="test"))  # doctest: +SKIP
+        >>> dataset_fingerprint(open_dataset("scenes", None, split="test"))  # generates the scenes benchmark (minutes)  # doctest: +SKIP
         '5d0c43a1e2b7'
     """
     from xmatch.train.run_folder import data_fingerprint

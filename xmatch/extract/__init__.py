@@ -9,7 +9,7 @@ model trained on such features into one that encodes pictures directly.
 
 Example:
     >>> from xmatch.extract import extract, on_pixels
-    >>> extract("my_photos", "feats", {"proposer": "windows"})  # doctest: +SKIP
+    >>> extract("my_photos", "feats", {"proposer": "windows"})  # needs the user's photos and a trained model  # doctest: +SKIP
     >>> model = on_pixels(xmatch.build("local-dir:runs/x/best", pretrained=True), "feats")  # doctest: +SKIP
     >>> img = model.encode_images(images=["my_photos/rex.jpg"])  # doctest: +SKIP
     >>> img.boxes.shape  # the regions' boxes, normalised to the picture  # doctest: +SKIP

@@ -74,7 +74,7 @@ def read_records(images: str | os.PathLike, captions: str | os.PathLike | None, 
         CaptionsError: a malformed captions file, duplicate ids, empty captions.
 
     Example:
-        >>> records, source = read_records("my_photos", "my_photos/captions.csv")  # doctest: +SKIP
+        >>> records, source = read_records("my_photos", "my_photos/captions.csv")  # needs the user's photos and captions  # doctest: +SKIP
         >>> records[0].key, records[0].split, records[0].captions[:1]  # doctest: +SKIP
         ('0', 'test', ['a dog on a beach'])
     """

@@ -172,7 +172,7 @@ class RoIFeatureExtractor(nn.Module):
         seed: seed of a random initialisation.
 
     Example:
-        >>> ex = RoIFeatureExtractor("efficientnet_lite0")  # doctest: +SKIP
+        >>> ex = RoIFeatureExtractor("efficientnet_lite0")  # needs a picture and the packaged backbone  # doctest: +SKIP
         >>> pixels = ex.prepare(pil_image)                   # doctest: +SKIP
         >>> ex([pixels], [torch.tensor([[0., 0., 64., 64.]])], [pil_image.size])[0].shape  # doctest: +SKIP
         torch.Size([1, 1280])

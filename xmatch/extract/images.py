@@ -22,7 +22,11 @@ def find_images(folder: str | os.PathLike) -> list[str]:
         FileNotFoundError: ``folder`` does not exist or is not a folder.
 
     Example:
-        >>> find_images("my_photos")  # doctest: +SKIP
+        >>> from PIL import Image
+        >>> Path("my_photos/dogs").mkdir(parents=True)
+        >>> Image.new("RGB", (64, 48)).save("my_photos/beach.jpg"); Image.new("RGB", (8, 8)).save("my_photos/dogs/rex.png")
+        >>> _ = Path("my_photos/notes.txt").write_text("not an image")
+        >>> find_images("my_photos")
         ['beach.jpg', 'dogs/rex.png']
     """
     root = Path(folder).expanduser()
@@ -46,8 +50,10 @@ def load_image(path: str | os.PathLike) -> Any:
         UnreadableImageError: the file is not an image Pillow can decode.
 
     Example:
-        >>> load_image("my_photos/beach.jpg").size  # doctest: +SKIP
-        (640, 480)
+        >>> from PIL import Image
+        >>> Image.new("RGB", (64, 48)).save("beach.jpg")
+        >>> load_image("beach.jpg").size
+        (64, 48)
     """
     from PIL import Image, ImageOps, UnidentifiedImageError
 

@@ -27,7 +27,7 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
         ManifestError: no ``extract.json`` there, or not one written by ``xmatch extract``.
 
     Example:
-        >>> m = read_manifest("feats")  # doctest: +SKIP
+        >>> m = read_manifest("feats")  # needs an extraction folder  # doctest: +SKIP
         >>> m["pipeline"]["backbone"], m["feature_dim"], m["complete"]  # doctest: +SKIP
         ('efficientnet_lite0', 1280, True)
     """
@@ -60,7 +60,7 @@ def describe_features(root: str | os.PathLike | None) -> str | None:
     no manifest (for error messages about a dataset built on them).
 
     Example:
-        >>> describe_features("feats")  # doctest: +SKIP
+        >>> describe_features("feats")  # needs an extraction folder  # doctest: +SKIP
         'feats/extract.json: 1280-d features of efficientnet_lite0 (package:efficientnet-lite0), proposer windows'
     """
     if root is None:

@@ -59,7 +59,7 @@ class PictureLoader:
     """Decodes and resizes one picture; picklable, so DataLoader workers can run it.
 
     Example:
-        >>> loader = pipeline.loader()  # doctest: +SKIP
+        >>> loader = pipeline.loader()  # needs a pipeline and the user's photos  # doctest: +SKIP
         >>> loader("my_photos/rex.jpg", "rex.jpg").pixels.shape  # doctest: +SKIP
         torch.Size([3, 224, 288])
     """
@@ -119,7 +119,7 @@ class RegionPipeline(nn.Module):
             seed: as :class:`RoIFeatureExtractor`.
 
     Example:
-        >>> pipe = RegionPipeline({"name": "windows", "regions": 36})  # doctest: +SKIP
+        >>> pipe = RegionPipeline({"name": "windows", "regions": 36})  # needs the user's photos and the packaged backbone  # doctest: +SKIP
         >>> regions = pipe.regions_of(["my_photos/rex.jpg"])[0]  # doctest: +SKIP
         >>> regions.features.shape, regions.boxes.shape  # doctest: +SKIP
         (torch.Size([36, 1280]), torch.Size([36, 4]))

@@ -20,7 +20,7 @@ def pixel_encoder_table(features: str | os.PathLike | Mapping[str, Any], encoder
     ``encoder``, with the weights' fingerprint to check.
 
     Example:
-        >>> pixel_encoder_table("feats", {"name": "bottomup", "feature_dim": 1280})["proposer"]  # doctest: +SKIP
+        >>> pixel_encoder_table("feats", {"name": "bottomup", "feature_dim": 1280})["proposer"]  # needs an extraction folder  # doctest: +SKIP
         {'name': 'windows', 'regions': 36, 'scales': [1.0, 0.5, 0.333..., 0.25], 'overlap': 0.5}
     """
     manifest = features if isinstance(features, Mapping) else read_manifest(features)
@@ -46,7 +46,7 @@ def on_pixels(model: Any, features: str | os.PathLike) -> Any:
         ValueError: the model already takes pixels.
 
     Example:
-        >>> trained = xmatch.build("local-dir:runs/teran/best", pretrained=True)  # doctest: +SKIP
+        >>> trained = xmatch.build("local-dir:runs/teran/best", pretrained=True)  # needs a trained model and an extraction folder  # doctest: +SKIP
         >>> model = on_pixels(trained, "feats").eval()  # doctest: +SKIP
         >>> img = model.encode_images(images=["photo.jpg"])  # doctest: +SKIP
         >>> img.boxes[0][img.mask[0]]  # the regions' boxes, normalised to the photo  # doctest: +SKIP

@@ -44,9 +44,12 @@ class BoxesProposer(Proposer):
             ``regions``: a fixed count, like bottom-up attention's 36).
 
     Example:
-        >>> p = BoxesProposer("boxes.json", regions=36)  # doctest: +SKIP
-        >>> p([ImageInfo(640, 480, name="rex.jpg")])[0].boxes.shape  # doctest: +SKIP
-        torch.Size([36, 4])
+        >>> Path("boxes").mkdir()
+        >>> _ = Path("boxes/rex.json").write_text("[[10, 20, 300, 400]]")  # pixel boxes of photos/rex.jpg
+        >>> p = BoxesProposer("boxes", regions=36)
+        >>> proposals = p([ImageInfo(640, 480, name="rex.jpg")])[0]
+        >>> proposals.boxes.shape, proposals.boxes[0].tolist()  # the given box, then padding
+        (torch.Size([36, 4]), [10.0, 20.0, 300.0, 400.0])
     """
 
     def __init__(self, source: str, regions: int = 36, min_regions: int | None = None) -> None:

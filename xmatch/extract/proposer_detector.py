@@ -63,7 +63,7 @@ class TorchvisionDetector(Proposer):
         seed: seed of a random initialisation.
 
     Example:
-        >>> det = TorchvisionDetector("fasterrcnn_mobilenet_v3_large_fpn", weights="DEFAULT")  # doctest: +SKIP
+        >>> det = TorchvisionDetector("fasterrcnn_mobilenet_v3_large_fpn", weights="DEFAULT")  # downloads the detector's weights  # doctest: +SKIP
         >>> det([ImageInfo(640, 480, image=pil_image)])[0].boxes.shape  # doctest: +SKIP
         torch.Size([36, 4])
     """

@@ -140,7 +140,7 @@ def extract(
 
     Example:
         >>> from xmatch.extract import extract
-        >>> result = extract("my_photos", "feats", {"proposer": "windows"})  # doctest: +SKIP
+        >>> result = extract("my_photos", "feats", {"proposer": "windows"})  # needs the user's photos  # doctest: +SKIP
         >>> print(result.summary())  # doctest: +SKIP
         120 images (test 120) in feats (teran layout, 1280-d features): 120 extracted, 0 already done in 14.2 s
     """

@@ -79,8 +79,11 @@ class RegionFiles:
     """Per-image region files in the bottom-up layout under ``folder`` (``bu_att``, ``bu_box``).
 
     Example:
-        >>> files = RegionFiles(Path("feats"))  # doctest: +SKIP
-        >>> files.write("7", np.zeros((36, 1280), np.float32), np.zeros((36, 4), np.float32))  # doctest: +SKIP
+        >>> files = RegionFiles(Path("feats"))
+        >>> files.create()
+        >>> files.write("7", np.zeros((36, 1280), np.float32), np.zeros((36, 4), np.float32))
+        >>> sorted(str(p) for p in Path("feats").rglob("*") if p.is_file())
+        ['feats/bu_att/7.npz', 'feats/bu_box/7.npy']
     """
 
     def __init__(self, folder: Path, dtype: str = "float32") -> None:

@@ -8,7 +8,7 @@ nearest-neighbour structure, then exact scores with the model's own pooler
 
 Example:
     >>> import xmatch.index
-    >>> index = xmatch.index.open("idx")  # doctest: +SKIP
+    >>> index = xmatch.index.open("idx")  # needs an index built with `xmatch index`  # doctest: +SKIP
     >>> for hit in index.search_texts(["a large red circle left of a small blue seven"], k=5)[0].hits:  # doctest: +SKIP
     ...     print(hit.id, round(hit.score, 3))
 """

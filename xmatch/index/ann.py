@@ -43,9 +43,10 @@ class VectorIndex:
         kind: ``flat`` (exact) or ``hnsw``.
 
     Example:
-        >>> index = VectorIndex(4, "flat")  # doctest: +SKIP
-        >>> index.add(np.eye(4, dtype=np.float32), np.arange(4))  # doctest: +SKIP
-        >>> index.search(np.eye(4, dtype=np.float32)[:1], 2)  # doctest: +SKIP
+        >>> index = VectorIndex(4, "flat")
+        >>> index.add(np.eye(4, dtype=np.float32) + 0.1, np.arange(10, 14))
+        >>> index.search(np.eye(4, dtype=np.float32)[:1], 2)  # (scores, ids) of the 2 best per query
+        (array([[1.1, 0.1]], dtype=float32), array([[10, 11]]))
     """
 
     def __init__(self, dim: int, kind: str, *, raw: Any = None) -> None:

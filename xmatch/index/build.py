@@ -50,7 +50,7 @@ def index_dataset(
         The number of items added.
 
     Example:
-        >>> index = xmatch.index.create("idx", model, model_ref="teran-mrsw-scenes")  # doctest: +SKIP
+        >>> index = xmatch.index.create("idx", model, model_ref="teran-mrsw-scenes")  # encodes the scenes benchmark (minutes)  # doctest: +SKIP
         >>> index_dataset(index, xmatch.data.scenes.open_scenes(split="test"))  # doctest: +SKIP
         100
     """
@@ -118,7 +118,7 @@ def copy_index(source: SearchIndex, target: SearchIndex, *, progress: bool = Tru
         The number of items copied.
 
     Example:
-        >>> src = xmatch.index.open("idx")  # doctest: +SKIP
+        >>> src = xmatch.index.open("idx")  # needs an index and a Qdrant server  # doctest: +SKIP
         >>> copy_index(src, xmatch.index.create("idx-qdrant", src.model, engine="qdrant", qdrant="http://db:6333"))  # doctest: +SKIP
     """
     if source.fingerprint != target.fingerprint or source.side != target.side:

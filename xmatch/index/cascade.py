@@ -29,7 +29,7 @@ class Cascade:
         shortlist: items handed from the first model to the second per query.
 
     Example:
-        >>> cascade = Cascade(xmatch.index.open("idx-tern"), xmatch.index.open("idx-teran"), shortlist=200)  # doctest: +SKIP
+        >>> cascade = Cascade(xmatch.index.open("idx-tern"), xmatch.index.open("idx-teran"), shortlist=200)  # needs two built indexes  # doctest: +SKIP
         >>> cascade.search_texts(["a red circle left of a blue seven"], k=5)[0].ids  # doctest: +SKIP
     """
 

@@ -38,7 +38,9 @@ class CentroidLists:
         owners: ``[n_tokens]`` int64 row of each stored token.
 
     Example:
-        >>> lists = CentroidLists.train(np.random.rand(5000, 8).astype("float32"), 16)  # doctest: +SKIP
+        >>> lists = CentroidLists.train(np.random.rand(5000, 8).astype("float32"), 16)
+        >>> lists.centroids.shape
+        (16, 8)
     """
 
     def __init__(self, centroids: np.ndarray, codes: np.ndarray, owners: np.ndarray) -> None:

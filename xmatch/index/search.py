@@ -49,7 +49,7 @@ class SearchIndex:
     token sets (its fingerprint is checked) and whose pooler ranks the candidates.
 
     Example:
-        >>> index = xmatch.index.open("idx")  # doctest: +SKIP
+        >>> index = xmatch.index.open("idx")  # needs an index built with `xmatch index`  # doctest: +SKIP
         >>> [r.ids for r in index.search_texts(["a red circle left of a blue seven"], k=5)]  # doctest: +SKIP
         [['913', '942', '907', '955', '931']]
     """
@@ -125,7 +125,9 @@ class SearchIndex:
             The number of items added.
 
         Example:
-            >>> index.add(regions=feats, boxes=boxes, ids=["a", "b"])  # doctest: +SKIP
+            >>> index = xmatch.index.create("idx", xmatch.build("teran-mrsw-scenes", pretrained=True), model_ref="teran-mrsw-scenes")
+            >>> feats, boxes = torch.rand(2, 36, 1280), torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(2, 36, 4)
+            >>> index.add(regions=feats, boxes=boxes, ids=["a", "b"])
             2
         """
         from filelock import FileLock
@@ -213,7 +215,12 @@ class SearchIndex:
         Options are those of :meth:`search` (``candidates``, ``exact``, ``stage1``, ...).
 
         Example:
-            >>> index.search_texts(["a dog on a bench"], k=5)[0].ids  # doctest: +SKIP
+            >>> index = xmatch.index.create("idx", xmatch.build("teran-mrsw-scenes", pretrained=True), model_ref="teran-mrsw-scenes")
+            >>> index.add(regions=torch.rand(3, 36, 1280), boxes=torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(3, 36, 4))
+            3
+            >>> hits = index.search_texts(["a red circle left of a blue seven"], k=2)[0]
+            >>> len(hits.ids), set(hits.ids) <= {"0", "1", "2"}  # ids default to the row numbers
+            (2, True)
         """
         if isinstance(texts, str):
             raise TypeError("search_texts takes a list of queries; wrap a single one in a list.")
@@ -241,7 +248,7 @@ class SearchIndex:
         ``regions`` + ``boxes`` (+ ``mask``) of precomputed region features.
 
         Example:
-            >>> index.search_images([Image.open("dog.png")], k=5)[0].hits[0].text  # doctest: +SKIP
+            >>> index.search_images([Image.open("dog.png")], k=5)[0].hits[0].text  # needs an index and a picture  # doctest: +SKIP
         """
         if self.side != "texts":
             raise WrongSideError(
@@ -477,8 +484,10 @@ def create(
         collection: the Qdrant collection name (default ``xmatch-<folder name>``).
 
     Example:
-        >>> model = xmatch.build("teran-mrsw-scenes", pretrained=True)  # doctest: +SKIP
-        >>> index = xmatch.index.create("idx", model, model_ref="teran-mrsw-scenes")  # doctest: +SKIP
+        >>> model = xmatch.build("teran-mrsw-scenes", pretrained=True)
+        >>> index = xmatch.index.create("idx", model, model_ref="teran-mrsw-scenes")
+        >>> len(index), index.side
+        (0, 'images')
     """
     root = Path(path)
     check_side(side)
@@ -545,9 +554,12 @@ def open(  # noqa: A001 - the public name is xmatch.index.open, as the issue ask
         DamagedIndexError: a file of the index is missing or damaged (named).
 
     Example:
-        >>> index = xmatch.index.open("idx")  # doctest: +SKIP
-        >>> len(index), index.side  # doctest: +SKIP
-        (100, 'images')
+        >>> created = xmatch.index.create("idx", xmatch.build("teran-mrsw-scenes", pretrained=True), model_ref="teran-mrsw-scenes")
+        >>> created.add(regions=torch.rand(2, 36, 1280), boxes=torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(2, 36, 4))
+        2
+        >>> index = xmatch.index.open("idx")  # `xmatch index` writes one from the command line
+        >>> len(index), index.side
+        (2, 'images')
     """
     root = Path(path)
     manifest = read_manifest(root)

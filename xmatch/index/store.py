@@ -77,8 +77,11 @@ class ShardStore:
     of any rows as float32 ``Embeddings``; ``blocks()`` walks the whole corpus shard by shard.
 
     Example:
-        >>> store = ShardStore(Path("idx"), read_manifest(Path("idx")))  # doctest: +SKIP
-        >>> store.gather(torch.tensor([0, 5])).tokens.shape  # doctest: +SKIP
+        >>> index = xmatch.index.create("idx", xmatch.build("teran-mrsw-scenes", pretrained=True), model_ref="teran-mrsw-scenes")
+        >>> index.add(regions=torch.rand(6, 36, 1280), boxes=torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(6, 36, 4))
+        6
+        >>> store = ShardStore(Path("idx"), read_manifest(Path("idx")))
+        >>> store.gather(torch.tensor([0, 5])).tokens.shape  # the 36 regions' tokens of rows 0 and 5
         torch.Size([2, 36, 256])
     """
 

@@ -2,7 +2,7 @@
 
 Example:
     >>> from xmatch.train import Trainer, load_recipe
-    >>> model = xmatch.build("teran-mrsw-coco")  # doctest: +SKIP
+    >>> model = xmatch.build("teran-mrsw-coco")  # trains on COCO (hours)  # doctest: +SKIP
     >>> train = xmatch.data.open_dataset("teran", "data/coco", split="train", restval=True)  # doctest: +SKIP
     >>> Trainer(model, train, load_recipe("teran-coco"), run_dir="runs/teran").fit()  # doctest: +SKIP
 """

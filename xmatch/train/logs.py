@@ -14,8 +14,10 @@ class CsvLog:
     log reads as one uninterrupted run.
 
     Example:
-        >>> log = CsvLog(tmp / "train.csv")  # doctest: +SKIP
-        >>> log.write({"step": 1, "loss": 0.5})  # doctest: +SKIP
+        >>> log = CsvLog(Path("train.csv"))
+        >>> log.write({"step": 1, "loss": 0.5})
+        >>> Path("train.csv").read_text().splitlines()
+        ['step,loss', '1,0.5']
     """
 
     def __init__(self, path: Path, resume_step: int | None = None) -> None:

@@ -60,7 +60,10 @@ def build_optimizer(groups: list[GroupPlan], config: TrainConfig) -> torch.optim
     """The recipe's optimizer over the planned groups (each group's ``lr = lr * lr_scale``).
 
     Example:
-        >>> opt = build_optimizer(plan_groups(model, cfg), cfg)  # doctest: +SKIP
+        >>> cfg = TrainConfig(optimizer="adam", lr=2e-4)
+        >>> opt = build_optimizer(plan_groups(xmatch.build("teran-mrsw-scenes"), cfg), cfg)
+        >>> type(opt).__name__, opt.param_groups[0]["lr"]
+        ('Adam', 0.0002)
     """
     param_groups = [
         {"params": g.params, "lr": config.lr * g.lr_scale, "weight_decay": g.weight_decay} for g in groups

@@ -118,7 +118,7 @@ class Trainer:
             up here from ``device`` and the ``torchrun`` environment).
 
     Example:
-        >>> model = xmatch.build("teran-mrsw-coco")  # doctest: +SKIP
+        >>> model = xmatch.build("teran-mrsw-coco")  # trains on COCO (hours)  # doctest: +SKIP
         >>> train = xmatch.data.open_dataset("teran", "data/coco", split="train", restval=True)  # doctest: +SKIP
         >>> val = xmatch.data.open_dataset("teran", "data/coco", split="val", max_images=1000)  # doctest: +SKIP
         >>> Trainer(model, train, load_recipe("teran-coco"), val_data=val, run_dir="runs/teran").fit()  # doctest: +SKIP

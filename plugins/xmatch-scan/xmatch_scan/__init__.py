@@ -13,8 +13,11 @@ Installing the distribution registers, through entry points (nothing in xmatch i
 
 Example:
     >>> import xmatch
-    >>> model = xmatch.build("scan-t2i-avg-f30k", text_encoder={"vocab": "captions.txt"})  # doctest: +SKIP
-    >>> scores = model.similarity(model.encode_images(regions, boxes), model.encode_texts(["a dog"]))  # doctest: +SKIP
+    >>> import torch
+    >>> model = xmatch.build("scan-t2i-avg-f30k", text_encoder={"vocab": ["a", "dog", "on", "the", "bench"]})
+    >>> regions, boxes = torch.rand(2, 36, 2048), torch.zeros(2, 36, 4)  # precomputed bottom-up features
+    >>> model.similarity(model.encode_images(regions=regions, boxes=boxes), model.encode_texts(["a dog"])).shape
+    torch.Size([2, 1])
 """
 
 from __future__ import annotations

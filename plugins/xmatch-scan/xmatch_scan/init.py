@@ -36,7 +36,10 @@ def init_like_original(model: MatchingModel) -> MatchingModel:
         The same model.
 
     Example:
-        >>> model = init_like_original(xmatch.build("scan-t2i-avg-f30k", text_encoder={"vocab": words}))  # doctest: +SKIP
+        >>> words = ["a", "dog", "on", "the", "bench"]
+        >>> model = init_like_original(xmatch.build("scan-t2i-avg-f30k", text_encoder={"vocab": words}))
+        >>> model.image_projection.bias.abs().sum().item()  # Xavier weights, zero bias
+        0.0
     """
     if not isinstance(model.image_encoder, ScanPrecompEncoder) or not isinstance(model.text_encoder, ScanBiGRUTextEncoder):
         raise TypeError(

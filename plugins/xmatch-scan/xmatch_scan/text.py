@@ -55,7 +55,7 @@ def load_original_vocab(path: str | os.PathLike) -> Vocabulary:
     four specials come first in xmatch's own order, then the words in the original id order.
 
     Example:
-        >>> load_original_vocab("vocab/f30k_precomp_vocab.json")  # doctest: +SKIP
+        >>> load_original_vocab("vocab/f30k_precomp_vocab.json")  # needs the original SCAN vocabulary file  # doctest: +SKIP
         Vocabulary(8481 words)
     """
     path = Path(path)

@@ -38,7 +38,10 @@ def init_like_original(model: MatchingModel) -> MatchingModel:
         The same model.
 
     Example:
-        >>> model = init_like_original(xmatch.build("vsepp-precomp-coco", text_encoder={"vocab": words}))  # doctest: +SKIP
+        >>> words = ["a", "dog", "on", "the", "bench"]
+        >>> model = init_like_original(xmatch.build("vsepp-precomp-coco", text_encoder={"vocab": words}))
+        >>> model.image_projection.bias.abs().sum().item()  # Xavier weights, zero bias
+        0.0
     """
     if not isinstance(model.image_encoder, (VSEPPImageEncoder, VSEPPPrecompEncoder)) or not isinstance(
         model.text_encoder, VSEPPTextEncoder

@@ -26,8 +26,8 @@ class OrderPooler(Pooler):
     Example:
         >>> e = Embeddings(torch.zeros(2, 0, 2), torch.zeros(2, 0, dtype=torch.bool), torch.eye(2))
         >>> OrderPooler()(e, e)
-        tensor([[ 0., -1.],
-                [-1.,  0.]])
+        tensor([[-0., -1.],
+                [-1., -0.]])
     """
 
     uses_tokens = False
