@@ -42,6 +42,9 @@ def test_the_distribution_is_not_the_unrelated_xmatch_on_pypi():
     for plugin in (ROOT / "plugins").glob("*/pyproject.toml"):
         needs = [requirement_name(r) for r in tomllib.loads(plugin.read_text())["project"]["dependencies"]]
         assert DISTRIBUTION in needs and "xmatch" not in needs, f"{plugin}: depend on {DISTRIBUTION}"
+    for page in USER_TEXT:  # the plugin tutorial's pyproject.toml, for one
+        wrong = re.findall(r"""dependencies = \[[^\]]*["']xmatch[<>=!~;"' ]""", page.read_text(encoding="utf-8"))
+        assert not wrong, f"{page.relative_to(ROOT)}: {wrong}: a plugin depends on {DISTRIBUTION}"
 
 
 def test_pip_commands_name_the_distribution_and_its_real_extras():
