@@ -218,8 +218,8 @@ def test_require_names_the_pip_command(monkeypatch):
     assert require("json", "json", "a test") is sys.modules["json"]
     # installed but hidden; its submodules, already imported, must not hide that the package is missing
     monkeypatch.setitem(sys.modules, "rapidfuzz", None)
-    with pytest.raises(MissingDependencyError, match=r'a test needs the optional package rapidfuzz.*"xmatch\[eval\]"'):
-        require("rapidfuzz.distance", "xmatch[eval]", "a test")
+    with pytest.raises(MissingDependencyError, match=r'a test needs the optional package rapidfuzz.*"xmatch-zoo\[eval\]"'):
+        require("rapidfuzz.distance", "xmatch-zoo[eval]", "a test")
 
 
 def test_scenes_digits_without_scikit_learn(monkeypatch):
@@ -248,5 +248,5 @@ def test_glove_without_pyarrow(monkeypatch, tmp_path):
     np.save(tmp_path / "glove_emb.npy", np.zeros((1, 2), dtype=np.float32))
     (tmp_path / "glove_index.parquet").write_bytes(b"")
     monkeypatch.setitem(sys.modules, "pyarrow", None)
-    with pytest.raises(ImportError, match=r'GloVe word list .*pip install "xmatch\[glove\]"'):
+    with pytest.raises(ImportError, match=r'GloVe word list .*pip install "xmatch-zoo\[glove\]"'):
         load_glove(str(tmp_path))

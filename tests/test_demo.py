@@ -176,6 +176,20 @@ def test_demo_writes_the_retrieval_grid_with_twins_marked(tiny_run):
     assert RIGHT in pixels and TWIN in pixels  # 2 images: the right one and its twin in every row
 
 
+def test_demo_runs_a_saved_bundle_by_name(tiny_run, tiny_model, scenes_root, tmp_path, home, monkeypatch):
+    """`xmatch demo --model local-dir:DIR`: any model with weights, not only zoo entries."""
+    monkeypatch.setenv("XMATCH_HOME", str(home))
+    xmatch.save_pretrained(tiny_model, tmp_path / "bundle")
+    stream = io.StringIO()
+    result = run_demo(
+        f"local-dir:{tmp_path / 'bundle'}", size="tiny", root=scenes_root, data_options=FAST, out=tmp_path / "out",
+        queries=2, top_k=2, progress=False, stream=stream,
+    )
+    assert f"model: local-dir:{tmp_path / 'bundle'} (pretrained=True)" in stream.getvalue()
+    assert result.figures.t2i == tiny_run[0].figures.t2i and result.figures.i2t == tiny_run[0].figures.i2t
+    assert result.files["alignment"].is_file()
+
+
 def test_demo_trains_from_scratch_with_the_recipe(tiny_model, scenes_root, tmp_path, home, monkeypatch):
     monkeypatch.setenv("XMATCH_HOME", str(home))
     result = run_demo(

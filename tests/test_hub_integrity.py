@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import struct
+import sys
 import threading
 import time
 from pathlib import Path
@@ -233,6 +234,7 @@ def fetch_in_thread(source: dict, **options) -> tuple[threading.Thread, list]:
 def test_a_trickling_server_is_given_up_and_the_partial_resumes(server, bundle, home, monkeypatch, capsys, how):
     _, _, body, sha = bundle
     server.files[PATH] = Served(body, trickle=0.5)  # one byte every half second
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # progress bars are drawn on a terminal only
     monkeypatch.setenv("XMATCH_DOWNLOAD_RETRIES", "1")
     if how == "environment":
         monkeypatch.setenv("XMATCH_DOWNLOAD_MIN_RATE", "100")

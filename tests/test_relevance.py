@@ -155,7 +155,7 @@ def test_rouge_score_process_pool_gives_the_same_matrix():
 @pytest.mark.parametrize("module, method", [("rouge_score", "rouge-score"), ("rapidfuzz", "rougel")])
 def test_missing_optional_package_names_the_extra(monkeypatch, module, method):
     monkeypatch.setitem(sys.modules, module, None)
-    with pytest.raises(ImportError, match=r'pip install "xmatch\[eval\]"'):
+    with pytest.raises(ImportError, match=r'pip install "xmatch-zoo\[eval\]"'):
         relevance_matrix(SMALL, method, progress=False)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from xmatch._files import move_into_place
 from xmatch.spec import COMPONENTS, merge
 
 WEIGHTS_FILE = "model.safetensors"
@@ -67,7 +68,7 @@ def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike, dtype:
     tmp = directory / (WEIGHTS_FILE + ".partial")
     # a cast copy: the caller's model keeps its precision
     save_model(copy.deepcopy(model).to(dtype) if dtype is not None else model, str(tmp), metadata=metadata)
-    os.replace(tmp, directory / WEIGHTS_FILE)
+    move_into_place(tmp, directory / WEIGHTS_FILE)
     return directory
 
 

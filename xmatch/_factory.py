@@ -60,14 +60,22 @@ def model_from_spec(spec: Mapping[str, Any]) -> MatchingModel:
     )
 
 
-def list_models(pattern: str | None = None) -> list[str]:
+def list_models(pattern: str | None = None, *, pretrained: bool = False) -> list[str]:
     """Names of the zoo entries (built-in and from plugins), optionally glob-filtered.
 
+    Args:
+        pattern: a glob such as ``"teran-*"`` (None: every entry).
+        pretrained: only the entries with published xmatch weights (those that
+            ``build(name, pretrained=True)`` loads), as timm's ``list_models(pretrained=True)``.
+
     Example:
-        >>> xmatch.list_models("teran-mrsw-*")
-        ['teran-mrsw-coco', 'teran-mrsw-f30k', ...]
+        >>> xmatch.list_models("teran-symm-*")
+        ['teran-symm-coco', 'teran-symm-f30k']
+        >>> xmatch.list_models(pretrained=True)
+        ['teran-mrsw-grid-scenes', 'teran-mrsw-scenes', 'tern-scenes']
     """
-    return match(models.names(), pattern)
+    names = match(models.names(), pattern)
+    return [name for name in names if info(name).weights] if pretrained else names
 
 
 def info(name: str) -> ZooEntry:

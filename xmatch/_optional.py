@@ -21,7 +21,7 @@ def require(module: str, pip_name: str, feature: str) -> ModuleType:
     Args:
         module: the import name, e.g. ``"sklearn.datasets"``.
         pip_name: what to install: a distribution (``"scikit-learn"``) or an extra
-            (``"xmatch[scenes]"``).
+            (``"xmatch-zoo[index]"``).
         feature: what needs it, for the message (``"rendering the scenes' digits"``).
 
     Raises:

@@ -10,8 +10,16 @@ from pathlib import Path
 def _models(args: argparse.Namespace) -> int:
     import xmatch
 
-    for name in xmatch.list_models(args.pattern):
-        print(f"{name:32s} {xmatch.info(name).description}")
+    names = xmatch.list_models(args.pattern, pretrained=args.pretrained)
+    if not names:
+        what = "zoo entries with weights" if args.pretrained else "zoo entries"
+        print(f"no {what} match '{args.pattern}'" if args.pattern else f"no {what}", file=sys.stderr)
+        return 0
+    width = max(len(name) for name in names)
+    print(f"{'name':{width}s}  weights  description")
+    for name in names:
+        entry = xmatch.info(name)
+        print(f"{name:{width}s}  {'yes' if entry.weights else '-':7s}  {entry.description}")
     return 0
 
 
@@ -21,9 +29,8 @@ def _info(args: argparse.Namespace) -> int:
     import xmatch
 
     entry = xmatch.info(args.name)
-    print(entry.card())
-    if args.spec:
-        print("\n# spec\n" + tomli_w.dumps(entry.spec))
+    # --spec alone: a TOML document to redirect into a spec file, nothing else
+    print(tomli_w.dumps(entry.spec) if args.spec else entry.card(), end="" if args.spec else "\n")
     return 0
 
 
@@ -293,12 +300,15 @@ def _demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xmatch", description="Fine-grained image-text matching model zoo.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("models", help="list zoo entries")
+    p = sub.add_parser("models", help="list zoo entries and which have weights")
     p.add_argument("pattern", nargs="?", help="glob filter, e.g. 'teran-*'")
+    p.add_argument("--pretrained", action="store_true",
+                   help="only entries with published xmatch weights (build(name, pretrained=True) loads them)")
     p.set_defaults(run=_models)
     p = sub.add_parser("info", help="show a zoo entry's card")
     p.add_argument("name")
-    p.add_argument("--spec", action="store_true", help="also print the spec as TOML")
+    p.add_argument("--spec", action="store_true",
+                   help="print the entry's spec as TOML instead of its card (xmatch info NAME --spec > my.toml)")
     p.set_defaults(run=_info)
     p = sub.add_parser("convert", help="convert an original TERN/TERAN checkpoint into an xmatch bundle")
     p.add_argument("checkpoint", type=Path, help="original .pth checkpoint (e.g. model_best.pth)")
@@ -453,7 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prepare the scenes data (cached), load the demo model, evaluate it, print ranked "
         "queries, and draw a region-word alignment and a retrieval grid into --out.",
     )
-    p.add_argument("--model", default="teran-mrsw-scenes", help="zoo entry with weights (default: teran-mrsw-scenes)")
+    p.add_argument("--model", default="teran-mrsw-scenes",
+                   help="a model with weights: zoo entry (xmatch models --pretrained), local-dir:DIR or hf-hub:ORG/NAME; "
+                   "with --train any buildable model, a spec .toml included (default: teran-mrsw-scenes)")
     p.add_argument("--size", default="small", help="scenes preset: tiny, small (default), large")
     p.add_argument("--train", action="store_true", help="train the model from scratch with the shipped recipe instead")
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="output folder (default: demo-out)")

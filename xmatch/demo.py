@@ -156,18 +156,54 @@ def scenes_layout(model: str | Mapping[str, Any] | MatchingModel) -> str:
     """The scenes layout a model reads: ``"images"`` when its image encoder takes pixels
     (``timm-grid``), else ``"regions"``.
 
+    Args:
+        model: a model, a spec, or any name ``xmatch.build`` takes (zoo entry, spec ``.toml``,
+            ``local-dir:DIR``, ``hf-hub:ORG/NAME``).
+
     Example:
         >>> scenes_layout("teran-mrsw-grid-scenes")
         'images'
     """
     import xmatch
-    from xmatch.registry import image_encoders
+    from xmatch.registry import RegistryError, image_encoders
 
     if isinstance(model, MatchingModel):
         return "images" if model.image_encoder.takes_pixels else "regions"
-    spec = xmatch.info(model).spec if isinstance(model, str) else model
+    if isinstance(model, str):
+        try:
+            spec = xmatch.info(model).spec
+        except RegistryError:  # not a zoo name: the spec is the one the built model carries
+            spec = xmatch.build(model).spec
+    else:
+        spec = model
     encoder = image_encoders.get(spec["image_encoder"]["name"])
     return "images" if getattr(encoder, "takes_pixels", False) else "regions"
+
+
+def load_trained_model(model: str) -> MatchingModel:
+    """``model`` with its trained weights, for the demo: a zoo entry that has some
+    (``xmatch models --pretrained``), a bundle (``local-dir:DIR``, ``hf-hub:ORG/NAME``).
+
+    Raises:
+        ValueError: ``model`` has no weights (a zoo entry without any, a spec ``.toml``): the
+            message says to train it with ``--train``.
+
+    Example:
+        >>> net = load_trained_model("local-dir:my-model")  # doctest: +SKIP
+    """
+    import xmatch
+    from xmatch.registry import RegistryError
+
+    try:
+        weights = bool(xmatch.info(model).weights)
+    except RegistryError:  # a bundle carries its weights; build() explains any other name
+        weights = not model.endswith(".toml")
+    if not weights:
+        raise ValueError(
+            f"'{model}' has no trained weights to show. Pick a model with weights (xmatch models --pretrained, "
+            f"a local-dir: or hf-hub: bundle), or train it first: xmatch demo --model {model} --train."
+        )
+    return xmatch.build(model, pretrained=True)
 
 
 def train_demo_model(
@@ -196,7 +232,8 @@ def train_demo_model(
     if train_settings:
         config = config.merged(dict(train_settings))
     options = dict(data_options or {})
-    options.setdefault("layout", scenes_layout(model))
+    if "layout" not in options:
+        options["layout"] = scenes_layout(model)
     train = prepare_scenes("train", size, root, progress, **options)
     val = prepare_scenes("val", size, root, progress, **options)
     torch.manual_seed(config.seed)
@@ -407,7 +444,9 @@ def run_demo(
     """Run the demo: data, model, evaluation table, showcase queries, pictures.
 
     Args:
-        model: a zoo entry with weights (loaded with ``pretrained=True``), or a model.
+        model: a model, or a name with weights (loaded with ``pretrained=True``): a zoo entry
+            that has some, ``local-dir:DIR`` or ``hf-hub:ORG/NAME``; with ``train``, any name
+            ``xmatch.build`` takes (a spec ``.toml`` too).
         size: scenes preset (``tiny``, ``small``, ``large``); the test split is evaluated.
         out: folder for ``retrieval.png``, ``alignment.png`` (and ``train/`` with ``train``).
         train: train the model from scratch first with ``recipe`` (the entry's own recipe by
@@ -431,15 +470,17 @@ def run_demo(
         >>> run_demo(size="small", out="demo-out").files["retrieval"]  # runs the whole demo (minutes)  # doctest: +SKIP
         PosixPath('demo-out/retrieval.png')
     """
-    import xmatch
     from xmatch.eval.relevance import relevance_matrix
     from xmatch.hub import cache_dir
 
     stream = stream or sys.stdout
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    # a name is loaded first: a model without weights is refused before the data are made
+    loaded = load_trained_model(model) if isinstance(model, str) and not train else None
     options = dict(data_options or {})
-    options.setdefault("layout", scenes_layout(model))
+    if "layout" not in options:  # a name outside the zoo is built to read its spec: only when needed
+        options["layout"] = scenes_layout(loaded if loaded is not None else model)
 
     def say(text: str) -> None:
         print(text, file=stream, flush=True)
@@ -459,7 +500,7 @@ def run_demo(
         net = model
     else:
         say(f"[2/5] model: {model} (pretrained=True)")
-        net = xmatch.build(model, pretrained=True)
+        net = loaded
     net.eval()
 
     say("[3/5] evaluating on the test split")

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from xmatch._files import move_into_place
+
 _FORMAT = "xmatch.embeddings/1"
 
 
@@ -160,7 +162,7 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor],
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
     save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    move_into_place(tmp, path)
 
 
 @contextmanager

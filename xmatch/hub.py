@@ -529,13 +529,13 @@ def _download(src: WeightSource, part: Path, limits: _Limits, progress: bool) ->
     """Fill ``part`` up to ``src.size`` bytes, resuming what is there; retry transient
     failures with exponential backoff. An attempt that added bytes at ``limits.min_rate`` or
     faster on average does not count as a failure (so a stalled trickle does)."""
-    from tqdm import tqdm
+    from xmatch.progress import progress_bar
 
     assert src.size is not None
     retries, failures = _retries(), 0
-    with tqdm(
+    with progress_bar(
         total=src.size, unit="B", unit_scale=True, unit_divisor=1024, desc=src.filename,
-        disable=not progress, file=sys.stderr, leave=False,
+        show=progress, file=sys.stderr, leave=False,
     ) as bar:
         while True:
             have = part.stat().st_size if part.exists() else 0

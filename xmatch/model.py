@@ -10,7 +10,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from xmatch.components.base import (
     EncoderOutput,
@@ -24,6 +23,7 @@ from xmatch.components.base import (
 )
 from xmatch.buckets import BucketedEmbeddings
 from xmatch.embeddings import Embeddings
+from xmatch.progress import progress_bar
 
 #: inputs of at least this many items get a progress bar by default (on a terminal)
 LONG_INPUT = 2048
@@ -168,10 +168,9 @@ class MatchingModel(nn.Module):
         if n == 0:
             raise ValueError("nothing to encode: the input is empty.")
         step = batch_size or n
-        # by default a bar only for long inputs, and (disable=None) only on a terminal
-        disable = (not progress) if progress is not None else (True if n < LONG_INPUT else None)
+        show = progress if progress is not None else n >= LONG_INPUT  # by default a bar only for long inputs
         parts = []
-        with tqdm(total=n, desc=f"encode {unit}", unit=unit[:3], disable=disable) as bar:
+        with progress_bar(total=n, desc=f"encode {unit}", unit=unit[:3], show=show) as bar:
             for i in range(0, n, step):
                 parts.append(encode(slice(i, i + step)))
                 bar.update(len(parts[-1]))

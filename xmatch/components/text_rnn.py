@@ -227,7 +227,7 @@ def _load_glove_dir(path: Path, source: str) -> tuple[list[str], np.ndarray]:
         )
     from xmatch._optional import require
 
-    pq = require("pyarrow.parquet", "xmatch[glove]", f"reading the GloVe word list {indexes[0]}")
+    pq = require("pyarrow.parquet", "xmatch-zoo[glove]", f"reading the GloVe word list {indexes[0]}")
 
     table = pq.read_table(indexes[0])
     columns = [n for n in ("index", "word") if n in table.column_names] or table.column_names

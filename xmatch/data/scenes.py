@@ -227,7 +227,7 @@ def write_scenes(folder: Path, size: str, seed: int, canvas: int, progress: bool
     """Render a scene set into ``folder``: ``images/<id>.png``, the Karpathy split file, the
     sizes file, ``<split>.csv`` captions and ``scenes.json`` (every object, box and twin)."""
     from PIL import Image
-    from tqdm import tqdm
+    from xmatch.progress import progress_bar
 
     counts = PRESETS[size]
     split_of = [s for s, n in zip(SPLITS, counts) for _ in range(n)]
@@ -235,7 +235,7 @@ def write_scenes(folder: Path, size: str, seed: int, canvas: int, progress: bool
     records: list[dict[str, Any]] = []
     entries: list[dict[str, Any]] = []
     rows: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
-    bar = tqdm(total=len(split_of), desc=f"scenes: rendering {size} (seed {seed})", unit="img", disable=not progress)
+    bar = progress_bar(total=len(split_of), desc=f"scenes: rendering {size} (seed {seed})", unit="img", show=progress)
     for group in range(len(split_of) // 2):
         pair = sample_group(_rng(seed, group, 0), canvas)
         caption_rng = _rng(seed, group, 1)
@@ -306,7 +306,7 @@ def write_features(
     ``bu_att/<id>.npz`` (``feat [regions, C]`` float16, as compact as the original's stored
     features are float32) and ``bu_box/<id>.npy`` (``[regions, 4]`` float32 pixel boxes)."""
     from PIL import Image
-    from tqdm import tqdm
+    from xmatch.progress import progress_bar
 
     from xmatch.data.scenes_features import RegionFeatureExtractor, proposal_boxes
 
@@ -316,7 +316,7 @@ def write_features(
     extractor = RegionFeatureExtractor(backbone, None if weights == RANDOM_WEIGHTS else weights, canvas, seed)
     (folder / "bu_att").mkdir()
     (folder / "bu_box").mkdir()
-    bar = tqdm(total=len(records), desc=f"scenes: {backbone} region features", unit="img", disable=not progress)
+    bar = progress_bar(total=len(records), desc=f"scenes: {backbone} region features", unit="img", show=progress)
     for start in range(0, len(records), batch_size):
         batch = records[start : start + batch_size]
         images = [np.asarray(Image.open(scenes / "images" / f"{r['id']}.png").convert("RGB")) for r in batch]

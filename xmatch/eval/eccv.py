@@ -65,7 +65,7 @@ def load_package(pmrp_dir: str | os.PathLike | None = None) -> Any:
     except ImportError:
         raise ImportError(
             "the ECCV Caption and CxC protocols read their positives from the eccv-caption package: "
-            "pip install eccv-caption (or pip install 'xmatch[eval]')."
+            "pip install eccv-caption (or pip install 'xmatch-zoo[eval]')."
         ) from None
     if pmrp_dir is not None:
         missing = [name for name in PMRP_FILES if not (Path(pmrp_dir) / name).is_file()]

@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from xmatch.buckets import BucketedEmbeddings
 from xmatch.data.base import ImageTextDataset
@@ -25,6 +24,7 @@ from xmatch.data.fit import check_images_fit
 from xmatch.eval.protocol import EvalResult, evaluate_blocks, fold_layout
 from xmatch.memory import release_free_memory
 from xmatch.model import MatchingModel
+from xmatch.progress import progress_bar
 
 
 class RetrievalSet(Protocol):
@@ -71,7 +71,7 @@ def encode_dataset(
     model.eval()
     parts = []
     n_images = len(dataset.captions) // dataset.captions_per_image
-    with tqdm(total=n_images, desc="encode images", unit="img", disable=not progress) as bar:
+    with progress_bar(total=n_images, desc="encode images", unit="img", show=progress) as bar:
         for batch in dataset.image_batches(image_batch_size):
             if "images" in batch:
                 parts.append(model.encode_images(images=batch["images"]))
@@ -91,7 +91,7 @@ def encode_dataset(
     # characters are a cheap proxy of the token count; the buckets use the real counts
     order = sorted(range(len(texts)), key=lambda k: len(texts[k]))
     captions, positions = [], []
-    for i in tqdm(range(0, len(texts), text_batch_size), desc="encode captions", unit="batch", disable=not progress):
+    for i in progress_bar(range(0, len(texts), text_batch_size), desc="encode captions", unit="batch", show=progress):
         chosen = order[i : i + text_batch_size]
         captions.append(model.encode_texts([texts[k] for k in chosen], batch_size=text_batch_size))
         positions.append(torch.tensor(chosen, dtype=torch.long))
@@ -117,7 +117,7 @@ def score_blocks(
     c = captions_per_image
     blocks = []
     total = sum(f.stop - f.start for f in folds)
-    with tqdm(total=total, desc="similarity", unit="img", disable=not progress) as bar:
+    with progress_bar(total=total, desc="similarity", unit="img", show=progress) as bar:
         for fold in folds:
             txt = encoded.captions[c * fold.start : c * fold.stop]
             block = np.empty((fold.stop - fold.start, len(txt)), dtype=np.float32)

@@ -448,7 +448,7 @@ def probe_figures(
         seed: seed of the perturbations.
         progress: a progress bar over the probes.
     """
-    from tqdm.auto import tqdm
+    from xmatch.progress import progress_bar
 
     names = [p.name for p in perturbations]
     if len(set(names)) != len(names):
@@ -456,7 +456,7 @@ def probe_figures(
     pick = lambda figures: {k: float(figures[k]) for k in RECALL_KEYS}  # noqa: E731
     base_figures = {"i2t": pick(base.i2t), "t2i": pick(base.t2i)}
     probes = {}
-    for perturbation in tqdm(perturbations, desc="probes", unit="probe", disable=not progress):
+    for perturbation in progress_bar(perturbations, desc="probes", unit="probe", show=progress):
         start = time.perf_counter()
         altered = perturb_captions(captions, perturbation, seed)
         changed = 100.0 * float(np.mean([a != c for a, c in zip(altered, captions)]))

@@ -36,12 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from xmatch._files import move_into_place
 from xmatch._optional import require
 from xmatch.eval.spice import spice_relevance
+from xmatch.progress import progress_bar
 
-EVAL_EXTRA = "xmatch[eval]"
+EVAL_EXTRA = "xmatch-zoo[eval]"
 ORIGINAL_METHODS = {"rougel": "rougeL", "spice": "spice"}
 # LCS values (queries x all captions) in flight over all threads: 25M int32 plus the float64
 # temporaries of the reduction stay under 1 GB.
@@ -192,7 +193,7 @@ def rougel_relevance(
     # one block per thread: rapidfuzz and numpy release the GIL, so LCS and reductions overlap
     starts = range(0, n, step)
     with ThreadPoolExecutor(threads) as pool:
-        for _ in tqdm(pool.map(block, starts), total=len(starts), desc="ROUGE-L", unit="block", disable=not progress):
+        for _ in progress_bar(pool.map(block, starts), total=len(starts), desc="ROUGE-L", unit="block", show=progress):
             pass
     return out
 
@@ -266,7 +267,7 @@ def rouge_score_relevance(
     out = np.empty((n, n // captions_per_image), dtype=np.float32)
     bounds = [(s, min(s + block_size, n)) for s in range(0, n, block_size)]
     workers = (os.cpu_count() or 1) if workers is None else workers
-    bar = tqdm(total=n, desc="rouge-score", unit="caption", disable=not progress)
+    bar = progress_bar(total=n, desc="rouge-score", unit="caption", show=progress)
     with bar:
         if workers <= 1:
             rows = _RougeScoreRows(captions, captions_per_image, use_stemmer)
@@ -351,7 +352,7 @@ def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        move_into_place(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -7,7 +7,7 @@ protocol, split, dataset fingerprint and model fingerprint it was computed with,
 can be traced to how it was made; each PNG also carries them in its metadata
 (``xmatch-provenance``).
 
-Plots need matplotlib (``pip install 'xmatch[report]'``), imported only here.
+Plots need matplotlib (``pip install 'xmatch-zoo[report]'``), imported only here.
 
 Example:
     >>> records = [run_protocols(m, test, "full,groups", name=n) for n, m in models.items()]  # evaluates models on the scenes benchmark (minutes)  # doctest: +SKIP
@@ -227,7 +227,7 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("the report's plots need matplotlib: pip install matplotlib (or 'xmatch[report]').") from None
+        raise ImportError("the report's plots need matplotlib: pip install matplotlib (or 'xmatch-zoo[report]').") from None
     matplotlib.use("Agg", force=True)  # files only, never a window
     import matplotlib.pyplot as plt
 

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
+
+from xmatch.progress import progress_bar
 
 SPICE_JAR_ENV = "XMATCH_SPICE_JAR"
 SPICE_JAVA_ENV = "XMATCH_SPICE_JAVA"
@@ -225,7 +226,7 @@ def spice_relevance(
     scores = np.empty(total, dtype=np.float64)
     with (
         tempfile.TemporaryDirectory(prefix="xmatch-spice-") as workdir,
-        tqdm(total=total, desc="SPICE", unit="pair", disable=not progress) as bar,
+        progress_bar(total=total, desc="SPICE", unit="pair", show=progress) as bar,
     ):
         for start in range(0, total, chunk_pairs):
             ids = range(start, min(start + chunk_pairs, total))

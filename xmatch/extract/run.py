@@ -225,14 +225,14 @@ def _run_chunks(
     skipped: int,
     total: int,
 ) -> int:
-    from tqdm import tqdm
+    from xmatch.progress import progress_bar
 
     loader = torch.utils.data.DataLoader(
         _ChunkSet(chunks, todo, pipe.loader()), batch_size=None, shuffle=False,
         num_workers=min(workers, len(todo)), collate_fn=_unbatched,
     )
     done = 0
-    with tqdm(total=total, initial=skipped, desc="extract", unit="img", disable=not progress) as bar:
+    with progress_bar(total=total, initial=skipped, desc="extract", unit="img", show=progress) as bar:
         for k, items in loader:
             good = [(r, p) for r, p in items if isinstance(p, Prepared)]
             bad = [(r.name, p) for r, p in items if isinstance(p, str)]

@@ -27,7 +27,7 @@ PER_ITEM_FLAT_LIMIT = 1_000_000
 def faiss() -> Any:
     from xmatch._optional import require
 
-    return require("faiss", "xmatch[index]", "the embedded search index (FAISS)")
+    return require("faiss", "xmatch-zoo[index]", "the embedded search index (FAISS)")
 
 
 def choose_kind(n_vectors: int) -> str:

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
-from tqdm.auto import tqdm
 
 from xmatch.data.collate import collate_images
 from xmatch.embeddings import Embeddings
 from xmatch.index.search import SearchIndex
+from xmatch.progress import progress_bar
 
 
 def caption_ids(dataset: Any) -> list[str]:
@@ -60,7 +60,7 @@ def index_dataset(
     present = set(index.ids) if resume else set()
     todo = [k for k, i in enumerate(ids) if i not in present]
     what = "images" if index.side == "images" else "captions"
-    bar = tqdm(total=len(todo), desc=f"index {what}", unit=what[:-1], disable=not progress)
+    bar = progress_bar(total=len(todo), desc=f"index {what}", unit=what[:-1], show=progress)
     added = 0
     pending: list[tuple[Embeddings, torch.Tensor | None, list[int]]] = []
     for embeddings, boxes, rows in _encoded(index, dataset, todo, batch_size):
@@ -124,7 +124,7 @@ def copy_index(source: SearchIndex, target: SearchIndex, *, progress: bool = Tru
     if source.fingerprint != target.fingerprint or source.side != target.side:
         raise ValueError(f"{source.root} and {target.root} hold different models or sides; they cannot be copied.")
     copied = 0
-    bar = tqdm(total=len(source), desc="copy index", unit="item", disable=not progress)
+    bar = progress_bar(total=len(source), desc="copy index", unit="item", show=progress)
     for start, block in source.store.blocks():
         rows = list(range(start, start + len(block)))
         texts = source.store.texts(rows) if source.side == "texts" else None

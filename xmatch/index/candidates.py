@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from xmatch.embeddings import Embeddings
 from xmatch.index import ann
@@ -38,6 +37,7 @@ from xmatch.index.centroids import CentroidLists, list_count
 from xmatch.index.fde import FixedEncoder
 from xmatch.index.interaction import Interaction
 from xmatch.index.store import ShardStore
+from xmatch.progress import progress_bar
 
 #: token ids are ``row * SLOTS + position``: an item holds at most this many tokens
 SLOTS = 1024
@@ -124,8 +124,8 @@ class FaissGenerator:
         return self.store.shards[0].tokens.shape[2]
 
     def _add_rows(self, first: int) -> None:
-        blocks = tqdm(self.store.blocks(first), total=self._shards_from(first), desc=f"stage-1 index ({self.name})",
-                      unit="shard", disable=not self.progress)
+        blocks = progress_bar(self.store.blocks(first), total=self._shards_from(first),
+                              desc=f"stage-1 index ({self.name})", unit="shard", show=self.progress)
         for start, e in blocks:
             vectors, ids = self.item_vectors(start, e)
             if len(vectors):
@@ -206,8 +206,8 @@ class TokenGenerator(FaissGenerator):
             self.flat = None
         if self.covered == n:
             return
-        for start, e in tqdm(self.store.blocks(self.covered), total=self._shards_from(self.covered),
-                             desc="stage-1 centroid lists", unit="shard", disable=not self.progress):
+        for start, e in progress_bar(self.store.blocks(self.covered), total=self._shards_from(self.covered),
+                                     desc="stage-1 centroid lists", unit="shard", show=self.progress):
             vectors, ids = self.item_vectors(start, e)
             self.lists.add(vectors, ids // SLOTS)
         self.covered = n

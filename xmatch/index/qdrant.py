@@ -40,7 +40,7 @@ UPSERT_BATCH = 256
 def qdrant() -> Any:
     from xmatch._optional import require
 
-    return require("qdrant_client", "xmatch[index]", "the Qdrant engine")
+    return require("qdrant_client", "xmatch-zoo[index]", "the Qdrant engine")
 
 
 def is_url(location: str) -> bool:

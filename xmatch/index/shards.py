@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from xmatch._files import move_into_place
 from xmatch.embeddings import _FORMAT as EMBEDDINGS_FORMAT
 from xmatch.embeddings import Embeddings
 from xmatch.index.errors import DamagedIndexError
@@ -88,16 +89,9 @@ def write_shard(
     save_file(tensors, str(tmp), metadata={"format": EMBEDDINGS_FORMAT, "user": json.dumps(user)})
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
-    os.chmod(tmp, 0o666 & ~_umask())  # the writer creates it private; a shard is as readable as its folder
-    os.replace(tmp, path)
+    move_into_place(tmp, path)
     fsync_dir(path.parent)
     return ShardInfo(path.name, len(ids), embeddings.tokens.shape[1], path.stat().st_size, _sha256(path))
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 class Shard:

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from xmatch.data.base import ImageTextDataset
 from xmatch.data.collate import collate
 from xmatch.data.fit import check_images_fit
 from xmatch.model import MatchingModel
+from xmatch.progress import ProgressBar, progress_bar
 from xmatch.train import checkpoint as ckpt
 from xmatch.train.config import ConfigError, TrainConfig
 from xmatch.train.distributed import Context, TrainStep, setup
@@ -363,8 +363,8 @@ class Trainer:
             state["validations"] = json.loads(state["validations"])
         self._open_logs(state["step"] if restored else None)
         total = min(cfg.max_steps or math.inf, cfg.epochs * self.steps_per_epoch)
-        bar = tqdm(total=total, initial=state["step"], desc="train", unit="step", disable=not self.progress,
-                   dynamic_ncols=True)
+        bar = progress_bar(total=total, initial=state["step"], desc="train", unit="step", show=self.progress,
+                           dynamic_ncols=True)
         last_loss: float | None = None
         stopped_early = False
         self.model.train()
@@ -411,7 +411,7 @@ class Trainer:
             pin_memory=self.ctx.device.type == "cuda",
         )
 
-    def _run_epoch(self, state: dict[str, Any], bar: tqdm) -> float | None:
+    def _run_epoch(self, state: dict[str, Any], bar: ProgressBar) -> float | None:
         cfg = self.config
         n_batches = len(self.batches)
         window: dict[str, list[float]] = {}
@@ -544,7 +544,7 @@ class Trainer:
             if self.tb is not None:
                 self.tb.write(state["step"], {k: v for k, v in record.items() if isinstance(v, float)}, "val")
             mark = " (best)" if better else ""
-            tqdm.write(f"validation at step {state['step']}: {cfg.select_metric} = {value:.4f}{mark}")
+            ProgressBar.write(f"validation at step {state['step']}: {cfg.select_metric} = {value:.4f}{mark}")
         for cb in self.callbacks:
             cb.on_validation_end(self, state["step"], figures)
 
