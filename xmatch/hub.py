@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xmatch._bundle import WEIGHTS_FILE
+from xmatch.errors import XmatchError
 from xmatch.sources import PACKAGE_PREFIX, resolve_local_source
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ logger = logging.getLogger(__name__)
 _DIGESTS: dict[tuple[int, int, int, int], str] = {}
 
 
-class DownloadError(OSError):
+class DownloadError(XmatchError, OSError):
     """A weight source could not be fetched (HTTP error, connection lost, retries exhausted)."""
 
 
@@ -98,11 +99,11 @@ class DownloadTimeoutError(DownloadError, TimeoutError):
     """The server did not answer within the timeout, on every attempt."""
 
 
-class ChecksumError(ValueError):
+class ChecksumError(XmatchError, ValueError):
     """A file's size or sha256 differs from what the weight source declares."""
 
 
-class OfflineError(FileNotFoundError):
+class OfflineError(XmatchError, FileNotFoundError):
     """Offline mode is on and the weights are not in the cache."""
 
 

@@ -29,10 +29,11 @@ from torch import nn
 
 from xmatch.components.base import EncoderOutput, ImageEncoder
 from xmatch.components.image_bottomup import BottomUpEncoder
+from xmatch.errors import XmatchError
 from xmatch.sources import PACKAGE_PREFIX, resolve_local_source
 
 
-class WeightsMismatchError(ValueError):
+class WeightsMismatchError(XmatchError, ValueError):
     """A weight file does not fit the backbone it is loaded into (the message says where)."""
 
 

@@ -26,7 +26,7 @@ from xmatch.spec import merge
 DATA_FILE = "scan.toml"
 ENTRY_FIELDS = frozenset(f.name for f in dataclasses.fields(ZooEntry)) - {"name"}
 #: fields an entry takes from its base (figures and the dataset-specific recipe are its own)
-INHERITED = ("spec", "paper", "licence", "origin", "params", "input")
+INHERITED = ("spec", "paper", "license", "origin", "params", "input")
 
 
 @dataclass(frozen=True)
