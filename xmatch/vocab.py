@@ -85,7 +85,7 @@ def text_encoder_table(model: str | os.PathLike | Mapping[str, Any], overrides: 
         if text.startswith("local-dir:"):
             spec, _ = read_bundle_spec(text[len("local-dir:") :])
         elif text.startswith("hf-hub:"):
-            raise ValueError(f"'{text}': read the text side of a Hub bundle with xmatch.build('{text}').text_encoder.")
+            raise ValueError(f"'{text}': read the text side of a Hub bundle with xmatch.build('{text}', pretrained=False).text_encoder.")
         elif text.endswith(".toml"):
             spec = load_spec(text)
         else:
