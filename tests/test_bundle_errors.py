@@ -91,7 +91,7 @@ def test_malformed_bundle_metadata_names_the_file(saved, tmp_path, edit_spec, me
 def test_a_bundle_without_an_xmatch_spec_is_refused(saved, tmp_path):
     bundle = variant(saved, tmp_path / "bad", format=None)
     with pytest.raises(BundleError, match="has no xmatch spec in its metadata"):
-        xmatch.build(f"local-dir:{bundle}")
+        xmatch.build(f"local-dir:{bundle}", pretrained=True)
 
 
 # -- paths in a bundle stay inside it ---------------------------------------------------------

@@ -353,7 +353,7 @@ def test_hf_hub_bundle_from_the_cache_in_offline_mode(bundle, home, monkeypatch)
     assert hub.fetch({"source": f"hf-hub:org/tiny@{COMMIT}", "sha256": sha}) == snapshot
     assert hub.fetch({"source": "hf-hub:org/tiny/model.safetensors", "sha256": sha, "size": len(body)}) == (
         snapshot / "model.safetensors")
-    assert_same_weights(xmatch.build("hf-hub:org/tiny"), model)
+    assert_same_weights(xmatch.build("hf-hub:org/tiny", pretrained=True), model)
     with pytest.raises(hub.ChecksumError, match="sha256 mismatch"):
         hub.fetch({"source": "hf-hub:org/tiny", "sha256": "0" * 64})
     with pytest.raises(hub.OfflineError, match="xmatch download") as info:

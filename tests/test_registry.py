@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import textwrap
 
@@ -56,39 +57,112 @@ def test_decorator_registers_a_pooler_class():
     assert "test-dot-first" in xmatch.list_components("poolers")
 
 
-def test_entry_point_plugin_is_discovered(tmp_path, monkeypatch):
+@pytest.fixture
+def isolated(monkeypatch):
+    """The pooler and model registries, restored after the test (entry points looked up again)."""
+    registries = (xmatch.registry.poolers, xmatch.registry.models)
+    for reg in registries:
+        for attribute in ("_names", "_origin", "_broken"):
+            monkeypatch.setattr(reg, attribute, dict(getattr(reg, attribute)))
+        reg.refresh_entry_points()
+    yield registries
+    for reg in registries:
+        reg.refresh_entry_points()
+
+
+def fake_distribution(root, name: str, entry_points: str, modules: dict[str, str]) -> None:
+    """A (throwaway) installed distribution under ``root``: its modules and its entry points."""
+    for module, code in modules.items():
+        (root / f"{module}.py").write_text(textwrap.dedent(code))
+    dist = root / f"{name.replace('-', '_')}-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(textwrap.dedent(entry_points))
+
+
+def test_entry_point_plugin_is_discovered(tmp_path, monkeypatch, isolated):
     """A real (throwaway) distribution on sys.path declares a pooler and a zoo entry."""
-    pkg = tmp_path / "xmatch_testplugin"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text(textwrap.dedent("""
-        import xmatch
+    fake_distribution(tmp_path, "xmatch-testplugin", """
+        [xmatch_poolers]
+        plugin-pooler = xmatch_testplugin:PluginPooler
+
+        [xmatch_models]
+        plugin-entry = xmatch_testplugin:ENTRY
+    """, {"xmatch_testplugin": '''
         from xmatch.components.poolers import MrSw
 
         class PluginPooler(MrSw):
-            '''MrSw under another name, from a plugin.'''
+            """MrSw under another name, from a plugin."""
 
         ENTRY = {"description": "plugin entry", "spec": {}}
-    """))
-    dist = tmp_path / "xmatch_testplugin-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: xmatch-testplugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(
-        "[xmatch_poolers]\nplugin-pooler = xmatch_testplugin:PluginPooler\n\n"
-        "[xmatch_models]\nplugin-entry = xmatch_testplugin:ENTRY\n"
-    )
+    '''})
     monkeypatch.syspath_prepend(str(tmp_path))
-    poolers, models = xmatch.registry.poolers, xmatch.registry.models
-    for reg in (poolers, models):
-        monkeypatch.setattr(reg, "_names", dict(reg._names))
-        monkeypatch.setattr(reg, "_origin", dict(reg._origin))
-        reg.refresh_entry_points()
+    poolers, _ = isolated
     try:
         assert "plugin-pooler" in xmatch.list_components("poolers")
         assert poolers.origin("plugin-pooler") == "xmatch-testplugin"
+        assert not poolers.is_builtin("plugin-pooler")
         assert poolers.get("Plugin-Pooler").__name__ == "PluginPooler"
         assert "plugin-entry" in xmatch.list_models("plugin-*")
         assert xmatch.info("plugin-entry").description == "plugin entry"
     finally:
         sys.modules.pop("xmatch_testplugin", None)
-        for reg in (poolers, models):
-            reg.refresh_entry_points()
+
+
+def test_a_plugin_that_fails_to_import_is_reported_and_hides_no_other(tmp_path, monkeypatch, isolated, caplog):
+    fake_distribution(tmp_path, "xmatch-broken", """
+        [xmatch_poolers]
+        broken-pooler = xmatch_broken_mod:Pooler
+    """, {"xmatch_broken_mod": "import a_module_that_is_not_installed\n"})
+    fake_distribution(tmp_path, "xmatch-healthy", """
+        [xmatch_poolers]
+        healthy-pooler = xmatch_healthy_mod:Pooler
+    """, {"xmatch_healthy_mod": "from xmatch.components.poolers import MrSw as Pooler\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    poolers, _ = isolated
+    try:
+        with caplog.at_level(logging.WARNING, logger="xmatch.registry"):
+            assert poolers.get("healthy-pooler").__name__ == "MrSw"  # loaded although its neighbour fails
+        assert "MrSw" in poolers.names() and "healthy-pooler" in poolers.names()
+        assert "broken-pooler" not in poolers.names()
+        # reported by name: in the log, by broken(), and by a lookup of the broken name
+        assert "'broken-pooler = xmatch_broken_mod:Pooler' of xmatch-broken" in caplog.text
+        assert "a_module_that_is_not_installed" in poolers.broken()["broken-pooler"]
+        with pytest.raises(RegistryError, match=r"xmatch-broken .*failed to load: ModuleNotFoundError.*Reinstall or fix"):
+            poolers.get("Broken-Pooler")
+        with pytest.raises(RegistryError, match=r"1 plugin entry point\(s\) of this group failed to load \(broken-pooler\)"):
+            poolers.get("no-such-pooler")
+    finally:
+        for module in ("xmatch_broken_mod", "xmatch_healthy_mod"):
+            sys.modules.pop(module, None)
+
+
+def test_a_plugin_name_that_clashes_with_a_builtin_leaves_the_builtin(tmp_path, monkeypatch, isolated):
+    fake_distribution(tmp_path, "xmatch-clash", """
+        [xmatch_poolers]
+        mrsw = xmatch_clash_mod:Pooler
+        clash-free = xmatch_clash_mod:Pooler
+    """, {"xmatch_clash_mod": "from xmatch.components.poolers import Symm as Pooler\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    poolers, _ = isolated
+    try:
+        assert poolers.get("MrSw").__name__ == "MrSw" and poolers.is_builtin("MrSw")
+        assert poolers.origin("clash-free") == "xmatch-clash"
+        assert "clashes with the name registered by xmatch, which keeps it" in poolers.broken()["mrsw"]
+    finally:
+        sys.modules.pop("xmatch_clash_mod", None)
+
+
+def test_registrations_made_at_run_time_are_not_builtins(isolated):
+    poolers, models = isolated
+
+    @xmatch.register_pooler("test-runtime-pooler")
+    class RuntimePooler(xmatch.components.poolers.MrSw):
+        pass
+
+    assert poolers.origin("test-runtime-pooler") == f"{__name__} (registered at run time)"
+    assert not poolers.is_builtin("test-runtime-pooler")
+    models.register("test-runtime-entry", xmatch.info("tern-coco"))
+    assert models.origin("test-runtime-entry") == "registered at run time"
+    assert "test-runtime-entry" not in [n for n in xmatch.list_models() if models.is_builtin(n)]
+    assert models.is_builtin("tern-coco") and poolers.origin("MrSw") == "xmatch"

@@ -278,7 +278,7 @@ def test_zoo_bundle_round_trip(tmp_path):
     model = xmatch.build("teran-bigru-coco", **tiny_overrides).eval()
     xmatch.save_pretrained(model, tmp_path / "bundle")
     captions.unlink()  # the bundle carries its own vocabulary
-    again = xmatch.build(f"local-dir:{tmp_path / 'bundle'}").eval()
+    again = xmatch.build(f"local-dir:{tmp_path / 'bundle'}", pretrained=True).eval()
     assert again.text_encoder.vocabulary == model.text_encoder.vocabulary
     regions, boxes, mask = random_regions(2, 4, 12)
     with torch.no_grad():
@@ -304,7 +304,7 @@ def test_glove_bundle_reloads_without_the_glove_files(tmp_path):
     model = xmatch.build(spec).eval()
     xmatch.save_pretrained(model, tmp_path / "bundle")
     glove.unlink()
-    again = xmatch.build(f"local-dir:{tmp_path / 'bundle'}").eval()
+    again = xmatch.build(f"local-dir:{tmp_path / 'bundle'}", pretrained=True).eval()
     assert again.spec["text_encoder"]["glove"] is None and again.spec["text_encoder"]["glove_dim"] == 3
     torch.testing.assert_close(again.text_encoder.embed.weight, model.text_encoder.embed.weight, rtol=0, atol=0)
     with torch.no_grad():

@@ -9,6 +9,7 @@ step, the way a crash or a pre-empted job ends, with no chance to clean up.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # the trainer's messages
     torch.manual_seed(0)
     spec = tiny_spec(str(FIXTURES / "teran-original" / "mrsw-small" / "bert"))
     spec["image_encoder"]["feature_dim"] = FEATURE_DIM

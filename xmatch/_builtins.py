@@ -17,34 +17,37 @@ from xmatch.data.scenes import open_scenes
 from xmatch.extract.proposer_boxes import BoxesProposer
 from xmatch.extract.proposer_detector import TorchvisionDetector
 from xmatch.extract.proposers_fixed import GridProposer, WindowsProposer
+from xmatch.registry import BUILTIN
 
 _registered = False
 
 
 def register_builtins() -> None:
+    """Register xmatch's own components and zoo entries, with the origin ``"xmatch"``
+    (:data:`xmatch.registry.BUILTIN`); calling it again does nothing."""
     global _registered
     if _registered:
         return
     _registered = True
-    registry.image_encoders.register("bottomup", BottomUpEncoder)
-    registry.image_encoders.register("timm-grid", TimmGridEncoder)
-    registry.image_encoders.register("pixel-regions", PixelRegionsEncoder)
-    registry.text_encoders.register("bert", BertTextEncoder)
-    registry.text_encoders.register("bigru", BiGRUTextEncoder)
-    registry.text_encoders.register("bilstm", BiLSTMTextEncoder)
-    registry.reasoners.register("transformer", TransformerReasoner)
-    registry.reasoners.register("identity", IdentityReasoner)
+    registry.image_encoders.register("bottomup", BottomUpEncoder, origin=BUILTIN)
+    registry.image_encoders.register("timm-grid", TimmGridEncoder, origin=BUILTIN)
+    registry.image_encoders.register("pixel-regions", PixelRegionsEncoder, origin=BUILTIN)
+    registry.text_encoders.register("bert", BertTextEncoder, origin=BUILTIN)
+    registry.text_encoders.register("bigru", BiGRUTextEncoder, origin=BUILTIN)
+    registry.text_encoders.register("bilstm", BiLSTMTextEncoder, origin=BUILTIN)
+    registry.reasoners.register("transformer", TransformerReasoner, origin=BUILTIN)
+    registry.reasoners.register("identity", IdentityReasoner, origin=BUILTIN)
     for name, pooler in (("MrSw", MrSw), ("MwSr", MwSr), ("Symm", Symm), ("MrAvgw", MrAvgw), ("global-cosine", GlobalCosine)):
-        registry.poolers.register(name, pooler)
-    registry.losses.register("hinge", HingeTripletLoss)
-    registry.losses.register("uncertainty", UncertaintyWeightedLoss)
-    registry.datasets.register("teran", TeranDataset)
-    registry.datasets.register("scan-precomp", PrecompDataset)
-    registry.datasets.register("image-captions", ImageCaptionsDataset)
-    registry.datasets.register("scenes", open_scenes)
-    registry.proposers.register("grid", GridProposer)
-    registry.proposers.register("windows", WindowsProposer)
-    registry.proposers.register("boxes", BoxesProposer)
-    registry.proposers.register("torchvision-detector", TorchvisionDetector)
+        registry.poolers.register(name, pooler, origin=BUILTIN)
+    registry.losses.register("hinge", HingeTripletLoss, origin=BUILTIN)
+    registry.losses.register("uncertainty", UncertaintyWeightedLoss, origin=BUILTIN)
+    registry.datasets.register("teran", TeranDataset, origin=BUILTIN)
+    registry.datasets.register("scan-precomp", PrecompDataset, origin=BUILTIN)
+    registry.datasets.register("image-captions", ImageCaptionsDataset, origin=BUILTIN)
+    registry.datasets.register("scenes", open_scenes, origin=BUILTIN)
+    registry.proposers.register("grid", GridProposer, origin=BUILTIN)
+    registry.proposers.register("windows", WindowsProposer, origin=BUILTIN)
+    registry.proposers.register("boxes", BoxesProposer, origin=BUILTIN)
+    registry.proposers.register("torchvision-detector", TorchvisionDetector, origin=BUILTIN)
     for entry in builtin_entries():
-        registry.models.register(entry.name, entry)
+        registry.models.register(entry.name, entry, origin=BUILTIN)

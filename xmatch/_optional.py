@@ -10,8 +10,10 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from xmatch.errors import XmatchError
 
-class MissingDependencyError(ImportError):
+
+class MissingDependencyError(XmatchError, ImportError):
     """An optional package a feature needs is not installed (the message gives the pip command)."""
 
 

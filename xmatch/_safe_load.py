@@ -15,13 +15,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from xmatch.errors import XmatchError
+
 # torch's weights_only refusal names the object it would have had to import: keep only that.
 _UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 _UNSUPPORTED_OPCODE = re.compile(r"Unsupported operand (\S+)")
 _MAX_REASON = 200
 
 
-class CheckpointReadError(ValueError):
+class CheckpointReadError(XmatchError, ValueError):
     """A torch file is corrupted (truncated, damaged) or is not a checkpoint xmatch reads."""
 
 

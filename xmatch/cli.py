@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -215,7 +216,6 @@ def _train(args: argparse.Namespace) -> int:
         train = _open_data(args, args.split, args.data_option)
         val = _open_data(args, args.val_split, [*(args.data_option or []), *(args.val_option or [])]) if args.val_split else None
         torch.manual_seed(config.seed)  # the same initial weights on every process
-        pretrained = isinstance(model_source, str) and model_source.startswith(("local-dir:", "hf-hub:"))
         overrides = _nested(args.model_set or [])
         if config.build_text_side:
             side = run_text_side(
@@ -225,7 +225,7 @@ def _train(args: argparse.Namespace) -> int:
             overrides = merge(overrides, side.spec_overrides)
             if ctx.is_main:
                 print(f"text side: {side.summary()}")
-        model = xmatch.build(model_source, pretrained=pretrained, **overrides)
+        model = xmatch.build(model_source, pretrained="bundle", **overrides)  # a bundle is fine-tuned
         if ctx.is_main:
             params = sum(p.numel() for p in model.parameters())
             print(f"model {args.model}: {params / 1e6:.2f} M parameters; train {train!r}; "
@@ -480,6 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # e.g. recorded in eval reports
+    # the library logs what it does (resuming a run, retrying a download); a terminal user sees it
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("xmatch").setLevel(logging.INFO)
     try:
         return args.run(args)
     except (ValueError, FileNotFoundError, KeyError, OSError, ImportError) as exc:  # ImportError: a missing extra

@@ -237,7 +237,7 @@ def train_demo_model(
     train = prepare_scenes("train", size, root, progress, **options)
     val = prepare_scenes("val", size, root, progress, **options)
     torch.manual_seed(config.seed)
-    net = xmatch.build(model)
+    net = xmatch.build(model, pretrained="bundle")  # a bundle is trained further, a zoo entry from scratch
     run_dir = Path(run_dir)
     Trainer(net, train, config, val_data=val, run_dir=run_dir, progress=progress).fit()
     best = run_dir / "best" if (run_dir / "best").is_dir() else run_dir / "final"

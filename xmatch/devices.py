@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from xmatch.errors import XmatchError
 
-class DeviceError(ValueError):
+
+class DeviceError(XmatchError, ValueError):
     """A device that does not exist here; the message names it and what to use instead."""
 
 

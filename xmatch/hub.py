@@ -33,6 +33,11 @@ short enough to own and test against a local server. ``hf-hub:`` sources go thro
 revisions, its cache layout and ``local_files_only``; we add the sha256 check when the entry
 gives one, and pickle files are never downloaded from a repository.
 
+Backbone weights (``weights=`` of the timm encoders, ``checkpoint=`` of VSE++'s CNN) go
+through the same :func:`fetch`, so they take the same sources, checks and cache; they may also
+be a local or packaged ``.pth`` state dict (``local_pickle=True``), read with
+``torch.load(weights_only=True)``.
+
 Security: only safetensors weights are fetched; a network source naming a pickle file
 (``.pth``, ``.bin``, ...) is refused when the entry is validated, before any download.
 """
@@ -56,6 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xmatch._bundle import WEIGHTS_FILE
+from xmatch.errors import XmatchError
 from xmatch.sources import PACKAGE_PREFIX, resolve_local_source
 
 if TYPE_CHECKING:
@@ -90,7 +96,7 @@ logger = logging.getLogger(__name__)
 _DIGESTS: dict[tuple[int, int, int, int], str] = {}
 
 
-class DownloadError(OSError):
+class DownloadError(XmatchError, OSError):
     """A weight source could not be fetched (HTTP error, connection lost, retries exhausted)."""
 
 
@@ -98,11 +104,11 @@ class DownloadTimeoutError(DownloadError, TimeoutError):
     """The server did not answer within the timeout, on every attempt."""
 
 
-class ChecksumError(ValueError):
+class ChecksumError(XmatchError, ValueError):
     """A file's size or sha256 differs from what the weight source declares."""
 
 
-class OfflineError(FileNotFoundError):
+class OfflineError(XmatchError, FileNotFoundError):
     """Offline mode is on and the weights are not in the cache."""
 
 
@@ -126,12 +132,20 @@ class WeightSource:
     filename: str
 
 
-def validate_weight_source(table: Mapping[str, Any] | str) -> WeightSource:
-    """Check one entry of a zoo entry's ``weights`` list and return it parsed.
+def validate_weight_source(table: Mapping[str, Any] | str, *, local_pickle: bool = False) -> WeightSource:
+    """Check one entry of a zoo entry's ``weights`` list (or a backbone's weight source) and
+    return it parsed.
 
     Raises ``ValueError`` naming every problem: unknown keys, an unsupported source, a URL
-    without ``sha256`` and ``size``, a malformed checksum, a pickle file from the network
-    (``TypeError`` when ``table`` is not a table at all).
+    without ``sha256`` and ``size``, a malformed checksum, a pickle file from the network, or
+    any pickle file unless ``local_pickle`` (``TypeError`` when ``table`` is not a table at all).
+
+    Args:
+        table: ``{source, sha256, size, filename}`` or a source string.
+        local_pickle: also accept a pickle file (``.pth``) from a local path or an installed
+            package, for backbone weights read with ``torch.load(weights_only=True)``; a
+            network source must be ``.safetensors`` all the same. A zoo entry's weights are
+            always safetensors (its pickles are converted with ``xmatch convert``).
 
     Example:
         >>> validate_weight_source({"source": "hf-hub:org/name@v1"}).kind
@@ -189,7 +203,7 @@ def validate_weight_source(table: Mapping[str, Any] | str) -> WeightSource:
     else:
         kind, name = "", ""
         problems.append(f"unsupported scheme '{scheme}' (use https://, http://, file://, hf-hub:, package: or a path)")
-    if name.lower().endswith(PICKLE_SUFFIXES):
+    if name.lower().endswith(PICKLE_SUFFIXES) and not (local_pickle and kind in ("file", "package")):
         problems.append(
             "pickle checkpoints are never loaded from a weight source; publish .safetensors "
             "(convert an original checkpoint with `xmatch convert`)"
@@ -240,6 +254,7 @@ def fetch(
     timeout: float | None = None,
     progress: bool = True,
     min_rate: float | None = None,
+    local_pickle: bool = False,
 ) -> Path:
     """Return a local path for a weight source, downloading and verifying it if needed.
 
@@ -253,9 +268,11 @@ def fetch(
         min_rate: bytes per second a URL download must average over every ``timeout``-second
             stretch; a slower one is abandoned as stalled (and retried, resuming from the
             partial file). Default ``$XMATCH_DOWNLOAD_MIN_RATE`` or 1024; 0 turns it off.
+        local_pickle: also accept a local or packaged ``.pth`` file (backbone weights; see
+            :func:`validate_weight_source`).
 
     Returns:
-        The ``.safetensors`` file, or the bundle directory for ``hf-hub:org/name`` and for a
+        The ``.safetensors`` (or local ``.pth``) file, or the bundle directory for ``hf-hub:org/name`` and for a
         local or package directory.
 
     Raises:
@@ -271,7 +288,7 @@ def fetch(
         ...                          "sha256": "3f5a...", "size": 203256})  # downloads  # doctest: +SKIP
     """
     limits = _Limits(_timeout(timeout), _min_rate(min_rate))
-    return _fetch(validate_weight_source(source), _root(cache_dir), limits, progress, entry=None)
+    return _fetch(validate_weight_source(source, local_pickle=local_pickle), _root(cache_dir), limits, progress, entry=None)
 
 
 def download_entry(

@@ -6,7 +6,11 @@ the group ``xmatch_<kind>`` of their own ``pyproject.toml``::
     [project.entry-points.xmatch_poolers]
     my-pooler = "my_package.poolers:build_my_pooler"
 
-Names are case-insensitive, duplicates raise, and an unknown name lists close matches.
+Names are case-insensitive, duplicates raise, and an unknown name lists close matches. Each
+name records its origin (:meth:`Registry.origin`): ``"xmatch"`` for built-ins, the
+distribution name for plugins, the registering module for registrations made at run time. A
+plugin entry point that fails to load is logged, reported by :meth:`Registry.broken` and by a
+lookup of its name, and leaves the other plugins of its group usable.
 
 Example:
     >>> import xmatch
@@ -18,10 +22,14 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
+import inspect
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import catalogue
+
+from xmatch.errors import XmatchError
 
 KINDS: tuple[str, ...] = (
     "image_encoders",
@@ -41,10 +49,15 @@ PLUGIN_HINT = {
     "oan": "xmatch-oan",
 }
 
+BUILTIN = "xmatch"
+"""The origin of xmatch's own components and zoo entries (registered in :mod:`xmatch._builtins`)."""
+
 T = TypeVar("T")
 
+logger = logging.getLogger(__name__)
 
-class RegistryError(KeyError):
+
+class RegistryError(XmatchError, KeyError):
     """An unknown, duplicate or broken registry entry."""
 
     def __str__(self) -> str:  # KeyError would quote the message
@@ -71,11 +84,18 @@ class Registry:
         self._catalogue = catalogue.create("xmatch", kind, entry_points=False)
         self.entry_point_group = f"xmatch_{kind}"
         self._names: dict[str, str] = {}  # lower-case -> registered spelling
-        self._origin: dict[str, str] = {}  # lower-case -> "builtin" or distribution name
+        self._origin: dict[str, str] = {}  # lower-case -> BUILTIN, a distribution or a module
+        self._broken: dict[str, str] = {}  # lower-case entry-point name -> why it was not registered
         self._entry_points_loaded = False
 
-    def register(self, name: str, obj: T | None = None, *, origin: str = "xmatch") -> Any:
+    def register(self, name: str, obj: T | None = None, *, origin: str | None = None) -> Any:
         """Register ``obj`` under ``name`` (usable as a decorator).
+
+        Args:
+            name: the registered spelling; lookups ignore case.
+            obj: what to register; without it, ``register`` returns a decorator.
+            origin: who registers it (see :meth:`origin`); by default the module defining
+                ``obj``, marked as registered at run time.
 
         Raises:
             RegistryError: if the name (case-insensitively) is already taken.
@@ -89,7 +109,7 @@ class Registry:
                     f"(as '{self._names[key]}' by {self._origin[key]}); choose another name."
                 )
             self._names[key] = name
-            self._origin[key] = origin
+            self._origin[key] = origin or _runtime_origin(target)
             self._catalogue.register(name, func=target)
             return target
 
@@ -98,14 +118,19 @@ class Registry:
         return do_register
 
     def get(self, name: str) -> Any:
-        """Return the object registered as ``name`` (case-insensitive)."""
+        """Return the object registered as ``name`` (case-insensitive).
+
+        Raises:
+            RegistryError: unknown name (with close matches and the plugin to install), or a
+                plugin entry point of that name that failed to load (with the reason).
+        """
         if not isinstance(name, str):
             raise RegistryError(f"{self.kind}: a component name must be a string, got {name!r}.")
         key = name.lower()
         if key not in self._names:
             self._load_entry_points()
         if key not in self._names:
-            raise RegistryError(self._unknown_message(name))
+            raise RegistryError(self._broken.get(key) or self._unknown_message(name))
         return self._catalogue.get(self._names[key])
 
     def __contains__(self, name: object) -> bool:
@@ -125,36 +150,76 @@ class Registry:
         return self._names[name.lower()]
 
     def origin(self, name: str) -> str:
-        """Which distribution registered ``name``."""
+        """Who registered ``name``: ``"xmatch"`` (:data:`BUILTIN`) for a built-in, the
+        distribution name for a plugin's entry point, ``"MODULE (registered at run time)"``
+        for a registration made by calling :meth:`register` or a ``register_*`` decorator.
+
+        Example:
+            >>> import xmatch
+            >>> xmatch.registry.poolers.origin("MrSw")
+            'xmatch'
+        """
         self.get(name)
         return self._origin[name.lower()]
+
+    def is_builtin(self, name: str) -> bool:
+        """Whether ``name`` is one of xmatch's own registrations (not a plugin's, not one made
+        at run time).
+
+        Example:
+            >>> import xmatch
+            >>> xmatch.registry.poolers.is_builtin("mrsw")
+            True
+        """
+        return self.origin(name) == BUILTIN
+
+    def broken(self) -> dict[str, str]:
+        """The plugin entry points of this kind that were not registered, by name, with why:
+        the import failed, or the name clashes with one already registered. The other entry
+        points of the group are registered all the same.
+
+        Example:
+            >>> import xmatch
+            >>> xmatch.registry.poolers.broken()  # doctest: +SKIP
+            {'my-pooler': "poolers: the entry point 'my-pooler = my_pkg:Pooler' of my-pkg ... failed to load: ..."}
+        """
+        self._load_entry_points()
+        return dict(self._broken)
 
     def _load_entry_points(self) -> None:
         if self._entry_points_loaded:
             return
         self._entry_points_loaded = True
         for ep in importlib.metadata.entry_points(group=self.entry_point_group):
-            if ep.name.lower() in self._names:
-                previous = self._origin[ep.name.lower()]
-                dist = ep.dist.name if ep.dist is not None else ep.value
-                if previous == dist:
-                    continue
-                raise RegistryError(
-                    f"{self.kind}: entry point '{ep.name}' of {dist} clashes with the "
-                    f"name registered by {previous}; one of the two packages must rename it."
-                )
+            dist = ep.dist.name if ep.dist is not None else ep.value
+            key = ep.name.lower()
+            if key in self._names:
+                if self._origin[key] != dist:  # the name keeps its first owner: a built-in, when it is one
+                    self._report_broken(ep.name, (
+                        f"{self.kind}: entry point '{ep.name}' of {dist} clashes with the name registered "
+                        f"by {self._origin[key]}, which keeps it; one of the two packages must rename it."
+                    ))
+                continue
             try:
                 obj = ep.load()
             except Exception as exc:  # a broken plugin must not hide the others
-                raise RegistryError(
-                    f"{self.kind}: the entry point '{ep.name} = {ep.value}' "
-                    f"(group {self.entry_point_group}) failed to load: {exc}"
-                ) from exc
-            self.register(ep.name, obj, origin=ep.dist.name if ep.dist is not None else ep.value)
+                self._report_broken(ep.name, (
+                    f"{self.kind}: the entry point '{ep.name} = {ep.value}' of {dist} "
+                    f"(group {self.entry_point_group}) failed to load: {type(exc).__name__}: {exc}. "
+                    f"Reinstall or fix {dist}, or uninstall it."
+                ))
+                continue
+            self.register(ep.name, obj, origin=dist)
+
+    def _report_broken(self, name: str, message: str) -> None:
+        self._broken[name.lower()] = message
+        logger.warning("%s", message)
 
     def refresh_entry_points(self) -> None:
-        """Look for newly installed plugin distributions on the next lookup."""
+        """Look for newly installed plugin distributions on the next lookup (and try the
+        broken entry points again)."""
         self._entry_points_loaded = False
+        self._broken.clear()
 
     def _unknown_message(self, name: str) -> str:
         known = self.names()
@@ -173,7 +238,19 @@ class Registry:
                 f" Components from plugins appear once their distribution is installed "
                 f"(entry-point group {self.entry_point_group})."
             )
+        if self._broken:
+            msg += (
+                f" {len(self._broken)} plugin entry point(s) of this group failed to load "
+                f"({', '.join(sorted(self._broken))}): see xmatch.registry.get_registry('{self.kind}').broken()."
+            )
         return msg
+
+
+def _runtime_origin(target: Any) -> str:
+    """``"MODULE (registered at run time)"``: the module defining a registered class or
+    function (a data object, such as a zoo entry, does not know where it was made)."""
+    module = target.__module__ if inspect.isclass(target) or inspect.isroutine(target) else None
+    return f"{module} (registered at run time)" if module else "registered at run time"
 
 
 image_encoders = Registry("image_encoders")

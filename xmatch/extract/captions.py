@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xmatch.errors import XmatchError
 from xmatch.extract.images import find_images
 
 CAPTION_SUFFIXES = (".csv", ".jsonl")
@@ -31,7 +32,7 @@ CAPTION_SUFFIXES = (".csv", ".jsonl")
 SPLIT_NAMES = ("train", "val", "test")
 
 
-class CaptionsError(ValueError):
+class CaptionsError(XmatchError, ValueError):
     """A captions file that cannot be used (the message names it and the fix)."""
 
 

@@ -6,11 +6,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from xmatch.errors import XmatchError
+
 #: file suffixes taken for images when a folder is scanned (case-insensitive)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 
-class UnreadableImageError(ValueError):
+class UnreadableImageError(XmatchError, ValueError):
     """A file that Pillow cannot decode (the message names it)."""
 
 

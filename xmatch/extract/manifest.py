@@ -8,11 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from xmatch.errors import XmatchError
+
 MANIFEST = "extract.json"
 FORMAT = "xmatch.extract/1"
 
 
-class ManifestError(ValueError):
+class ManifestError(XmatchError, ValueError):
     """A missing or unusable ``extract.json``, or one that does not fit (the message names it)."""
 
 

@@ -26,10 +26,11 @@ from typing import Any
 
 import torch
 
+from xmatch.errors import XmatchError
 from xmatch.extract.proposals import ImageInfo, Proposals, Proposer, check_counts, select_and_pad
 
 
-class BoxesError(ValueError):
+class BoxesError(XmatchError, ValueError):
     """A boxes file that is missing, malformed, or has no entry for an image (named)."""
 
 

@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 
+from xmatch.errors import XmatchError
 from xmatch.extract.proposals import ImageInfo, Proposals, Proposer, check_counts, select_and_pad
 
 
-class DetectorWeightsError(OSError):
+class DetectorWeightsError(XmatchError, OSError):
     """Detector weights that cannot be fetched or do not fit (the message says what to do)."""
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from xmatch.errors import XmatchError
 from xmatch.extract.captions import ImageRecord, read_records
 from xmatch.extract.images import UnreadableImageError
 from xmatch.extract.manifest import FORMAT, MANIFEST, ManifestError, read_manifest, settings_differences
@@ -46,7 +47,7 @@ DTYPES = ("float32", "float16")
 COMPARED = ("layout", "dtype", "batch_size", "pipeline", "images")
 
 
-class ExtractError(ValueError):
+class ExtractError(XmatchError, ValueError):
     """An extraction that cannot start or finish (the message says why and what to do)."""
 
 

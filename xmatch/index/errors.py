@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from xmatch.errors import XmatchError
 
-class SearchIndexError(ValueError):
+
+class SearchIndexError(XmatchError, ValueError):
     """Base class of the search-index errors (a ``ValueError``, so the command line prints it
     as one line)."""
 

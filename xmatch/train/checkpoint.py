@@ -28,6 +28,7 @@ import torch
 
 from xmatch._bundle import WEIGHTS_FILE, load_weights, save_pretrained
 from xmatch._safe_load import CheckpointReadError, load_torch_file
+from xmatch.errors import XmatchError
 from xmatch.train.errors import TrainingError
 
 STATE_FILE = "trainer_state.pt"
@@ -41,7 +42,7 @@ class CheckpointError(TrainingError):
     """A checkpoint's file is damaged or not what xmatch wrote; the message names it."""
 
 
-class DiskFullError(OSError):
+class DiskFullError(XmatchError, OSError):
     """The disk filled up while writing a checkpoint or a model (``errno.ENOSPC``)."""
 
 

@@ -18,13 +18,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from xmatch.errors import XmatchError
+
 OptimizerName = Literal["adam", "adamw", "sgd"]
 SchedulerName = Literal["step", "cosine", "constant"]
 AmpMode = Literal["none", "bf16", "fp16"]
 FLOAT32_MAX = 3.4028234663852886e38
 
 
-class ConfigError(ValueError):
+class ConfigError(XmatchError, ValueError):
     """A recipe that cannot be used; the message names the key and the fix."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from xmatch.errors import XmatchError
 
-class TrainingError(RuntimeError):
+
+class TrainingError(XmatchError, RuntimeError):
     """Training cannot go on; the message says why and what to change."""
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from xmatch.data.base import ImageTextDataset
 from xmatch.data.collate import collate
@@ -273,10 +274,10 @@ class Trainer:
             seed = self.config.seed + self.ctx.rank + state["step"]
             torch.manual_seed(seed)
             if self.ctx.is_main:
-                print(f"resuming {len(rng)} processes' run on {self.ctx.world_size}: the data order "
-                      "continues exactly, dropout draws are reseeded")
+                logger.info("resuming %d processes' run on %d: the data order continues exactly, dropout "
+                            "draws are reseeded", len(rng), self.ctx.world_size)
         if self.ctx.is_main:
-            print(f"resuming from {folder} (epoch {state['epoch'] + 1}, batch {state['batch']}, step {state['step']})")
+            logger.info("resuming from %s (epoch %d, batch %d, step %d)", folder, state["epoch"] + 1, state["batch"], state["step"])
         return state
 
     def _check_resume_fits(self, record: dict[str, Any]) -> None:
@@ -355,7 +356,7 @@ class Trainer:
         restored = self._restored_state() if self.resume else None
         if self.resume and restored is None:
             if ctx.is_main:
-                print(f"no checkpoint in {self.run_dir}: starting a new run")
+                logger.info("no checkpoint in %s: starting a new run", self.run_dir)
             # nothing of the old run can be continued: its logs and record are replaced
             self._claim_run_folder(replace=True)
         state = restored or self._fresh_state()
@@ -382,7 +383,7 @@ class Trainer:
                 if cfg.early_stopping and state["bad_validations"] >= cfg.early_stopping:
                     stopped_early = True
                     if ctx.is_main:
-                        print(f"early stopping: no better {cfg.select_metric} for {cfg.early_stopping} validations")
+                        logger.info("early stopping: no better %s for %d validations", cfg.select_metric, cfg.early_stopping)
                     break
                 if self.stop_requested:
                     break
@@ -544,7 +545,8 @@ class Trainer:
             if self.tb is not None:
                 self.tb.write(state["step"], {k: v for k, v in record.items() if isinstance(v, float)}, "val")
             mark = " (best)" if better else ""
-            ProgressBar.write(f"validation at step {state['step']}: {cfg.select_metric} = {value:.4f}{mark}")
+            with logging_redirect_tqdm() if self.progress else contextlib.nullcontext():  # keeps the bar whole
+                logger.info("validation at step %d: %s = %.4f%s", state["step"], cfg.select_metric, value, mark)
         for cb in self.callbacks:
             cb.on_validation_end(self, state["step"], figures)
 

@@ -105,7 +105,7 @@ def test_bundle_round_trip_gives_the_same_scores(tmp_path):
     regions, boxes = (t.float() for t in inputs(seed=1))
     before = model.similarity(model.encode_images(regions, boxes), model.encode_texts(CAPTIONS))
     xmatch.save_pretrained(model, tmp_path / "bundle")
-    again = xmatch.build(f"local-dir:{tmp_path / 'bundle'}").eval()
+    again = xmatch.build(f"local-dir:{tmp_path / 'bundle'}", pretrained=True).eval()
     assert again.spec == model.spec | {"text_encoder": again.spec["text_encoder"]}
     assert again.text_encoder.vocabulary == model.text_encoder.vocabulary
     after = again.similarity(again.encode_images(regions, boxes), again.encode_texts(CAPTIONS))

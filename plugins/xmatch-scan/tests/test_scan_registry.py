@@ -60,8 +60,8 @@ def test_zoo_entries_are_listed_and_match_the_entry_points():
 
 
 def test_data_file_is_package_data():
-    text = (Path(xmatch_scan.__file__).parent / "scan.toml").read_text()
-    assert set(tomllib.loads(text)["entries"]) == set(ENTRIES)
+    text = (Path(xmatch_scan.__file__).parent / "zoo.toml").read_text()
+    assert set(tomllib.loads(text)) == set(ENTRIES)
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     assert "*.toml" in pyproject["tool"]["setuptools"]["package-data"]["xmatch_scan"]
 

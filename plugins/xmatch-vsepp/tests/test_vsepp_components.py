@@ -198,7 +198,7 @@ def test_local_weights_file_mapped_by_position(tmp_path):
 def test_image_encoder_errors(lite0):
     with pytest.raises(ValueError, match="unknown timm backbone 'resnet153'"):
         VSEPPImageEncoder("resnet153")
-    with pytest.raises(OSError, match="cannot load"):
+    with pytest.raises(FileNotFoundError, match="/nonexistent/weights.pth does not exist"):
         VSEPPImageEncoder("efficientnet_lite0", checkpoint="/nonexistent/weights.pth")
     with pytest.raises(ValueError, match=r"float \[B, 3, H, W\]"):
         lite0(torch.rand(3, 64, 64))

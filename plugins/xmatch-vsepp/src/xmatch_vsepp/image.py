@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from xmatch.components.base import EncoderOutput, ImageEncoder
 from xmatch.components.image_bottomup import check_region_inputs
+from xmatch.components.image_timm import load_backbone_weights
 
 
 def _global_slot(features: torch.Tensor) -> EncoderOutput:
@@ -44,8 +45,11 @@ class VSEPPImageEncoder(ImageEncoder):
         backbone: a timm model name (VSE++: ``"vgg19"``, 4096-d fc7 output, or
             ``"resnet152"``, 2048-d average pool).
         pretrained: load timm's ImageNet weights for ``backbone`` (timm's hub mechanism).
-        checkpoint: a local weights file in timm's key layout for ``backbone`` (loaded by
-            timm through ``pretrained_cfg_overlay=dict(file=...)``); overrides ``pretrained``.
+        checkpoint: a weights file in timm's key layout for ``backbone``, any weight source of
+            :mod:`xmatch.hub` (a local ``.safetensors`` / ``.pth`` file, ``hf-hub:org/name/file.safetensors``,
+            ...), fetched, checked and loaded as the timm encoders' ``weights=`` are
+            (:func:`xmatch.components.image_timm.load_backbone_weights`; a classifier in the file is
+            dropped); overrides ``pretrained``.
         finetune: train the CNN (VSE++ ``--finetune``); False freezes its parameters.
         train_augment: random crop + flip while the module is in training mode.
 
@@ -75,16 +79,16 @@ class VSEPPImageEncoder(ImageEncoder):
                 f"image encoder 'vsepp-cnn': unknown timm backbone '{backbone}'. Similar names: {close}; "
                 "see timm.list_models()."
             )
-        load = pretrained or checkpoint is not None
-        overlay = {"file": checkpoint} if checkpoint is not None else None
+        from_hub = pretrained and checkpoint is None
         try:
-            self.cnn = timm.create_model(backbone, pretrained=load, num_classes=0, pretrained_cfg_overlay=overlay)
+            self.cnn = timm.create_model(backbone, pretrained=from_hub, num_classes=0)
         except (OSError, RuntimeError) as exc:
-            source = f"checkpoint '{checkpoint}'" if checkpoint else "timm's hub (pretrained=True)"
             raise OSError(
-                f"image encoder 'vsepp-cnn': cannot load {backbone} weights from {source} ({exc}). Give a local "
-                "file in timm's key layout (checkpoint=...), go online, or build with pretrained=False."
+                f"image encoder 'vsepp-cnn': cannot load {backbone} weights from timm's hub (pretrained=True) ({exc}). "
+                "Give a file in timm's key layout (checkpoint=...), go online, or build with pretrained=False."
             ) from exc
+        if checkpoint is not None:
+            load_backbone_weights(self.cnn, checkpoint, model=backbone, headless=True)
         self.backbone = backbone
         self.output_dim = int(getattr(self.cnn, "head_hidden_size", None) or self.cnn.num_features)
         self.finetune = finetune
