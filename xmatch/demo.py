@@ -189,7 +189,7 @@ def load_trained_model(model: str) -> MatchingModel:
             message says to train it with ``--train``.
 
     Example:
-        >>> net = load_trained_model("local-dir:my-model")  # doctest: +SKIP
+        >>> net = load_trained_model("local-dir:my-model")  # needs a bundle of yours  # doctest: +SKIP
     """
     import xmatch
     from xmatch.registry import RegistryError

@@ -180,8 +180,11 @@ class Registry:
 
         Example:
             >>> import xmatch
-            >>> xmatch.registry.poolers.broken()  # doctest: +SKIP
-            {'my-pooler': "poolers: the entry point 'my-pooler = my_pkg:Pooler' of my-pkg ... failed to load: ..."}
+            >>> xmatch.registry.poolers.broken()  # the installed plugins all load
+            {}
+
+            A plugin whose import fails shows as
+            ``{'my-pooler': "poolers: the entry point 'my-pooler = my_pkg:Pooler' of my-pkg ... failed to load: ..."}``.
         """
         self._load_entry_points()
         return dict(self._broken)

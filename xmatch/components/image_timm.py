@@ -317,7 +317,7 @@ def load_backbone_weights(
             :func:`xmatch.hub.fetch`.
 
     Example:
-        >>> net = timm.create_model("efficientnet_lite0", num_classes=0)  # doctest: +SKIP
+        >>> net = timm.create_model("efficientnet_lite0", num_classes=0)  # needs a weights file of yours  # doctest: +SKIP
         >>> load_backbone_weights(net, "lite0_timm.safetensors", model="efficientnet_lite0", headless=True)  # doctest: +SKIP
     """
     path, packaged_by_position = _weights_file(weights, model)
