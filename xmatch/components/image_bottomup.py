@@ -109,6 +109,50 @@ class BottomUpEncoder(ImageEncoder):
         return self.box_conditioning.map[0].weight.dtype
 
 
+class RegionFeaturesEncoder(ImageEncoder):
+    """Precomputed region features handed on as they are, padded slots zeroed: the base of
+    encoders whose paper maps regions with the model's projection alone (SCAN's
+    ``EncoderImagePrecomp``, OAN's regions, VSE++'s precomputed features).
+
+    Inputs are those of the ``bottomup`` encoder (regions ``[B, R, F]``, boxes ``[B, R, 4]``,
+    mask), checked by :func:`check_region_inputs`; boxes may be left out (full-image boxes
+    stand in, for models without geometry). Subclasses that reduce the regions further call
+    :meth:`real_regions` in their own ``forward``.
+
+    Args:
+        feature_dim: width of the region features (2048 for bottom-up Faster R-CNN).
+
+    Example:
+        >>> enc = RegionFeaturesEncoder(feature_dim=8)
+        >>> out = enc(torch.rand(2, 3, 8), mask=torch.tensor([[True, True, False], [True] * 3]))
+        >>> out.tokens.shape, out.tokens[0, 2].abs().sum().item(), out.content.sum().item()
+        (torch.Size([2, 3, 8]), 0.0, 5)
+    """
+
+    def __init__(self, feature_dim: int = 2048) -> None:
+        super().__init__()
+        if feature_dim < 1:
+            raise ValueError(f"feature_dim must be positive, got {feature_dim}.")
+        self.feature_dim = feature_dim
+        self.output_dim = feature_dim
+
+    def real_regions(
+        self, regions: torch.Tensor, boxes: torch.Tensor | None, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Checked ``regions`` with padded slots zeroed (so what they held never leaks), and the mask."""
+        if boxes is None and isinstance(regions, torch.Tensor):
+            boxes = regions.new_tensor([0.0, 0.0, 1.0, 1.0]).expand(*regions.shape[:2], 4)
+        mask = check_region_inputs(regions, boxes, mask, self.feature_dim)
+        return regions.masked_fill(~mask.unsqueeze(-1), 0.0), mask
+
+    def forward(
+        self, regions: torch.Tensor, boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None
+    ) -> EncoderOutput:
+        """Every real region is a token that takes part in the alignment."""
+        tokens, mask = self.real_regions(regions, boxes, mask)
+        return EncoderOutput(tokens, mask, mask.clone(), global_slot=False)
+
+
 def check_region_inputs(
     regions: torch.Tensor, boxes: torch.Tensor, mask: torch.Tensor | None, feature_dim: int
 ) -> torch.Tensor:

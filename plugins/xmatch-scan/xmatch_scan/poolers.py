@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from xmatch import Embeddings, Pooler
+from xmatch.plugin import Embeddings, Pooler
 
 from xmatch_scan.attention import (
     AGG_FUNCS,

@@ -20,8 +20,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from xmatch import ZooEntry
-from xmatch.spec import merge
+from xmatch.plugin import ZooEntry, merge
 
 DATA_FILE = "scan.toml"
 ENTRY_FIELDS = frozenset(f.name for f in dataclasses.fields(ZooEntry)) - {"name"}

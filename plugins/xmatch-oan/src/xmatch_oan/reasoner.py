@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from xmatch.components.base import Reasoner
+from xmatch.plugin import Reasoner
 
 
 class OANContextAttention(Reasoner):

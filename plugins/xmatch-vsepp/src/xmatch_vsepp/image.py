@@ -21,15 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from xmatch.components.base import EncoderOutput, ImageEncoder
-from xmatch.components.image_bottomup import check_region_inputs
-
-
-def _global_slot(features: torch.Tensor) -> EncoderOutput:
-    """One global slot per image: it becomes ``Embeddings.pooled`` and never enters an alignment."""
-    batch = features.shape[0]
-    mask = torch.ones(batch, 1, dtype=torch.bool, device=features.device)
-    return EncoderOutput(features.unsqueeze(1), mask, torch.zeros_like(mask), global_slot=True)
+from xmatch.plugin import EncoderOutput, ImageEncoder, RegionFeaturesEncoder
 
 
 class VSEPPImageEncoder(ImageEncoder):
@@ -125,10 +117,10 @@ class VSEPPImageEncoder(ImageEncoder):
         weight = next(self.cnn.parameters())
         features = self.cnn(pixels.to(device=weight.device, dtype=weight.dtype))
         # VSE++ normalises the CNN output before its fc layer (the model's projection).
-        return _global_slot(F.normalize(features, dim=-1))
+        return EncoderOutput.global_vector(F.normalize(features, dim=-1))
 
 
-class VSEPPPrecompEncoder(ImageEncoder):
+class VSEPPPrecompEncoder(RegionFeaturesEncoder):
     """Precomputed global features (VSE++'s ``*_precomp`` data): one vector per image.
 
     A region set ``[B, R, F]`` with its mask is averaged over the real regions; the original's
@@ -144,14 +136,11 @@ class VSEPPPrecompEncoder(ImageEncoder):
     """
 
     def __init__(self, feature_dim: int = 4096) -> None:
-        super().__init__()
-        self.feature_dim = feature_dim
-        self.output_dim = feature_dim
+        super().__init__(feature_dim)
 
     def forward(
-        self, regions: torch.Tensor, boxes: torch.Tensor, mask: torch.Tensor | None = None
+        self, regions: torch.Tensor, boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None
     ) -> EncoderOutput:
-        mask = check_region_inputs(regions, boxes, mask, self.feature_dim)
-        # Padded rows are zeroed so that what they hold never reaches the average.
-        summed = regions.masked_fill(~mask.unsqueeze(-1), 0).sum(dim=1)
-        return _global_slot(summed / mask.sum(dim=1, keepdim=True).to(regions.dtype))
+        # padded rows are zeros, so they add nothing to the sum
+        summed, mask = self.real_regions(regions, boxes, mask)
+        return EncoderOutput.global_vector(summed.sum(dim=1) / mask.sum(dim=1, keepdim=True).to(regions.dtype))
