@@ -12,7 +12,8 @@ Base classes (subclass one, declare it under the entry-point group ``xmatch_<kin
   :class:`Loss`: the component kinds; :class:`RegionFeaturesEncoder` hands precomputed region
   features on (padded slots zeroed, inputs checked); :class:`WordTextEncoder` gives a
   word-level text encoder its vocabulary, tokenizer, unknown-word measure and saved assets;
-  :class:`BiGRUTextEncoder` / :class:`RNNTextEncoder` are the recurrent encoders to extend.
+  :class:`RNNTextEncoder`, :class:`BiGRUTextEncoder`, :class:`BiLSTMTextEncoder` are the
+  recurrent encoders to extend (SCAN's text encoder is a :class:`BiGRUTextEncoder`).
 
 Records passed between components:
 
@@ -26,7 +27,8 @@ The word-level text pipeline (one for every word-id encoder):
   ``vocab.json``, the original SCAN / VSE++ vocabulary file, word list), :func:`with_markers`
   (``<start>`` / ``<end>`` at ids 2 and 3), :func:`read_original_vocabulary`,
   :func:`tokenize_words` (truncation warning, markers, padding), :func:`uniform_word_embedding`
-  (the U(-0.1, 0.1) table of SCAN / VSE++), :data:`VOCAB_FILE`, :class:`TokenCoverage`.
+  (the U(-0.1, 0.1) table of SCAN / VSE++), :data:`VOCAB_FILE` (the saved vocabulary's file
+  name), :data:`START` / :data:`END` (the marker words), :class:`TokenCoverage` (unknown words).
 
 Helpers:
 
@@ -37,8 +39,10 @@ Helpers:
 - zoo entries: :class:`ZooEntry`, :func:`zoo_entries_from_toml` (entries shipped as TOML
   inside the plugin, ``base`` + ``overrides`` as in xmatch's own ``zoo/``), :func:`merge`
   (nested spec overrides);
-- registration in one process (a package uses entry points instead): ``register_*``;
-  errors: :class:`SpecError`.
+- registration in one process (a package uses entry points instead): :func:`register_image_encoder`,
+  :func:`register_text_encoder`, :func:`register_reasoner`, :func:`register_pooler`,
+  :func:`register_loss`, :func:`register_model`, :func:`register_dataset`;
+- errors: :class:`SpecError` (a spec that cannot be built).
 
 Example:
     A region encoder and a text encoder of a plugin, in a few lines each:

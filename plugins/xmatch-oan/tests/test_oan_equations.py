@@ -19,7 +19,7 @@ from xmatch_oan import (
     OANRegionEncoder,
     OANTextCNN,
 )
-from oan_fixtures import one_thread  # noqa: F401  (autouse: one torch thread)
+from xmatch.testing import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
 WORDS = ["a", "dog", "on", "the", "bench", "cat"]
 

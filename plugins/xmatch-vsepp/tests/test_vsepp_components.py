@@ -17,7 +17,7 @@ import xmatch
 from xmatch import Embeddings
 from xmatch.components.losses import hinge_triplet
 from xmatch_vsepp import OrderPooler, VSEPPImageEncoder, VSEPPPrecompEncoder, VSEPPTextEncoder, init_like_original
-from vsepp_fixtures import one_thread  # noqa: F401  (autouse: one torch thread)
+from xmatch.testing import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
 WORDS = ["a", "dog", "on", "the", "bench", "cat"]
 
