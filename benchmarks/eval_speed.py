@@ -78,7 +78,7 @@ def peak_rss_gb() -> float:
 
 def full_size_teran(bert_dir: str) -> xmatch.MatchingModel:
     torch.manual_seed(0)
-    return xmatch.build("teran-mrsw-coco", text_encoder={"source": bert_dir, "pretrained": False}).eval()
+    return xmatch.build("teran-mrsw-coco", text_encoder={"backbone": bert_dir, "pretrained": False}).eval()
 
 
 def drawn_embeddings(n: int, lengths: np.ndarray, dim: int, seed: int, batch: int = 256) -> BucketedEmbeddings:

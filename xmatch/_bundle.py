@@ -81,7 +81,7 @@ def read_bundle_spec(directory: str | os.PathLike) -> tuple[dict[str, Any], Path
 
     Example:
         >>> spec, weights = read_bundle_spec("my-model")  # doctest: +SKIP
-        >>> spec["text_encoder"]["source"]  # doctest: +SKIP
+        >>> spec["text_encoder"]["backbone"]  # doctest: +SKIP
         '/home/me/my-model/text_encoder'
     """
     from safetensors import safe_open

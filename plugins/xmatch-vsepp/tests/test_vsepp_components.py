@@ -183,7 +183,7 @@ def test_local_weights_file_mapped_by_position(tmp_path):
     assert len(values) == len(target) and all(v.shape == t.shape for v, t in zip(values, target.values()))
     file = tmp_path / "lite0_timm.pth"
     torch.save(dict(zip(target, values)), file)
-    enc = VSEPPImageEncoder("efficientnet_lite0", checkpoint=str(file)).eval()
+    enc = VSEPPImageEncoder("efficientnet_lite0", weights=str(file)).eval()
     loaded = enc.cnn.state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in zip(target, values))
     # The real ImageNet weights tell a cat photo from a coffee cup far better than chance.
@@ -199,7 +199,13 @@ def test_image_encoder_errors(lite0):
     with pytest.raises(ValueError, match="unknown timm backbone 'resnet153'"):
         VSEPPImageEncoder("resnet153")
     with pytest.raises(OSError, match="cannot load"):
-        VSEPPImageEncoder("efficientnet_lite0", checkpoint="/nonexistent/weights.pth")
+        VSEPPImageEncoder("efficientnet_lite0", weights="/nonexistent/weights.pth")
+    with pytest.raises(ValueError, match="not both"):
+        VSEPPImageEncoder("efficientnet_lite0", pretrained=True, weights="/nonexistent/weights.pth")
+    with pytest.warns(DeprecationWarning, match="'checkpoint' is now called 'weights'"), \
+            pytest.raises(xmatch.SpecError, match="cannot load efficientnet_lite0 weights from weights '/nowhere.pth'"):
+        xmatch.build("vsepp-resnet152-coco", image_encoder={"backbone": "efficientnet_lite0", "checkpoint": "/nowhere.pth"},
+                     text_encoder={"vocab": WORDS})
     with pytest.raises(ValueError, match=r"float \[B, 3, H, W\]"):
         lite0(torch.rand(3, 64, 64))
     with pytest.raises(TypeError, match="not PIL images"):

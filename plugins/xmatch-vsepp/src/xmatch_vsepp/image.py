@@ -36,8 +36,9 @@ class VSEPPImageEncoder(ImageEncoder):
         backbone: a timm model name (VSE++: ``"vgg19"``, 4096-d fc7 output, or
             ``"resnet152"``, 2048-d average pool).
         pretrained: load timm's ImageNet weights for ``backbone`` (timm's hub mechanism).
-        checkpoint: a local weights file in timm's key layout for ``backbone`` (loaded by
-            timm through ``pretrained_cfg_overlay=dict(file=...)``); overrides ``pretrained``.
+        weights: instead, a local weights file in timm's key layout for ``backbone`` (loaded by
+            timm through ``pretrained_cfg_overlay=dict(file=...)``); ``checkpoint`` in specs
+            written before the rename.
         finetune: train the CNN (VSE++ ``--finetune``); False freezes its parameters.
         train_augment: random crop + flip while the module is in training mode.
 
@@ -48,12 +49,13 @@ class VSEPPImageEncoder(ImageEncoder):
     """
 
     takes_pixels = True
+    renamed_arguments = {"checkpoint": "weights"}
 
     def __init__(
         self,
         backbone: str = "vgg19",
         pretrained: bool = False,
-        checkpoint: str | None = None,
+        weights: str | None = None,
         finetune: bool = False,
         train_augment: bool = True,
     ) -> None:
@@ -67,15 +69,20 @@ class VSEPPImageEncoder(ImageEncoder):
                 f"image encoder 'vsepp-cnn': unknown timm backbone '{backbone}'. Similar names: {close}; "
                 "see timm.list_models()."
             )
-        load = pretrained or checkpoint is not None
-        overlay = {"file": checkpoint} if checkpoint is not None else None
+        if pretrained and weights is not None:
+            raise ValueError(
+                f"image encoder 'vsepp-cnn': give either pretrained=True (timm's weights for {backbone}) or "
+                f"weights={weights!r}, not both."
+            )
+        load = pretrained or weights is not None
+        overlay = {"file": weights} if weights is not None else None
         try:
             self.cnn = timm.create_model(backbone, pretrained=load, num_classes=0, pretrained_cfg_overlay=overlay)
         except (OSError, RuntimeError) as exc:
-            source = f"checkpoint '{checkpoint}'" if checkpoint else "timm's hub (pretrained=True)"
+            source = f"weights '{weights}'" if weights else "timm's hub (pretrained=True)"
             raise OSError(
                 f"image encoder 'vsepp-cnn': cannot load {backbone} weights from {source} ({exc}). Give a local "
-                "file in timm's key layout (checkpoint=...), go online, or build with pretrained=False."
+                "file in timm's key layout (weights=...), go online, or build with pretrained=False."
             ) from exc
         self.backbone = backbone
         self.output_dim = int(getattr(self.cnn, "head_hidden_size", None) or self.cnn.num_features)
