@@ -62,9 +62,9 @@ def test_entry_point_plugin_is_discovered(tmp_path, monkeypatch):
     pkg.mkdir()
     (pkg / "__init__.py").write_text(textwrap.dedent("""
         import xmatch
-        from xmatch.components.poolers import MrSw
+        from xmatch.components.poolers import MrSwPooler
 
-        class PluginPooler(MrSw):
+        class PluginPooler(MrSwPooler):
             '''MrSw under another name, from a plugin.'''
 
         ENTRY = {"description": "plugin entry", "spec": {}}

@@ -9,7 +9,7 @@ never a name that starts with ``_`` nor a module ``xmatch._*``: those may change
 Base classes (subclass one, declare it under the entry-point group ``xmatch_<kind>``):
 
 - :class:`ImageEncoder`, :class:`TextEncoder`, :class:`Reasoner`, :class:`Pooler`,
-  :class:`Loss`: the component kinds; :class:`RegionFeaturesEncoder` hands precomputed region
+  :class:`Loss`: the component kinds; :class:`RegionFeaturesImageEncoder` hands precomputed region
   features on (padded slots zeroed, inputs checked); :class:`WordTextEncoder` gives a
   word-level text encoder its vocabulary, tokenizer, unknown-word measure and saved assets;
   :class:`RNNTextEncoder`, :class:`BiGRUTextEncoder`, :class:`BiLSTMTextEncoder` are the
@@ -42,14 +42,22 @@ Helpers:
 - registration in one process (a package uses entry points instead): :func:`register_image_encoder`,
   :func:`register_text_encoder`, :func:`register_reasoner`, :func:`register_pooler`,
   :func:`register_loss`, :func:`register_model`, :func:`register_dataset`;
-- errors: :class:`SpecError` (a spec that cannot be built).
+- errors: :class:`SpecError` (a spec that cannot be built);
+- renames: a component argument is renamed with a class attribute ``renamed_arguments = {old: new}``
+  (specs with the old name build, with a DeprecationWarning); a class or function, with
+  ``__getattr__ = renamed_names(__name__, {old: new})`` in its module (:func:`renamed_names`).
+
+Names: a component class is called ``<Name><Kind>``, the kind being ``ImageEncoder``,
+``TextEncoder``, ``Reasoner``, ``Pooler`` or ``Loss`` (``ScanT2IPooler``, ``OANCNNTextEncoder``);
+the argument that chooses a pretrained network is ``backbone``, a weights file ``weights``, and
+``pretrained = true`` loads the backbone's published weights (never together with ``weights``).
 
 Example:
     A region encoder and a text encoder of a plugin, in a few lines each:
 
     >>> import torch
-    >>> from xmatch.plugin import RegionFeaturesEncoder, WordTextEncoder, EncoderOutput
-    >>> class MeanRegions(RegionFeaturesEncoder):
+    >>> from xmatch.plugin import RegionFeaturesImageEncoder, WordTextEncoder, EncoderOutput
+    >>> class MeanRegions(RegionFeaturesImageEncoder):
     ...     def forward(self, regions, boxes=None, mask=None):
     ...         tokens, mask = self.real_regions(regions, boxes, mask)
     ...         return EncoderOutput.global_vector(tokens.sum(1) / mask.sum(1, keepdim=True))
@@ -95,7 +103,7 @@ from xmatch.components.base import (
     TextEncoder,
     TokenBatch,
 )
-from xmatch.components.image_bottomup import RegionFeaturesEncoder, check_region_inputs, normalize_boxes
+from xmatch.components.image_bottomup import RegionFeaturesImageEncoder, check_region_inputs, normalize_boxes
 from xmatch.components.losses import hinge_triplet
 from xmatch.components.text_rnn import BiGRUTextEncoder, BiLSTMTextEncoder, RNNTextEncoder
 from xmatch.components.text_side import TokenCoverage
@@ -112,6 +120,7 @@ from xmatch.components.text_words import (
     uniform_word_embedding,
     with_markers,
 )
+from xmatch.deprecation import renamed_names
 from xmatch.embeddings import Embeddings
 from xmatch.masks import last_true_mask, lengths_to_mask, pad_stack
 from xmatch.model import MatchingModel
@@ -121,10 +130,11 @@ from xmatch.spec import SpecError, merge
 __all__ = [
     "END", "START", "VOCAB_FILE",
     "BiGRUTextEncoder", "BiLSTMTextEncoder", "Embeddings", "EncoderOutput", "ImageEncoder", "Loss", "LossOutput",
-    "MatchingModel", "Pooler", "RNNTextEncoder", "Reasoner", "RegionFeaturesEncoder", "SpecError", "TextEncoder",
+    "MatchingModel", "Pooler", "RNNTextEncoder", "Reasoner", "RegionFeaturesImageEncoder", "SpecError", "TextEncoder",
     "TokenBatch", "TokenCoverage", "Vocabulary", "WordTextEncoder", "ZooEntry",
     "check_region_inputs", "hinge_triplet", "init_projection_like_original", "last_true_mask", "lengths_to_mask",
     "load_vocabulary", "merge", "normalize_boxes", "pad_stack", "read_original_vocabulary", "register_dataset",
+    "renamed_names",
     "register_image_encoder", "register_loss", "register_model", "register_pooler", "register_reasoner",
     "register_text_encoder", "split_words", "tokenize_words", "uniform_word_embedding", "with_markers",
     "zoo_entries_from_toml",

@@ -13,6 +13,7 @@ from torch import nn
 
 from xmatch.components.base import EncoderOutput, ImageEncoder
 from xmatch.components.reasoners import TransformerReasoner
+from xmatch.deprecation import renamed_names
 
 
 def normalize_boxes(boxes_xyxy: torch.Tensor, sizes_wh: torch.Tensor) -> torch.Tensor:
@@ -48,7 +49,7 @@ class BoxConditioning(nn.Module):
         return self.map(torch.cat([features, box_geometry(boxes)], dim=-1))
 
 
-class BottomUpEncoder(ImageEncoder):
+class BottomUpImageEncoder(ImageEncoder):
     """Precomputed region features + boxes -> box conditioning -> transformer stack.
 
     Args:
@@ -62,7 +63,7 @@ class BottomUpEncoder(ImageEncoder):
             attention, becomes ``Embeddings.pooled`` and never in the alignment.
 
     Example:
-        >>> enc = BottomUpEncoder(feature_dim=16, layers=1)
+        >>> enc = BottomUpImageEncoder(feature_dim=16, layers=1)
         >>> out = enc(torch.rand(2, 5, 16), torch.tensor([[0.1, 0.1, 0.5, 0.5]]).expand(2, 5, 4))
         >>> out.tokens.shape, out.content.sum().item()
         (torch.Size([2, 6, 16]), 10)
@@ -109,7 +110,7 @@ class BottomUpEncoder(ImageEncoder):
         return self.box_conditioning.map[0].weight.dtype
 
 
-class RegionFeaturesEncoder(ImageEncoder):
+class RegionFeaturesImageEncoder(ImageEncoder):
     """Precomputed region features handed on as they are, padded slots zeroed: the base of
     encoders whose paper maps regions with the model's projection alone (SCAN's
     ``EncoderImagePrecomp``, OAN's regions, VSE++'s precomputed features).
@@ -123,7 +124,7 @@ class RegionFeaturesEncoder(ImageEncoder):
         feature_dim: width of the region features (2048 for bottom-up Faster R-CNN).
 
     Example:
-        >>> enc = RegionFeaturesEncoder(feature_dim=8)
+        >>> enc = RegionFeaturesImageEncoder(feature_dim=8)
         >>> out = enc(torch.rand(2, 3, 8), mask=torch.tensor([[True, True, False], [True] * 3]))
         >>> out.tokens.shape, out.tokens[0, 2].abs().sum().item(), out.content.sum().item()
         (torch.Size([2, 3, 8]), 0.0, 5)
@@ -200,3 +201,7 @@ def check_region_inputs(
     if bool((b[..., 2] < b[..., 0]).any()) or bool((b[..., 3] < b[..., 1]).any()):
         raise ValueError("boxes must be (x1, y1, x2, y2) with x2 >= x1 and y2 >= y1; some are not.")
     return mask
+
+
+# the class names before they followed <Name><Kind>
+__getattr__ = renamed_names(__name__, {"BottomUpEncoder": "BottomUpImageEncoder"})

@@ -5,7 +5,7 @@ Transformer Encoders", ACM TOMM 2021) reasons over bottom-up detector regions. H
 regions are the cells of a timm backbone's last feature map ("grid features", Jiang et al.,
 "In Defense of Grid Features for Visual Question Answering", CVPR 2020), each with its cell
 box, so TERAN runs on raw images without a detector: the cells then go through exactly the
-box conditioning and transformer of the ``bottomup`` encoder (:class:`BottomUpEncoder`).
+box conditioning and transformer of the ``bottomup`` encoder (:class:`BottomUpImageEncoder`).
 
 Weights come from timm's hub (``pretrained=True``), from a local ``.safetensors`` / ``.pth``
 file (``weights=``, loaded strictly, ``torch.load(weights_only=True)`` for pickles), or from a
@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from xmatch.components.base import EncoderOutput, ImageEncoder
-from xmatch.components.image_bottomup import BottomUpEncoder
+from xmatch.components.image_bottomup import BottomUpImageEncoder
+from xmatch.deprecation import renamed_names
 from xmatch.sources import PACKAGE_PREFIX, resolve_local_source
 
 
@@ -429,7 +430,7 @@ def grid_boxes(height: int, width: int) -> torch.Tensor:
     return boxes.reshape(-1, 4).float()
 
 
-class TimmGridEncoder(ImageEncoder):
+class TimmGridImageEncoder(ImageEncoder):
     """Raw images -> timm backbone -> feature-map cells with their boxes -> the ``bottomup``
     encoder's box conditioning and transformer (TERAN on raw images, no detector).
 
@@ -461,7 +462,7 @@ class TimmGridEncoder(ImageEncoder):
     ``[B, 3, H, W]`` already made by :meth:`preprocess`.
 
     Example:
-        >>> enc = TimmGridEncoder(weights="package:efficientnet-lite0", layers=1)  # doctest: +SKIP
+        >>> enc = TimmGridImageEncoder(weights="package:efficientnet-lite0", layers=1)  # doctest: +SKIP
         >>> out = enc(images=[pil_image, "photo.jpg"])  # doctest: +SKIP
         >>> out.tokens.shape  # 1 image CLS slot + 49 cells  # doctest: +SKIP
         torch.Size([2, 50, 1280])
@@ -514,7 +515,7 @@ class TimmGridEncoder(ImageEncoder):
                 f"the {backbone} feature map has {self.feature_dim} channels, not divisible by heads={heads}; "
                 "choose a number of heads that divides it."
             )
-        self.regions = BottomUpEncoder(
+        self.regions = BottomUpImageEncoder(
             feature_dim=self.feature_dim,
             layers=layers,
             heads=heads,
@@ -533,7 +534,7 @@ class TimmGridEncoder(ImageEncoder):
             self.backbone.register_state_dict_post_hook(_drop_own_keys)
             self.backbone.register_load_state_dict_pre_hook(_keep_own_tensors)
 
-    def train(self, mode: bool = True) -> TimmGridEncoder:
+    def train(self, mode: bool = True) -> TimmGridImageEncoder:
         super().train(mode)
         if not self.finetune:
             self.backbone.eval()  # a frozen backbone keeps its BatchNorm statistics and no dropout
@@ -549,7 +550,7 @@ class TimmGridEncoder(ImageEncoder):
         encoder's own boxes are in the crop's frame). For drawing the cells on the image.
 
         Example:
-            >>> enc = TimmGridEncoder(weights="package:efficientnet-lite0", layers=0)  # doctest: +SKIP
+            >>> enc = TimmGridImageEncoder(weights="package:efficientnet-lite0", layers=0)  # doctest: +SKIP
             >>> enc.image_boxes(224, 224)[0]  # crop_pct 0.875: the crop starts 6.25% in  # doctest: +SKIP
             tensor([0.0625, 0.0625, 0.1875, 0.1875])
         """
@@ -606,3 +607,7 @@ def _keep_own_tensors(module: nn.Module, state_dict: dict[str, Any], prefix: str
     """``load_state_dict`` pre-hook: tensors the module does not save keep their current values."""
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         state_dict.setdefault(prefix + name, tensor.detach())
+
+
+# the class names before they followed <Name><Kind>
+__getattr__ = renamed_names(__name__, {"TimmGridEncoder": "TimmGridImageEncoder"})

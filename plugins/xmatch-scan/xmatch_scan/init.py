@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from xmatch.plugin import MatchingModel, init_projection_like_original
 
-from xmatch_scan.image import ScanPrecompEncoder
+from xmatch_scan.image import ScanPrecompImageEncoder
 from xmatch_scan.text import ScanBiGRUTextEncoder
 
 
@@ -32,5 +32,5 @@ def init_like_original(model: MatchingModel) -> MatchingModel:
         >>> model = init_like_original(xmatch.build("scan-t2i-avg-f30k", text_encoder={"vocab": words}))  # doctest: +SKIP
     """
     return init_projection_like_original(
-        model, "SCAN", {"scan-precomp": ScanPrecompEncoder}, {"scan-bigru": ScanBiGRUTextEncoder}
+        model, "SCAN", {"scan-precomp": ScanPrecompImageEncoder}, {"scan-bigru": ScanBiGRUTextEncoder}
     )

@@ -16,7 +16,7 @@ from PIL import Image
 import xmatch
 from xmatch import Embeddings
 from xmatch.components.losses import hinge_triplet
-from xmatch_vsepp import OrderPooler, VSEPPImageEncoder, VSEPPPrecompEncoder, VSEPPTextEncoder, init_like_original
+from xmatch_vsepp import OrderPooler, VSEPPImageEncoder, VSEPPPrecompImageEncoder, VSEPPTextEncoder, init_like_original
 from xmatch.testing import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
 WORDS = ["a", "dog", "on", "the", "bench", "cat"]
@@ -120,7 +120,7 @@ def test_precomp_is_fc_then_l2norm_on_the_raw_feature():
 
 
 def test_precomp_averages_real_regions_and_ignores_padding():
-    enc = VSEPPPrecompEncoder(feature_dim=2)
+    enc = VSEPPPrecompImageEncoder(feature_dim=2)
     regions = torch.tensor([[[1.0, 2.0], [3.0, 6.0], [1e6, -1e6]], [[5.0, 5.0], [0.0, 0.0], [0.0, 0.0]]])
     mask = torch.tensor([[True, True, False], [True, False, False]])
     out = enc(regions, torch.zeros(2, 3, 4), mask)
@@ -130,7 +130,7 @@ def test_precomp_averages_real_regions_and_ignores_padding():
 
 def test_precomp_rejects_features_of_the_wrong_width():
     with pytest.raises(ValueError, match="expects 4096"):
-        VSEPPPrecompEncoder()(torch.rand(2, 1, 2048), torch.zeros(2, 1, 4))
+        VSEPPPrecompImageEncoder()(torch.rand(2, 1, 2048), torch.zeros(2, 1, 4))
 
 
 @pytest.fixture(scope="module")

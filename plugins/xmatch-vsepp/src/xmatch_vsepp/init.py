@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from xmatch.plugin import MatchingModel, init_projection_like_original
 
-from xmatch_vsepp.image import VSEPPImageEncoder, VSEPPPrecompEncoder
+from xmatch_vsepp.image import VSEPPImageEncoder, VSEPPPrecompImageEncoder
 from xmatch_vsepp.text import VSEPPTextEncoder
 
 
@@ -34,6 +34,6 @@ def init_like_original(model: MatchingModel) -> MatchingModel:
         >>> model = init_like_original(xmatch.build("vsepp-precomp-coco", text_encoder={"vocab": words}))  # doctest: +SKIP
     """
     return init_projection_like_original(
-        model, "VSE++", {"vsepp-cnn": VSEPPImageEncoder, "vsepp-precomp": VSEPPPrecompEncoder},
+        model, "VSE++", {"vsepp-cnn": VSEPPImageEncoder, "vsepp-precomp": VSEPPPrecompImageEncoder},
         {"vsepp-gru": VSEPPTextEncoder},
     )

@@ -1,9 +1,11 @@
-"""Renamed component arguments: one name for "which backbone" (``backbone``) and one for "which
-weights file" (``weights``) across components; specs written with the old names still build,
-with a DeprecationWarning naming the new one."""
+"""One naming scheme across components: ``backbone`` chooses a pretrained network and
+``weights`` a weights file, in every component; a component class is ``<Name><Kind>``. Specs
+and imports written with the old names still work, with a DeprecationWarning naming the new one."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import warnings
 
 import pytest
@@ -58,3 +60,39 @@ def test_zoo_specs_use_the_new_names():
                 table = spec[key]
                 kind = f"{key}s"
                 check_component(table, kind, f"{entry} -> {key}")
+
+
+#: the kind a registered class's name ends with
+KIND_SUFFIX = {
+    "image_encoders": "ImageEncoder", "text_encoders": "TextEncoder", "reasoners": "Reasoner",
+    "poolers": "Pooler", "losses": "Loss",
+}
+
+
+def test_component_classes_are_named_name_then_kind():
+    bad = []
+    for kind, suffix in KIND_SUFFIX.items():
+        registry = get_registry(kind)
+        for name in registry.names():
+            builder = registry.get(name)
+            if inspect.isclass(builder) and not builder.__name__.endswith(suffix):
+                bad.append(f"{kind} '{name}': {builder.__qualname__}")
+    assert not bad, f"component classes not called <Name><Kind>: {bad}"
+
+
+@pytest.mark.parametrize("module, old, new", [
+    ("xmatch.components.poolers", "MrSw", "MrSwPooler"),
+    ("xmatch.components.poolers", "GlobalCosine", "GlobalCosinePooler"),
+    ("xmatch.components.image_bottomup", "BottomUpEncoder", "BottomUpImageEncoder"),
+    ("xmatch.components.image_timm", "TimmGridEncoder", "TimmGridImageEncoder"),
+    ("xmatch.components.image_regions_pixels", "PixelRegionsEncoder", "PixelRegionsImageEncoder"),
+    ("xmatch_scan", "ScanT2I", "ScanT2IPooler"),
+    ("xmatch_vsepp", "VSEPPPrecompEncoder", "VSEPPPrecompImageEncoder"),
+    ("xmatch_oan", "OANTextCNN", "OANCNNTextEncoder"),
+])
+def test_old_class_names_still_import_with_a_warning(module, old, new):
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=f"{old} is now called {new}"):
+        assert getattr(mod, old) is getattr(mod, new)
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
+        getattr(mod, "NoSuchThing")
