@@ -82,28 +82,11 @@ Example:
 
 from __future__ import annotations
 
-from xmatch import (
-    register_dataset,
-    register_image_encoder,
-    register_loss,
-    register_model,
-    register_pooler,
-    register_reasoner,
-    register_text_encoder,
-    zoo_entries_from_toml,
-    ZooEntry,
-)
-from xmatch.components.base import (
-    EncoderOutput,
-    ImageEncoder,
-    Loss,
-    LossOutput,
-    Pooler,
-    Reasoner,
-    TextEncoder,
-    TokenBatch,
-)
-from xmatch.components.image_bottomup import RegionFeaturesImageEncoder, check_region_inputs, normalize_boxes
+from xmatch import Embeddings, EncoderOutput, ImageEncoder, Loss, LossOutput, MatchingModel, Pooler, Reasoner
+from xmatch import SpecError, TextEncoder, TokenBatch, ZooEntry, normalize_boxes, zoo_entries_from_toml
+from xmatch import register_dataset, register_image_encoder, register_loss, register_model, register_pooler
+from xmatch import register_reasoner, register_text_encoder
+from xmatch.components.image_bottomup import RegionFeaturesImageEncoder, check_region_inputs
 from xmatch.components.losses import hinge_triplet
 from xmatch.components.text_rnn import BiGRUTextEncoder, BiLSTMTextEncoder, RNNTextEncoder
 from xmatch.components.text_side import TokenCoverage
@@ -121,21 +104,17 @@ from xmatch.components.text_words import (
     with_markers,
 )
 from xmatch.deprecation import renamed_names
-from xmatch.embeddings import Embeddings
 from xmatch.masks import last_true_mask, lengths_to_mask, pad_stack
-from xmatch.model import MatchingModel
 from xmatch.projection_init import init_projection_like_original
-from xmatch.spec import SpecError, merge
+from xmatch.spec import merge
 
 __all__ = [
-    "END", "START", "VOCAB_FILE",
-    "BiGRUTextEncoder", "BiLSTMTextEncoder", "Embeddings", "EncoderOutput", "ImageEncoder", "Loss", "LossOutput",
-    "MatchingModel", "Pooler", "RNNTextEncoder", "Reasoner", "RegionFeaturesImageEncoder", "SpecError", "TextEncoder",
-    "TokenBatch", "TokenCoverage", "Vocabulary", "WordTextEncoder", "ZooEntry",
-    "check_region_inputs", "hinge_triplet", "init_projection_like_original", "last_true_mask", "lengths_to_mask",
-    "load_vocabulary", "merge", "normalize_boxes", "pad_stack", "read_original_vocabulary", "register_dataset",
-    "renamed_names",
-    "register_image_encoder", "register_loss", "register_model", "register_pooler", "register_reasoner",
-    "register_text_encoder", "split_words", "tokenize_words", "uniform_word_embedding", "with_markers",
-    "zoo_entries_from_toml",
+    "BiGRUTextEncoder", "BiLSTMTextEncoder", "END", "Embeddings", "EncoderOutput", "ImageEncoder", "Loss",
+    "LossOutput", "MatchingModel", "Pooler", "RNNTextEncoder", "Reasoner", "RegionFeaturesImageEncoder",
+    "START", "SpecError", "TextEncoder", "TokenBatch", "TokenCoverage", "VOCAB_FILE", "Vocabulary",
+    "WordTextEncoder", "ZooEntry", "check_region_inputs", "hinge_triplet", "init_projection_like_original",
+    "last_true_mask", "lengths_to_mask", "load_vocabulary", "merge", "normalize_boxes", "pad_stack",
+    "read_original_vocabulary", "register_dataset", "register_image_encoder", "register_loss", "register_model",
+    "register_pooler", "register_reasoner", "register_text_encoder", "renamed_names", "split_words",
+    "tokenize_words", "uniform_word_embedding", "with_markers", "zoo_entries_from_toml",
 ]

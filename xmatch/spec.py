@@ -162,8 +162,9 @@ def renamed_arguments(table: Mapping[str, Any], builder: Callable[..., Any], pat
         if new in table:
             raise SpecError(f"{path} -> {key}: the old name of '{new}', which is given too; keep only '{new}'.")
         warnings.warn(
-            f"{path} -> {key}: the argument '{key}' is now called '{new}'; write {new} = {table[key]!r} "
-            "(the old name will stop working in a future release).",
+            f"{path} -> {key}: the argument '{key}' is now called '{new}'; write {new} = {table[key]!r} in the "
+            "spec, or save a bundle again with xmatch.save_pretrained (the old name will stop working in a "
+            "future release).",
             DeprecationWarning,
             stacklevel=4,
         )
