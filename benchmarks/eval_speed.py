@@ -88,7 +88,7 @@ def peak_rss_gb() -> float:
 
 def full_size_teran(bert_dir: str, device: str) -> xmatch.MatchingModel:
     torch.manual_seed(0)
-    return xmatch.build("teran-mrsw-coco", text_encoder={"source": bert_dir, "pretrained": False}).to(device).eval()
+    return xmatch.build("teran-mrsw-coco", text_encoder={"backbone": bert_dir, "pretrained": False}).to(device).eval()
 
 
 def sync(device: str) -> None:

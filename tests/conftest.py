@@ -61,7 +61,7 @@ def tiny_spec(bert_source: str, pooler: str = "MrSw", **overrides) -> dict:
     spec = {
         "embed_dim": 16,
         "image_encoder": {"name": "bottomup", "feature_dim": 12, "layers": 1, "ff_dim": 32},
-        "text_encoder": {"name": "bert", "source": bert_source, "layers": 1, "pretrained": False},
+        "text_encoder": {"name": "bert", "backbone": bert_source, "layers": 1, "pretrained": False},
         "image_reasoner": {"name": "transformer", "layers": 1, "ff_dim": 32},
         "text_reasoner": {"name": "transformer", "layers": 1, "ff_dim": 32},
         "pooler": {"name": pooler},

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import xmatch
 from xmatch.buckets import BucketedEmbeddings
-from xmatch.components.poolers import GlobalCosine, MrAvgw, MrSw, MwSr, Symm
+from xmatch.components.poolers import GlobalCosinePooler, MrAvgwPooler, MrSwPooler, MwSrPooler, SymmPooler
 from xmatch.embeddings import Embeddings
 
 from conftest import random_regions, tiny_spec
@@ -88,7 +88,7 @@ def test_consuming_releases_each_batch_once_it_is_bucketed(monkeypatch):
         BucketedEmbeddings.from_parts(tuple(kept.parts), consume=True)
 
 
-@pytest.mark.parametrize("pooler", [MrSw(), MwSr(), Symm(), MrAvgw(), GlobalCosine(), MrSw(compat="original")],
+@pytest.mark.parametrize("pooler", [MrSwPooler(), MwSrPooler(), SymmPooler(), MrAvgwPooler(), GlobalCosinePooler(), MrSwPooler(compat="original")],
                          ids=["MrSw", "MwSr", "Symm", "MrAvgw", "global-cosine", "MrSw-original"])
 def test_bucketed_scores_equal_the_padded_ones(pooler):
     img, txt = corpus(40, 12, min_len=3, seed=3), corpus(150, 30, seed=4)
@@ -110,7 +110,7 @@ def test_slices_items_and_files(tmp_path):
     assert torch.equal(b.to_embeddings().boxes[b.to_embeddings().mask], e.boxes[e.mask])
     part = b[10:30]
     assert len(part) == 20
-    torch.testing.assert_close(MrSw()(e[:3], part), MrSw()(e[:3], e[10:30]), rtol=0, atol=2e-6)
+    torch.testing.assert_close(MrSwPooler()(e[:3], part), MrSwPooler()(e[:3], e[10:30]), rtol=0, atol=2e-6)
     one = b[-1]
     assert isinstance(one, Embeddings) and torch.equal(one.tokens[one.mask], e.tokens[-1][e.mask[-1]])
     with pytest.raises(TypeError, match="contiguous slice"):

@@ -77,7 +77,7 @@ def without(key: str):
     (None, {"assets": '{"text_encoder": "source"}'}, "must map components to lists of keys"),
     (None, {"assets": '{"image_encoder": ["vocab"]}'}, "lists the asset image_encoder -> 'vocab', which its spec"),
     (None, {"assets": '{"no_such_part": ["x"]}'}, "lists the asset no_such_part -> 'x'"),
-    (with_text_encoder(source=5), {}, "the asset text_encoder -> source must be a path inside the bundle, got 5"),
+    (with_text_encoder(backbone=5), {}, "the asset text_encoder -> backbone must be a path inside the bundle, got 5"),
 ], ids=["spec-json", "spec-list", "no-text-encoder", "no-pooler", "assets-json", "assets-list", "assets-str",
         "unknown-asset", "unknown-component", "asset-number"])
 def test_malformed_bundle_metadata_names_the_file(saved, tmp_path, edit_spec, metadata, message):
@@ -108,8 +108,8 @@ def test_an_asset_path_outside_the_bundle_is_refused(saved, tmp_path, fixture_be
         "home": "~/text_encoder",
         "file-url": (other / "text_encoder").as_uri(),
     }[where]
-    bundle = variant(saved, tmp_path / "bundle", edit_spec=with_text_encoder(source=path))
-    with pytest.raises(BundleError, match=r"the asset text_encoder -> source = .* points outside the bundle") as info:
+    bundle = variant(saved, tmp_path / "bundle", edit_spec=with_text_encoder(backbone=path))
+    with pytest.raises(BundleError, match=r"the asset text_encoder -> backbone = .* points outside the bundle") as info:
         xmatch.build(f"local-dir:{bundle}", pretrained=True)
     assert str(bundle / "model.safetensors") in str(info.value)
 
@@ -119,8 +119,8 @@ def test_a_tokenizer_path_outside_the_bundle_is_refused_even_unlisted(saved, tmp
     """A spec whose tokenizer is not listed as an asset (used as written) must not leave the bundle either."""
     shutil.copytree(saved[0] / "text_encoder", tmp_path / "other" / "text_encoder")
     source = fixture_bert if path == "absolute" else path
-    bundle = variant(saved, tmp_path / "bundle", edit_spec=with_text_encoder(source=source), assets="{}")
-    with pytest.raises(BundleError, match=r"text_encoder -> source = .* points outside the bundle.*pretrained="):
+    bundle = variant(saved, tmp_path / "bundle", edit_spec=with_text_encoder(backbone=source), assets="{}")
+    with pytest.raises(BundleError, match=r"text_encoder -> backbone = .* points outside the bundle.*pretrained="):
         xmatch.build(f"local-dir:{bundle}", pretrained=True)
 
 
@@ -128,9 +128,9 @@ def test_a_user_spec_may_name_any_path(saved, fixture_bert, tmp_path):
     """Only paths read from a bundle are confined: the user's own spec names any folder."""
     assert Path(fixture_bert).is_absolute()
     model = xmatch.build(tiny_spec(fixture_bert), pretrained=saved[0] / "model.safetensors")
-    assert model.spec["text_encoder"]["source"] == fixture_bert
+    assert model.spec["text_encoder"]["backbone"] == fixture_bert
     again = xmatch.build(f"local-dir:{saved[0]}", pretrained=True)  # the bundle's own assets: inside
-    assert again.spec["text_encoder"]["source"] == str(saved[0] / "text_encoder")
+    assert again.spec["text_encoder"]["backbone"] == str(saved[0] / "text_encoder")
 
 
 # -- torch files: one safe loader, errors without torch's advice ------------------------------

@@ -31,8 +31,8 @@ TINY_ARGUMENTS = {
     "vocab": WORDS, "min_count": 1, "word_dim": 8, "hidden_dim": 6, "channels": 8, "kernel_sizes": [1, 2],
 }
 COMPONENT_KWARGS = {
-    "bert": lambda fixture_bert: {"source": fixture_bert, "pretrained": False},
-    "timm-grid": {"model": "test_efficientnet", "image_size": 64, "finetune": True},
+    "bert": lambda fixture_bert: {"backbone": fixture_bert, "pretrained": False},
+    "timm-grid": {"backbone": "test_efficientnet", "image_size": 64, "finetune": True},
     "pixel-regions": {"backbone": "test_efficientnet", "weights": "random", "image_size": 64,
                       "proposer": {"name": "windows", "regions": 5}, "encoder": {"name": "bottomup", "layers": 1, "ff_dim": 32}},
     "vsepp-cnn": {"backbone": "test_efficientnet", "finetune": True},
@@ -234,7 +234,7 @@ def test_every_zoo_entry_trains_in_miniature(entry, fixture_bert):
             overrides["text_reasoner"] = TINY["image_reasoner"]
     if get_registry("image_encoders").get(spec["image_encoder"]["name"]).takes_pixels:
         # raw-image entries: timm's tiny test network, random and stored, instead of their backbone
-        overrides["image_encoder"] = {"model": "test_efficientnet", "weights": None, "store_backbone": True,
+        overrides["image_encoder"] = {"backbone": "test_efficientnet", "weights": None, "store_backbone": True,
                                       "image_size": 64, "layers": 1, "ff_dim": 32}
         model = xmatch.build(entry, **overrides)
         pictures = list(np.random.default_rng(0).integers(0, 256, size=(4, 48, 40, 3), dtype=np.uint8))

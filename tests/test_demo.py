@@ -206,7 +206,7 @@ def test_demo_runs_a_raw_image_model_on_the_images_layout(scenes_root, tmp_path,
 
     monkeypatch.setenv("XMATCH_HOME", str(home))
     spec = {**tiny_spec(), "image_encoder": {
-        "name": "timm-grid", "model": "test_efficientnet", "image_size": 96, "layers": 0, "box_hidden_dim": 16,
+        "name": "timm-grid", "backbone": "test_efficientnet", "image_size": 96, "layers": 0, "box_hidden_dim": 16,
     }}
     assert scenes_layout(spec) == "images" and scenes_layout(tiny_spec()) == "regions"
     torch.manual_seed(0)
@@ -295,7 +295,7 @@ def test_grid_frames_right_twin_and_wrong_results_and_shows_the_truth():
 def test_demo_draws_no_alignment_for_a_global_vector_model(scenes_root, tmp_path, home, monkeypatch, fixture_bert):
     """TERN scores the cosine of two global vectors: there is no region-word matrix to draw."""
     monkeypatch.setenv("XMATCH_HOME", str(home))
-    spec = {**tiny_spec(), "text_encoder": {"name": "bert", "source": fixture_bert, "layers": 1, "pretrained": False},
+    spec = {**tiny_spec(), "text_encoder": {"name": "bert", "backbone": fixture_bert, "layers": 1, "pretrained": False},
             "pooler": {"name": "global-cosine"}}
     torch.manual_seed(0)
     stream = io.StringIO()

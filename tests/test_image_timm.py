@@ -9,7 +9,7 @@ import torch
 import xmatch
 from xmatch.components.image_timm import (
     TimmBackbone,
-    TimmGridEncoder,
+    TimmGridImageEncoder,
     WeightsMismatchError,
     create_timm_model,
     grid_boxes,
@@ -22,7 +22,7 @@ from conftest import tiny_spec
 timm = pytest.importorskip("timm")
 Image = pytest.importorskip("PIL.Image")
 
-SMALL = {"model": "test_efficientnet", "image_size": 96, "layers": 1, "ff_dim": 32}  # 3x3 map of 256 channels
+SMALL = {"backbone": "test_efficientnet", "image_size": 96, "layers": 1, "ff_dim": 32}  # 3x3 map of 256 channels
 
 
 def picture(seed: int, size: tuple[int, int] = (120, 90)) -> Image.Image:
@@ -31,9 +31,9 @@ def picture(seed: int, size: tuple[int, int] = (120, 90)) -> Image.Image:
 
 
 @pytest.fixture(scope="module")
-def encoder() -> TimmGridEncoder:
+def encoder() -> TimmGridImageEncoder:
     torch.manual_seed(0)
-    return TimmGridEncoder(**SMALL).eval()
+    return TimmGridImageEncoder(**SMALL).eval()
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def timm_grid(monkeypatch):
     if "timm-grid" not in image_encoders:
         monkeypatch.setattr(image_encoders, "_names", dict(image_encoders._names))
         monkeypatch.setattr(image_encoders, "_origin", dict(image_encoders._origin))
-        image_encoders.register("timm-grid", TimmGridEncoder)
+        image_encoders.register("timm-grid", TimmGridImageEncoder)
     return "timm-grid"
 
 
@@ -81,7 +81,7 @@ def test_output_shapes_and_masks(encoder):
     assert out.tokens.shape == (3, 1 + 9, 256) and encoder.output_dim == 256
     assert out.mask.all() and out.global_slot
     assert not out.content[:, 0].any() and out.content[:, 1:].all()
-    plain = TimmGridEncoder(**SMALL, cls_slot=False, grid_size=2).eval()
+    plain = TimmGridImageEncoder(**SMALL, cls_slot=False, grid_size=2).eval()
     with torch.no_grad():
         out = plain(images=[picture(0)])
     assert out.tokens.shape == (1, 4, 256) and out.content.all() and not out.global_slot
@@ -89,7 +89,7 @@ def test_output_shapes_and_masks(encoder):
 
 
 def test_vit_patch_tokens_become_a_grid():
-    enc = TimmGridEncoder("test_vit", layers=1, ff_dim=32).eval()
+    enc = TimmGridImageEncoder("test_vit", layers=1, ff_dim=32).eval()
     assert enc.backbone.grid == (10, 10) and enc.feature_dim == 64
     with torch.no_grad():
         assert enc(images=[picture(3)]).tokens.shape == (1, 101, 64)
@@ -128,7 +128,7 @@ def test_a_spec_model_encodes_pil_images_and_paths_end_to_end(fixture_bert, timm
     torch.testing.assert_close(img.tokens[2:], again.tokens)
     torch.testing.assert_close(img.tokens.norm(dim=-1), torch.ones(3, 9))
     assert model.similarity(img, txt).shape == (3, 2)
-    assert model.spec["image_encoder"]["model"] == "test_efficientnet"
+    assert model.spec["image_encoder"]["backbone"] == "test_efficientnet"
 
 
 @pytest.mark.parametrize("finetune", [False, True])
@@ -154,7 +154,7 @@ def test_pixel_tensors_and_other_dtypes(encoder):
     pixels = encoder.preprocess([picture(0), picture(1)])
     with torch.no_grad():
         torch.testing.assert_close(encoder(pixels).tokens, encoder(images=[picture(0), picture(1)]).tokens)
-        enc64 = TimmGridEncoder(**SMALL).eval().double()
+        enc64 = TimmGridImageEncoder(**SMALL).eval().double()
         assert enc64(images=[picture(0)]).tokens.dtype == torch.float64
 
 
@@ -180,17 +180,17 @@ def test_bad_images_are_clear_errors(encoder, tmp_path):
 
 def test_bad_options_are_clear_errors():
     with pytest.raises(ValueError, match="not a timm model. Did you mean test_efficientnet"):
-        TimmGridEncoder("test_eficientnet")
+        TimmGridImageEncoder("test_eficientnet")
     with pytest.raises(ValueError, match="either pretrained=True .* or weights"):
-        TimmGridEncoder(**SMALL, pretrained=True, weights="w.safetensors")
+        TimmGridImageEncoder(**SMALL, pretrained=True, weights="w.safetensors")
     with pytest.raises(ValueError, match="not divisible by heads=3"):
-        TimmGridEncoder(**SMALL, heads=3)
+        TimmGridImageEncoder(**SMALL, heads=3)
     with pytest.raises(ValueError, match="for the timm model efficientnet_lite0, not test_efficientnet"):
-        TimmGridEncoder(**SMALL, weights="package:efficientnet-lite0")
+        TimmGridImageEncoder(**SMALL, weights="package:efficientnet-lite0")
     with pytest.raises(KeyError, match="known: package:efficientnet-lite0"):
-        TimmGridEncoder(**SMALL, weights="package:efficientnet-lite9")
+        TimmGridImageEncoder(**SMALL, weights="package:efficientnet-lite9")
     with pytest.raises(FileNotFoundError, match="is not installed"):
-        TimmGridEncoder(**SMALL, weights="package:no_such_module_here/w.safetensors")
+        TimmGridImageEncoder(**SMALL, weights="package:no_such_module_here/w.safetensors")
 
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
@@ -205,17 +205,17 @@ def test_local_weights_load_strictly(tmp_path, suffix):
         save_file({k: v.contiguous() for k, v in state.items()}, str(path))
     else:
         torch.save(state, path)
-    enc = TimmGridEncoder(**SMALL, weights=str(path))
+    enc = TimmGridImageEncoder(**SMALL, weights=str(path))
     for name, value in enc.backbone.net.state_dict().items():
         torch.testing.assert_close(value, state[name], rtol=0, atol=0)
     headless = {k: v for k, v in state.items() if not k.startswith("classifier.")}
     torch.save(headless, tmp_path / "headless.pth")
-    TimmGridEncoder(**SMALL, weights=str(tmp_path / "headless.pth"))  # the encoder drops the head anyway
+    TimmGridImageEncoder(**SMALL, weights=str(tmp_path / "headless.pth"))  # the encoder drops the head anyway
     with pytest.raises(WeightsMismatchError, match="missing .*classifier.weight"):
         create_timm_model("test_efficientnet", weights=str(tmp_path / "headless.pth"))
     ten_classes = dict(headless, **{"classifier.weight": torch.zeros(10, 256), "classifier.bias": torch.zeros(10)})
     torch.save(ten_classes, tmp_path / "ten.pth")
-    TimmGridEncoder(**SMALL, weights=str(tmp_path / "ten.pth"))  # a fine-tuned head of another size is dropped
+    TimmGridImageEncoder(**SMALL, weights=str(tmp_path / "ten.pth"))  # a fine-tuned head of another size is dropped
     with pytest.raises(WeightsMismatchError, match=r"shape mismatch classifier.weight: file \(10, 256\)"):
         create_timm_model("test_efficientnet", weights=str(tmp_path / "ten.pth"))
     broken = dict(state, **{"conv_stem.weight": torch.zeros(3, 3, 3, 3)})
@@ -224,12 +224,12 @@ def test_local_weights_load_strictly(tmp_path, suffix):
     torch.save(broken, tmp_path / "broken.pth")
     expected = r"missing bn1.bias; unexpected extra.weight; shape mismatch conv_stem"
     with pytest.raises(WeightsMismatchError, match=expected):
-        TimmGridEncoder(**SMALL, weights=str(tmp_path / "broken.pth"))
+        TimmGridImageEncoder(**SMALL, weights=str(tmp_path / "broken.pth"))
     torch.save({"model": state}, tmp_path / "nested.pth")
     with pytest.raises(ValueError, match=r"flat \{name: tensor\} state dict.*keys \['model'\]"):
-        TimmGridEncoder(**SMALL, weights=str(tmp_path / "nested.pth"))
+        TimmGridImageEncoder(**SMALL, weights=str(tmp_path / "nested.pth"))
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        TimmGridEncoder(**SMALL, weights=str(tmp_path / "nothing.pth"))
+        TimmGridImageEncoder(**SMALL, weights=str(tmp_path / "nothing.pth"))
 
 
 def test_weights_by_position_map_renamed_tensors_and_check_every_shape(tmp_path):
@@ -238,8 +238,8 @@ def test_weights_by_position_map_renamed_tensors_and_check_every_shape(tmp_path)
     renamed = {f"other_impl.{k.replace('.', '_')}": v for k, v in source.state_dict().items()}
     torch.save(renamed, tmp_path / "renamed.pth")
     with pytest.raises(WeightsMismatchError, match="do not fit"):
-        TimmGridEncoder(**SMALL, weights=str(tmp_path / "renamed.pth"))
-    enc = TimmGridEncoder(**SMALL, weights=str(tmp_path / "renamed.pth"), weights_by_position=True)
+        TimmGridImageEncoder(**SMALL, weights=str(tmp_path / "renamed.pth"))
+    enc = TimmGridImageEncoder(**SMALL, weights=str(tmp_path / "renamed.pth"), weights_by_position=True)
     torch.testing.assert_close(enc.backbone.net.conv_stem.weight, source.conv_stem.weight, rtol=0, atol=0)
     torch.testing.assert_close(enc.backbone.net.bn2.running_var, source.bn2.running_var, rtol=0, atol=0)
     fewer = dict(list(renamed.items())[:-1])
@@ -299,9 +299,9 @@ def test_store_backbone_false_saves_only_what_trains_and_rebuilds_the_backbone(f
 
 def test_store_backbone_false_needs_a_frozen_backbone_from_a_weight_source():
     with pytest.raises(ValueError, match="weight source"):
-        TimmGridEncoder(**SMALL, store_backbone=False)
+        TimmGridImageEncoder(**SMALL, store_backbone=False)
     with pytest.raises(ValueError, match="finetune=False"):
-        TimmGridEncoder(**SMALL, weights="package:efficientnet-lite0", store_backbone=False, finetune=True)
+        TimmGridImageEncoder(**SMALL, weights="package:efficientnet-lite0", store_backbone=False, finetune=True)
 
 
 @pytest.mark.parametrize("crop_pct", [0.875, 1.0])
@@ -309,7 +309,7 @@ def test_store_backbone_false_needs_a_frozen_backbone_from_a_weight_source():
 def test_image_boxes_undo_the_resize_and_centre_crop(crop_pct, size):
     """A picture whose red channel is its x coordinate and green its y: the pixels the backbone
     sees at a cell's corner come from where image_boxes puts that corner."""
-    enc = TimmGridEncoder(**SMALL, crop_pct=crop_pct)
+    enc = TimmGridImageEncoder(**SMALL, crop_pct=crop_pct)
     width, height = size
     x = np.linspace(0, 255, width)[None, :].repeat(height, 0)
     y = np.linspace(0, 255, height)[:, None].repeat(width, 1)

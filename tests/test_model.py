@@ -17,7 +17,7 @@ from conftest import MINILM, random_regions, tiny_spec
 def teran_minilm():
     """The real zoo entry with the offline MiniLM (a BERT-family model) as text encoder."""
     torch.manual_seed(0)
-    model = xmatch.build("teran-mrsw-coco", text_encoder={"source": MINILM})
+    model = xmatch.build("teran-mrsw-coco", text_encoder={"backbone": MINILM})
     return model.eval()
 
 
@@ -187,7 +187,7 @@ def test_training_step_lowers_the_loss(fixture_bert):
 
 def test_pretrained_true_without_weights_says_how_to_get_them():
     with pytest.raises(ValueError, match="xmatch convert|pretrained='model_best.pth'"):
-        xmatch.build("teran-mrsw-coco", pretrained=True, text_encoder={"source": MINILM})
+        xmatch.build("teran-mrsw-coco", pretrained=True, text_encoder={"backbone": MINILM})
 
 
 def test_pretrained_true_on_a_plain_spec_is_a_clear_error(fixture_bert):

@@ -159,7 +159,7 @@ def test_original_to_bundle_round_trip_is_bit_exact(converted, mrsw_io, encoded,
     xmatch.save_pretrained(converted, tmp_path / "bundle")
     again = xmatch.build(f"local-dir:{tmp_path / 'bundle'}", pretrained=True).eval()
     # the bundle keeps its own copy of the tokenizer / config: only the text source moves
-    moved = {**again.spec, "text_encoder": {**again.spec["text_encoder"], "source": converted.spec["text_encoder"]["source"]}}
+    moved = {**again.spec, "text_encoder": {**again.spec["text_encoder"], "backbone": converted.spec["text_encoder"]["backbone"]}}
     assert moved == converted.spec
     theirs = again.state_dict()
     for key, value in converted.state_dict().items():

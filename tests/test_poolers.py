@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from xmatch import Embeddings
-from xmatch.components.poolers import GlobalCosine, MrAvgw, MrSw, MwSr, Symm
+from xmatch.components.poolers import GlobalCosinePooler, MrAvgwPooler, MrSwPooler, MwSrPooler, SymmPooler
 
 
 def unit(*rows):
@@ -30,49 +30,49 @@ S = 2**-0.5  # cos 45 degrees
 def test_mrsw_hand_computed(pair):
     img, txt = pair
     # words: [1,0] best region 1.0; [1,1]/sqrt2 best S; [-1,0] best max(-1, 0) = 0
-    assert MrSw()(img, txt).item() == pytest.approx(1 + S + 0)
+    assert MrSwPooler()(img, txt).item() == pytest.approx(1 + S + 0)
 
 
 def test_mwsr_hand_computed(pair):
     img, txt = pair
     # regions: [1,0] best word 1.0; [0,1] best word S (the padded [0,1] word must not count)
-    assert MwSr()(img, txt).item() == pytest.approx(1 + S)
+    assert MwSrPooler()(img, txt).item() == pytest.approx(1 + S)
 
 
 def test_symm_and_mravgw(pair):
     img, txt = pair
-    assert Symm()(img, txt).item() == pytest.approx(2 + 2 * S)
-    assert MrAvgw()(img, txt).item() == pytest.approx((1 + S) / 3)
+    assert SymmPooler()(img, txt).item() == pytest.approx(2 + 2 * S)
+    assert MrAvgwPooler()(img, txt).item() == pytest.approx((1 + S) / 3)
 
 
 def test_negative_best_is_kept_in_clean_mode_and_zeroed_in_original():
     img = Embeddings(unit([1, 0], [0, 1]).unsqueeze(0), torch.tensor([[True, False]]))
     txt = Embeddings(unit([-1, 0]).unsqueeze(0), torch.tensor([[True]]))
-    assert MrSw()(img, txt).item() == pytest.approx(-1.0)
+    assert MrSwPooler()(img, txt).item() == pytest.approx(-1.0)
     # the original zero-fills the padded region slot, so the word's best becomes 0
-    assert MrSw(compat="original")(img, txt).item() == pytest.approx(0.0)
+    assert MrSwPooler(compat="original")(img, txt).item() == pytest.approx(0.0)
     # with a full-width image (no padded slot) the original keeps -1 too
-    assert MrSw(compat="original", region_slots=1)(img, txt).item() == pytest.approx(-1.0)
+    assert MrSwPooler(compat="original", region_slots=1)(img, txt).item() == pytest.approx(-1.0)
     # the training layout pads to the batch maximum: here 1 region, so no zero candidate
-    assert MrSw(compat="original")(img, txt, batch_layout=True).item() == pytest.approx(-1.0)
+    assert MrSwPooler(compat="original")(img, txt, batch_layout=True).item() == pytest.approx(-1.0)
 
 
 def test_mwsr_original_sees_zero_for_short_captions():
     img = Embeddings(unit([1, 0]).unsqueeze(0), torch.tensor([[True]]))
     txt = Embeddings(unit([-1, 0], [0, 1]).unsqueeze(0), torch.tensor([[True, True]]))
-    assert MwSr()(img, txt).item() == pytest.approx(0.0)  # best word: [0,1] -> 0 exactly
+    assert MwSrPooler()(img, txt).item() == pytest.approx(0.0)  # best word: [0,1] -> 0 exactly
     txt = Embeddings(unit([-1, 0]).unsqueeze(0), torch.tensor([[True]]))
-    assert MwSr()(img, txt).item() == pytest.approx(-1.0)
-    assert MwSr(compat="original")(img, txt).item() == pytest.approx(0.0)  # 1 word < 85 slots
+    assert MwSrPooler()(img, txt).item() == pytest.approx(-1.0)
+    assert MwSrPooler(compat="original")(img, txt).item() == pytest.approx(0.0)  # 1 word < 85 slots
 
 
 def test_global_cosine():
     pooled = unit([1, 0], [0, 1], [1, 1])
     e = Embeddings(torch.zeros(3, 1, 2), torch.ones(3, 1, dtype=torch.bool), pooled)
-    scores = GlobalCosine()(e, e)
+    scores = GlobalCosinePooler()(e, e)
     assert torch.allclose(scores, pooled @ pooled.T)
     with pytest.raises(ValueError, match="global vectors"):
-        GlobalCosine()(Embeddings(torch.zeros(1, 1, 2), torch.ones(1, 1, dtype=torch.bool)), e)
+        GlobalCosinePooler()(Embeddings(torch.zeros(1, 1, 2), torch.ones(1, 1, dtype=torch.bool)), e)
 
 
 def random_sets(n, t, d, seed):
@@ -82,7 +82,7 @@ def random_sets(n, t, d, seed):
     return Embeddings(tokens, torch.arange(t)[None] < lengths[:, None])
 
 
-@pytest.mark.parametrize("cls", [MrSw, MwSr, Symm, MrAvgw])
+@pytest.mark.parametrize("cls", [MrSwPooler, MwSrPooler, SymmPooler, MrAvgwPooler])
 @pytest.mark.parametrize("compat", ["clean", "original"])
 def test_every_chunk_size_gives_the_same_scores(cls, compat):
     img, txt = random_sets(13, 7, 8, 0), random_sets(29, 9, 8, 1)
@@ -96,7 +96,7 @@ def test_every_chunk_size_gives_the_same_scores(cls, compat):
 
 
 def assert_symm_is_the_direct_loop_definition(img, txt):
-    scores = Symm()(img, txt)
+    scores = SymmPooler()(img, txt)
     for i in range(len(img)):
         for j in range(len(txt)):
             a = img.tokens[i][img.mask[i]] @ txt.tokens[j][txt.mask[j]].T
@@ -110,12 +110,12 @@ def test_matches_a_direct_loop_definition():
 
 def test_width_mismatch_is_a_clear_error():
     with pytest.raises(ValueError, match="different widths"):
-        MrSw()(random_sets(2, 3, 4, 0), random_sets(2, 3, 5, 0))
+        MrSwPooler()(random_sets(2, 3, 4, 0), random_sets(2, 3, 5, 0))
 
 
 def test_bad_compat_is_rejected():
     with pytest.raises(ValueError, match="compat"):
-        MrSw(compat="zero")
+        MrSwPooler(compat="zero")
 
 
 def test_masks_with_holes_match_the_direct_definition():
@@ -131,7 +131,7 @@ def test_masks_with_holes_match_the_direct_definition():
 
 def test_automatic_blocks_are_balanced_and_bounded():
     img, txt = random_sets(5000, 36, 4, 0), random_sets(25000, 12, 4, 1)
-    pooler = MrSw()
+    pooler = MrSwPooler()
     ic, tc = pooler.chunk_sizes(img, txt)
     assert ic * 36 * tc * 12 <= pooler.block_elements
     assert 0.25 < (ic * 36) / (tc * 12) < 4  # square-ish matmul blocks stay compute-bound

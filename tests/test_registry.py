@@ -89,9 +89,9 @@ def test_entry_point_plugin_is_discovered(tmp_path, monkeypatch, isolated):
         [xmatch_models]
         plugin-entry = xmatch_testplugin:ENTRY
     """, {"xmatch_testplugin": '''
-        from xmatch.components.poolers import MrSw
+        from xmatch.components.poolers import MrSwPooler
 
-        class PluginPooler(MrSw):
+        class PluginPooler(MrSwPooler):
             """MrSw under another name, from a plugin."""
 
         ENTRY = {"description": "plugin entry", "spec": {}}

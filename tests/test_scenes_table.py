@@ -42,7 +42,7 @@ def test_rows_are_valid_commands_that_build_the_labelled_models(table, tmp_path)
         assert evaluation.models == [f"local-dir:{tmp_path / row.key / 'run' / 'best'}"]
         assert evaluation.data_option == (row.data_option or None) == train.data_option
         model = xmatch.build(row.entry, **_nested(row.model_set))
-        pooler = type(model.pooler).__name__.lower()
+        pooler = type(model.pooler).__name__.removesuffix("Pooler").lower()
         assert pooler == {"CLS cosine": "globalcosine"}.get(row.pooler, row.pooler.lower()), row.key
         text = type(model.text_encoder).__name__
         assert text == ("BiGRUTextEncoder" if row.text == "Bi-GRU" else "BertTextEncoder"), row.key

@@ -82,7 +82,7 @@ def test_toml_file_and_nested_overrides(fixture_bert, tmp_path):
     path.write_text(tomli_w.dumps(tiny_spec(fixture_bert)))
     model = xmatch.build(path, pooler={"name": "Symm"}, embed_dim=24)
     assert model.spec["pooler"]["name"] == "Symm" and model.embed_dim == 24
-    assert type(model.pooler).__name__ == "Symm"
+    assert type(model.pooler).__name__ == "SymmPooler"
     with pytest.raises(SpecError, match="not valid TOML"):
         (tmp_path / "bad.toml").write_text("embed_dim = = 3")
         xmatch.build(tmp_path / "bad.toml")

@@ -155,7 +155,7 @@ def test_word_level_bert_tokenizer_from_captions(tmp_path):
     side = vocab.build_text_side("tern-scenes", CAPTIONS, tmp_path)
     # BERT splits off the full stop: the longest caption is 7 words + [CLS] + [SEP]
     assert (side.kind, side.longest, side.max_length) == ("tokenizer", 9, 16)
-    assert side.spec_overrides["text_encoder"] == {"source": str(tmp_path / "text_encoder"), "pretrained": False}
+    assert side.spec_overrides["text_encoder"] == {"backbone": str(tmp_path / "text_encoder"), "pretrained": False}
     model = xmatch.build("tern-scenes", **side.spec_overrides)
     config = model.text_encoder.model.config
     assert (config.vocab_size, config.max_position_embeddings, config.hidden_size) == (5 + side.words, 16, 128)

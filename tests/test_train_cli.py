@@ -27,7 +27,7 @@ ff_dim = 32
 dropout = 0.0
 [text_encoder]
 name = "bert"
-source = "{bert}"
+backbone = "{bert}"
 layers = 1
 pretrained = false
 [image_reasoner]

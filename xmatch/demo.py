@@ -316,7 +316,7 @@ def figures_table(result: EvalResult) -> str:
     return "\n".join(lines)
 
 
-#: what a pooler's score is, for the printout (keys: pooler class names)
+#: what a pooler's score is, for the printout (keys: pooler class names without "Pooler")
 SCORES_EXPLAINED = {
     "MrSw": "the sum over the caption's words of each word's best region cosine (it grows with the number of "
             "words, so compare scores within one query)",
@@ -517,7 +517,7 @@ def run_demo(
         f"Winoground group score {g['group']:.1f}% (chance {g['group_chance']:.1f}%). "
         "`xmatch eval ... --protocol groups` breaks this down by kind of difference.")
 
-    pooler = type(net.pooler).__name__
+    pooler = type(net.pooler).__name__.removesuffix("Pooler")
     try:  # the name a spec uses ("global-cosine"), else the class's
         shown = str(net.spec["pooler"]["name"])
     except (AttributeError, KeyError, TypeError):
@@ -583,7 +583,7 @@ def _write_alignment(
             boxes = net.image_encoder.image_boxes(*picture.size).numpy()[: len(real)][real]
         else:
             boxes = test.image(image).boxes[: len(real)][real]
-        pooler = type(net.pooler).__name__
+        pooler = type(net.pooler).__name__.removesuffix("Pooler")
         unit = "cell" if grid else "region"
         notes = [f"{pooler} sums the cosines marked with a dot: "
                  + {"words": f"each word's best {unit}", "regions": f"each {unit}'s best word",

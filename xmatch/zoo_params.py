@@ -126,8 +126,8 @@ def count_parameters(model: str | ZooEntry | Mapping[str, Any], bert_dir: str | 
     corpus_vocabulary = params_leave_out_vocabulary(spec)
     if corpus_vocabulary:
         text["vocab"] = _ONE_WORD_VOCABULARY
-    if "source" in arguments and text.get("source", arguments["source"].default) == BERT_BASE:
-        text["source"] = os.fspath(bert_dir)
+    if "backbone" in arguments and text.get("backbone", arguments["backbone"].default) == BERT_BASE:
+        text["backbone"] = os.fspath(bert_dir)
     if "pretrained" in arguments:
         text["pretrained"] = False
     # Only shapes: nothing is allocated, so BERT-base sized models count in a fraction of a second.

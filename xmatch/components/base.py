@@ -35,6 +35,19 @@ class EncoderOutput:
     global_slot: bool = False
     boxes: torch.Tensor | None = None
 
+    @classmethod
+    def global_vector(cls, vectors: torch.Tensor) -> EncoderOutput:
+        """One global slot per item (``[B, D]`` -> tokens ``[B, 1, D]``): it becomes
+        ``Embeddings.pooled`` and never enters an alignment (VSE++-style global encoders).
+
+        Example:
+            >>> out = EncoderOutput.global_vector(torch.ones(2, 3))
+            >>> out.tokens.shape, out.global_slot, out.content.any().item()
+            (torch.Size([2, 1, 3]), True, False)
+        """
+        mask = torch.ones(vectors.shape[0], 1, dtype=torch.bool, device=vectors.device)
+        return cls(vectors.unsqueeze(1), mask, torch.zeros_like(mask), global_slot=True)
+
 
 @dataclass
 class TokenBatch:

@@ -13,6 +13,7 @@ from torch import nn
 
 from xmatch.components.base import EncoderOutput, ImageEncoder
 from xmatch.components.reasoners import TransformerReasoner
+from xmatch.deprecation import renamed_names
 
 
 def normalize_boxes(boxes_xyxy: torch.Tensor, sizes_wh: torch.Tensor) -> torch.Tensor:
@@ -48,7 +49,7 @@ class BoxConditioning(nn.Module):
         return self.map(torch.cat([features, box_geometry(boxes)], dim=-1))
 
 
-class BottomUpEncoder(ImageEncoder):
+class BottomUpImageEncoder(ImageEncoder):
     """Precomputed region features + boxes -> box conditioning -> transformer stack.
 
     Args:
@@ -62,7 +63,7 @@ class BottomUpEncoder(ImageEncoder):
             attention, becomes ``Embeddings.pooled`` and never in the alignment.
 
     Example:
-        >>> enc = BottomUpEncoder(feature_dim=16, layers=1)
+        >>> enc = BottomUpImageEncoder(feature_dim=16, layers=1)
         >>> out = enc(torch.rand(2, 5, 16), torch.tensor([[0.1, 0.1, 0.5, 0.5]]).expand(2, 5, 4))
         >>> out.tokens.shape, out.content.sum().item()
         (torch.Size([2, 6, 16]), 10)
@@ -107,6 +108,50 @@ class BottomUpEncoder(ImageEncoder):
     @property
     def dtype(self) -> torch.dtype:
         return self.box_conditioning.map[0].weight.dtype
+
+
+class RegionFeaturesImageEncoder(ImageEncoder):
+    """Precomputed region features handed on as they are, padded slots zeroed: the base of
+    encoders whose paper maps regions with the model's projection alone (SCAN's
+    ``EncoderImagePrecomp``, OAN's regions, VSE++'s precomputed features).
+
+    Inputs are those of the ``bottomup`` encoder (regions ``[B, R, F]``, boxes ``[B, R, 4]``,
+    mask), checked by :func:`check_region_inputs`; boxes may be left out (full-image boxes
+    stand in, for models without geometry). Subclasses that reduce the regions further call
+    :meth:`real_regions` in their own ``forward``.
+
+    Args:
+        feature_dim: width of the region features (2048 for bottom-up Faster R-CNN).
+
+    Example:
+        >>> enc = RegionFeaturesImageEncoder(feature_dim=8)
+        >>> out = enc(torch.rand(2, 3, 8), mask=torch.tensor([[True, True, False], [True] * 3]))
+        >>> out.tokens.shape, out.tokens[0, 2].abs().sum().item(), out.content.sum().item()
+        (torch.Size([2, 3, 8]), 0.0, 5)
+    """
+
+    def __init__(self, feature_dim: int = 2048) -> None:
+        super().__init__()
+        if feature_dim < 1:
+            raise ValueError(f"feature_dim must be positive, got {feature_dim}.")
+        self.feature_dim = feature_dim
+        self.output_dim = feature_dim
+
+    def real_regions(
+        self, regions: torch.Tensor, boxes: torch.Tensor | None, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Checked ``regions`` with padded slots zeroed (so what they held never leaks), and the mask."""
+        if boxes is None and isinstance(regions, torch.Tensor):
+            boxes = regions.new_tensor([0.0, 0.0, 1.0, 1.0]).expand(*regions.shape[:2], 4)
+        mask = check_region_inputs(regions, boxes, mask, self.feature_dim)
+        return regions.masked_fill(~mask.unsqueeze(-1), 0.0), mask
+
+    def forward(
+        self, regions: torch.Tensor, boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None
+    ) -> EncoderOutput:
+        """Every real region is a token that takes part in the alignment."""
+        tokens, mask = self.real_regions(regions, boxes, mask)
+        return EncoderOutput(tokens, mask, mask.clone(), global_slot=False)
 
 
 def check_region_inputs(
@@ -156,3 +201,7 @@ def check_region_inputs(
     if bool((b[..., 2] < b[..., 0]).any()) or bool((b[..., 3] < b[..., 1]).any()):
         raise ValueError("boxes must be (x1, y1, x2, y2) with x2 >= x1 and y2 >= y1; some are not.")
     return mask
+
+
+# the class names before they followed <Name><Kind>
+__getattr__ = renamed_names(__name__, {"BottomUpEncoder": "BottomUpImageEncoder"})

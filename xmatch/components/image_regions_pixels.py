@@ -22,9 +22,10 @@ from torch import nn
 from xmatch.components.base import EncoderOutput, ImageEncoder
 from xmatch.components.image_bottomup import normalize_boxes
 from xmatch.components.image_timm import _drop_own_keys, _keep_own_tensors
+from xmatch.deprecation import renamed_names
 
 
-class PixelRegionsEncoder(ImageEncoder):
+class PixelRegionsImageEncoder(ImageEncoder):
     """Pictures -> proposals -> RoI features of a frozen timm backbone -> a region encoder.
 
     Args:
@@ -45,7 +46,7 @@ class PixelRegionsEncoder(ImageEncoder):
     or uint8 HWC arrays; the output carries each region's box normalised to its picture.
 
     Example:
-        >>> enc = PixelRegionsEncoder({"name": "windows"}, encoder={"name": "bottomup", "layers": 1})  # needs a photo and the packaged backbone (seconds)  # doctest: +SKIP
+        >>> enc = PixelRegionsImageEncoder({"name": "windows"}, encoder={"name": "bottomup", "layers": 1})  # needs a photo and the packaged backbone (seconds)  # doctest: +SKIP
         >>> out = enc(["photo.jpg"])  # doctest: +SKIP
         >>> out.tokens.shape, out.boxes.shape  # I-CLS slot + 36 regions  # doctest: +SKIP
         (torch.Size([1, 37, 1280]), torch.Size([1, 37, 4]))
@@ -89,7 +90,7 @@ class PixelRegionsEncoder(ImageEncoder):
         self.pipeline.register_state_dict_post_hook(_drop_own_keys)
         self.pipeline.register_load_state_dict_pre_hook(_keep_own_tensors)
 
-    def train(self, mode: bool = True) -> PixelRegionsEncoder:
+    def train(self, mode: bool = True) -> PixelRegionsImageEncoder:
         super().train(mode)
         self.pipeline.eval()  # frozen: the regions must be those of xmatch extract
         return self
@@ -143,3 +144,7 @@ def _region_encoder(table: Mapping[str, Any] | None, feature_dim: int) -> ImageE
             )
         checked["feature_dim"] = feature_dim
     return instantiate(checked, "image_encoders")
+
+
+# the class names before they followed <Name><Kind>
+__getattr__ = renamed_names(__name__, {"PixelRegionsEncoder": "PixelRegionsImageEncoder"})

@@ -5,7 +5,7 @@ Transformer Encoders", ACM TOMM 2021) reasons over bottom-up detector regions. H
 regions are the cells of a timm backbone's last feature map ("grid features", Jiang et al.,
 "In Defense of Grid Features for Visual Question Answering", CVPR 2020), each with its cell
 box, so TERAN runs on raw images without a detector: the cells then go through exactly the
-box conditioning and transformer of the ``bottomup`` encoder (:class:`BottomUpEncoder`).
+box conditioning and transformer of the ``bottomup`` encoder (:class:`BottomUpImageEncoder`).
 
 Weights come from timm's hub (``pretrained=True``), or from ``weights=``: any weight source of
 :mod:`xmatch.hub` (a local ``.safetensors`` / ``.pth`` file, ``file://``,
@@ -32,7 +32,8 @@ from torch import nn
 
 from xmatch import hub
 from xmatch.components.base import EncoderOutput, ImageEncoder
-from xmatch.components.image_bottomup import BottomUpEncoder
+from xmatch.components.image_bottomup import BottomUpImageEncoder
+from xmatch.deprecation import renamed_names
 from xmatch.errors import XmatchError
 from xmatch.sources import PACKAGE_PREFIX
 
@@ -486,13 +487,13 @@ def grid_boxes(height: int, width: int) -> torch.Tensor:
     return boxes.reshape(-1, 4).float()
 
 
-class TimmGridEncoder(ImageEncoder):
+class TimmGridImageEncoder(ImageEncoder):
     """Raw images -> timm backbone -> feature-map cells with their boxes -> the ``bottomup``
     encoder's box conditioning and transformer (TERAN on raw images, no detector).
 
     Args:
-        model: any timm model name with a spatial feature map (CNNs; ViTs through their patch
-            grid).
+        backbone: any timm model name with a spatial feature map (CNNs; ViTs through their patch
+            grid); ``model`` in specs written before the rename.
         pretrained: timm's pretrained weights from its hub (needs the network or timm's cache).
         weights: instead, a local ``.safetensors`` / ``.pth`` file (strict load),
             ``package:<module>/<path>``, or ``"package:efficientnet-lite0"`` (the ImageNet weights
@@ -518,17 +519,18 @@ class TimmGridEncoder(ImageEncoder):
     ``[B, 3, H, W]`` already made by :meth:`preprocess`.
 
     Example:
-        >>> enc = TimmGridEncoder(weights="package:efficientnet-lite0", layers=1)  # needs photos and the packaged backbone  # doctest: +SKIP
+        >>> enc = TimmGridImageEncoder(weights="package:efficientnet-lite0", layers=1)  # needs photos and the packaged backbone  # doctest: +SKIP
         >>> out = enc(images=[pil_image, "photo.jpg"])  # doctest: +SKIP
         >>> out.tokens.shape  # 1 image CLS slot + 49 cells  # doctest: +SKIP
         torch.Size([2, 50, 1280])
     """
 
     takes_pixels = True
+    renamed_arguments = {"model": "backbone"}
 
     def __init__(
         self,
-        model: str = "efficientnet_lite0",
+        backbone: str = "efficientnet_lite0",
         pretrained: bool = False,
         weights: str | None = None,
         weights_by_position: bool = False,
@@ -554,7 +556,7 @@ class TimmGridEncoder(ImageEncoder):
                 "otherwise keep store_backbone=True."
             )
         self.backbone = TimmBackbone(
-            model,
+            backbone,
             pretrained=pretrained,
             weights=weights,
             weights_by_position=weights_by_position,
@@ -567,10 +569,10 @@ class TimmGridEncoder(ImageEncoder):
         self.output_dim = self.feature_dim
         if self.feature_dim % heads:
             raise ValueError(
-                f"the {model} feature map has {self.feature_dim} channels, not divisible by heads={heads}; "
+                f"the {backbone} feature map has {self.feature_dim} channels, not divisible by heads={heads}; "
                 "choose a number of heads that divides it."
             )
-        self.regions = BottomUpEncoder(
+        self.regions = BottomUpImageEncoder(
             feature_dim=self.feature_dim,
             layers=layers,
             heads=heads,
@@ -589,7 +591,7 @@ class TimmGridEncoder(ImageEncoder):
             self.backbone.register_state_dict_post_hook(_drop_own_keys)
             self.backbone.register_load_state_dict_pre_hook(_keep_own_tensors)
 
-    def train(self, mode: bool = True) -> TimmGridEncoder:
+    def train(self, mode: bool = True) -> TimmGridImageEncoder:
         super().train(mode)
         if not self.finetune:
             self.backbone.eval()  # a frozen backbone keeps its BatchNorm statistics and no dropout
@@ -605,7 +607,7 @@ class TimmGridEncoder(ImageEncoder):
         encoder's own boxes are in the crop's frame). For drawing the cells on the image.
 
         Example:
-            >>> enc = TimmGridEncoder(weights="package:efficientnet-lite0", layers=0)  # loads the packaged backbone (seconds)  # doctest: +SKIP
+            >>> enc = TimmGridImageEncoder(weights="package:efficientnet-lite0", layers=0)  # loads the packaged backbone (seconds)  # doctest: +SKIP
             >>> enc.image_boxes(224, 224)[0]  # crop_pct 0.875: the crop starts 6.25% in  # doctest: +SKIP
             tensor([0.0625, 0.0625, 0.1875, 0.1875])
         """
@@ -662,3 +664,7 @@ def _keep_own_tensors(module: nn.Module, state_dict: dict[str, Any], prefix: str
     """``load_state_dict`` pre-hook: tensors the module does not save keep their current values."""
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         state_dict.setdefault(prefix + name, tensor.detach())
+
+
+# the class names before they followed <Name><Kind>
+__getattr__ = renamed_names(__name__, {"TimmGridEncoder": "TimmGridImageEncoder"})

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 
 from xmatch.components.base import Pooler
+from xmatch.deprecation import renamed_names
 from xmatch.embeddings import Embeddings
 
 Compat = Literal["clean", "original"]
@@ -100,12 +101,12 @@ class AlignmentPooler(Pooler):
         return best.masked_fill(~img.mask[:, None], 0).sum(dim=2)
 
 
-class MrSw(AlignmentPooler):
+class MrSwPooler(AlignmentPooler):
     """Sum over words of the best region (TERAN's default).
 
     Example:
         >>> img = Embeddings(torch.eye(2).unsqueeze(0), torch.ones(1, 2, dtype=torch.bool))
-        >>> MrSw()(img, img)
+        >>> MrSwPooler()(img, img)
         tensor([[2.]])
     """
 
@@ -113,12 +114,12 @@ class MrSw(AlignmentPooler):
         return self.mrsw(self.alignment(img, txt), img, txt, region_width)
 
 
-class MwSr(AlignmentPooler):
+class MwSrPooler(AlignmentPooler):
     """Sum over regions of the best word.
 
     Example:
         >>> img = Embeddings(torch.eye(2).unsqueeze(0), torch.ones(1, 2, dtype=torch.bool))
-        >>> MwSr()(img, img)
+        >>> MwSrPooler()(img, img)
         tensor([[2.]])
     """
 
@@ -126,12 +127,12 @@ class MwSr(AlignmentPooler):
         return self.mwsr(self.alignment(img, txt), img, txt, word_width)
 
 
-class Symm(AlignmentPooler):
+class SymmPooler(AlignmentPooler):
     """``MrSw + MwSr``.
 
     Example:
         >>> img = Embeddings(torch.eye(2).unsqueeze(0), torch.ones(1, 2, dtype=torch.bool))
-        >>> Symm()(img, img)
+        >>> SymmPooler()(img, img)
         tensor([[4.]])
     """
 
@@ -140,12 +141,12 @@ class Symm(AlignmentPooler):
         return self.mrsw(a, img, txt, region_width) + self.mwsr(a, img, txt, word_width)
 
 
-class MrAvgw(AlignmentPooler):
+class MrAvgwPooler(AlignmentPooler):
     """``MrSw`` divided by the number of words of each text.
 
     Example:
         >>> img = Embeddings(torch.eye(2).unsqueeze(0), torch.ones(1, 2, dtype=torch.bool))
-        >>> MrAvgw()(img, img)
+        >>> MrAvgwPooler()(img, img)
         tensor([[1.]])
     """
 
@@ -154,12 +155,12 @@ class MrAvgw(AlignmentPooler):
         return scores / txt.lengths.to(scores.dtype)[None, :]
 
 
-class GlobalCosine(Pooler):
+class GlobalCosinePooler(Pooler):
     """Cosine of the global vectors (TERN's CLS outputs); ``pooled`` must be unit-norm.
 
     Example:
         >>> e = Embeddings(torch.zeros(2, 1, 2), torch.ones(2, 1, dtype=torch.bool), torch.eye(2))
-        >>> GlobalCosine()(e, e)
+        >>> GlobalCosinePooler()(e, e)
         tensor([[1., 0.],
                 [0., 1.]])
     """
@@ -173,3 +174,9 @@ class GlobalCosine(Pooler):
                 "with a CLS slot (image_encoder cls_slot=true, a BERT text encoder)."
             )
         return img.pooled @ txt.pooled.T
+
+
+# the class names before they followed <Name><Kind>
+__getattr__ = renamed_names(__name__, {
+    "MrSw": "MrSwPooler", "MwSr": "MwSrPooler", "Symm": "SymmPooler", "MrAvgw": "MrAvgwPooler", "GlobalCosine": "GlobalCosinePooler",
+})

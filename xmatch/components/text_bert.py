@@ -32,11 +32,12 @@ class BertTextEncoder(TextEncoder):
     """A ``transformers`` encoder (BERT, MiniLM, ...) cut to its first ``layers`` layers.
 
     Args:
-        source: hub id (``"bert-base-uncased"``), local directory, or
-            ``"package:<module>/<path>"`` for a model shipped inside a Python package.
+        backbone: hub id (``"bert-base-uncased"``), local directory, or
+            ``"package:<module>/<path>"`` for a model shipped inside a Python package
+            (``source`` in specs written before the rename).
         layers: keep only the first N transformer layers (6 in TERN/TERAN); None keeps all.
         finetune: train the encoder's weights; False freezes them.
-        pretrained: load the source's weights; False builds the same architecture with
+        pretrained: load the backbone's weights; False builds the same architecture with
             random weights (used when a checkpoint provides them).
         max_length: longest token sequence; longer captions are truncated with a warning.
         exclude_stopwords: leave English stop words out of the alignment (TERAN ablation).
@@ -49,9 +50,11 @@ class BertTextEncoder(TextEncoder):
         torch.Size([1, 7, 384])
     """
 
+    renamed_arguments = {"source": "backbone"}
+
     def __init__(
         self,
-        source: str = "bert-base-uncased",
+        backbone: str = "bert-base-uncased",
         layers: int | None = 6,
         finetune: bool = True,
         pretrained: bool = True,
@@ -62,21 +65,21 @@ class BertTextEncoder(TextEncoder):
         super().__init__()
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-        location = resolve_local_source(source)
-        self.source = source
+        location = resolve_local_source(backbone)
+        self.backbone = backbone
         try:
             config = AutoConfig.from_pretrained(location)
             self.tokenizer = AutoTokenizer.from_pretrained(location)
         except OSError as exc:
             raise OSError(
-                f"text encoder 'bert': cannot load '{source}' ({exc}). Give a local directory "
+                f"text encoder 'bert': cannot load '{backbone}' ({exc}). Give a local directory "
                 "with config.json and the tokenizer files, or a hub id when online."
             ) from exc
         available = config.num_hidden_layers
         if layers is not None:
             if not 1 <= layers <= available:
                 raise ValueError(
-                    f"text encoder 'bert': layers={layers} but '{source}' has {available} layers."
+                    f"text encoder 'bert': layers={layers} but '{backbone}' has {available} layers."
                 )
             config.num_hidden_layers = layers
         extra: dict[str, Any] = {"add_pooling_layer": False} if config.model_type == "bert" else {}
@@ -169,14 +172,14 @@ class BertTextEncoder(TextEncoder):
 
         Every word of the captions seen ``min_count``+ times becomes one token, split as BERT
         splits words (lower-cased, punctuation apart); rarer words become [UNK]. The config is
-        the spec's ``source`` config (layers, width, heads) with the new ``vocab_size`` and
+        the spec's ``backbone`` config (layers, width, heads) with the new ``vocab_size`` and
         ``max_position_embeddings`` = ``max_length``, by default the longest caption plus
         [CLS] and [SEP], rounded up to a multiple of 8.
 
         Args:
             captions: the training captions.
             directory: the text-side folder (created).
-            table: the spec's ``text_encoder`` table (``source``, ``pretrained``).
+            table: the spec's ``text_encoder`` table (``backbone``, ``pretrained``).
             min_count: keep words seen at least this often.
             max_length: position limit; None measures it from ``captions``.
 
@@ -187,7 +190,7 @@ class BertTextEncoder(TextEncoder):
         """
         from transformers import AutoConfig, BertTokenizer
 
-        source = str(table.get("source", "bert-base-uncased"))
+        source = str(table.get("backbone", "bert-base-uncased"))
         if table.get("pretrained", True):
             raise ValueError(
                 f"text encoder 'bert' loads the pretrained weights of '{source}', which belong to its own "
@@ -235,7 +238,7 @@ class BertTextEncoder(TextEncoder):
         config.pad_token_id = vocab["[PAD]"]
         config.save_pretrained(target)
         return TextSide(
-            kind="tokenizer", directory=Path(directory), arguments={"source": TOKENIZER_DIR, "pretrained": False},
+            kind="tokenizer", directory=Path(directory), arguments={"backbone": TOKENIZER_DIR, "pretrained": False},
             words=len(kept), distinct_words=len(counts), min_count=min_count, captions=len(captions),
             longest=longest, max_length=limit,
         )
@@ -258,4 +261,4 @@ class BertTextEncoder(TextEncoder):
         target = Path(directory) / "text_encoder"
         self.tokenizer.save_pretrained(target)
         self.model.config.save_pretrained(target)
-        return {"source": "text_encoder", "pretrained": False}
+        return {"backbone": "text_encoder", "pretrained": False}

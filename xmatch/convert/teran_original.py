@@ -201,7 +201,7 @@ def spec_from_original_config(config: dict[str, Any], bert_source: str) -> dict[
         },
         "text_encoder": {
             "name": "bert",
-            "source": bert_source,
+            "backbone": bert_source,
             "layers": _required(text, "text-model", "extraction-hidden-layer", family),
             "finetune": bool(text.get("fine-tune", True)),
             "pretrained": False,

@@ -190,7 +190,7 @@ def model_fingerprint(model: MatchingModel) -> str:
     try:
         spec = model.spec.get("pooler")
     except AttributeError:
-        spec = type(model.pooler).__name__
+        spec = type(model.pooler).__name__.removesuffix("Pooler")  # the fingerprint of old runs
     return _short_hash([encoders(model), spec, pooler])
 
 

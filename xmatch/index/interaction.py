@@ -16,7 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xmatch.components.base import Pooler
-from xmatch.components.poolers import AlignmentPooler, GlobalCosine, MrAvgw, MrSw, MwSr, Symm
+from xmatch.components.poolers import (
+    AlignmentPooler,
+    GlobalCosinePooler,
+    MrAvgwPooler,
+    MrSwPooler,
+    MwSrPooler,
+    SymmPooler,
+)
 
 
 @dataclass(frozen=True)
@@ -36,8 +43,10 @@ class Interaction:
     bounded: bool = False
 
 
-_TERAN = {MrSw: Interaction(True, False), MwSr: Interaction(False, True), Symm: Interaction(True, True),
-          MrAvgw: Interaction(True, False, per_word=True)}
+_TERAN = {
+    MrSwPooler: Interaction(True, False), MwSrPooler: Interaction(False, True), SymmPooler: Interaction(True, True),
+    MrAvgwPooler: Interaction(True, False, per_word=True),
+}
 #: registered names of poolers from plugins whose scores follow one side's sum of best matches
 _BY_NAME = {
     "scan-t2i": Interaction(True, False), "scan-sum-max-t2i": Interaction(True, False),
@@ -52,7 +61,7 @@ def interaction(pooler: Pooler, name: str | None = None) -> Interaction | None:
     only the global vectors.
 
     Example:
-        >>> interaction(MrSw())
+        >>> interaction(MrSwPooler())
         Interaction(text_sum=True, image_sum=False, per_word=False, bounded=True)
     """
     if not pooler.uses_tokens:
@@ -66,4 +75,4 @@ def interaction(pooler: Pooler, name: str | None = None) -> Interaction | None:
 
 def pooled_is_exact(pooler: Pooler) -> bool:
     """Whether the global vectors' inner product is the pooler's score itself (TERN)."""
-    return type(pooler) is GlobalCosine
+    return type(pooler) is GlobalCosinePooler

@@ -120,7 +120,7 @@ def scoring_model(pooler: str = "MrSw", dim: int = 256) -> MatchingModel:
 
     Example:
         >>> scoring_model("Symm", 16).pooler
-        Symm()
+        SymmPooler()
     """
     import xmatch
 

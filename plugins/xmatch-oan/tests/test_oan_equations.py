@@ -11,15 +11,15 @@ import torch.nn.functional as F
 
 from xmatch import Embeddings
 from xmatch_oan import (
-    OANContextAttention,
+    OANContextReasoner,
     OANIntraImagePooler,
     OANIntraTextPooler,
     OANLoss,
     OANPooler,
-    OANRegionEncoder,
-    OANTextCNN,
+    OANRegionImageEncoder,
+    OANCNNTextEncoder,
 )
-from oan_fixtures import one_thread  # noqa: F401  (autouse: one torch thread)
+from xmatch.testing import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
 WORDS = ["a", "dog", "on", "the", "bench", "cat"]
 
@@ -145,7 +145,7 @@ def test_intra_poolers_compare_the_batch_with_itself():
 
 
 def test_context_attention_by_hand():
-    r = OANContextAttention(dim=2, heads=1, input_tanh=False)
+    r = OANContextReasoner(dim=2, heads=1, input_tanh=False)
     with torch.no_grad():
         r.query.weight.copy_(torch.eye(2))
         r.key.weight.copy_(torch.eye(2))
@@ -159,7 +159,7 @@ def test_context_attention_by_hand():
 
 def test_context_attention_matches_the_direct_loop_and_ignores_padding():
     torch.manual_seed(0)
-    r = OANContextAttention(dim=4, heads=3, lambda_softmax=0.7)
+    r = OANContextReasoner(dim=4, heads=3, lambda_softmax=0.7)
     x = torch.randn(2, 5, 4)
     mask = torch.tensor([[True, True, True, False, False], [True, True, True, True, True]])
     out = r(x, mask)
@@ -180,7 +180,7 @@ def test_context_attention_matches_the_direct_loop_and_ignores_padding():
 
 def test_text_cnn_matches_the_direct_loop_and_ignores_padding():
     torch.manual_seed(0)
-    enc = OANTextCNN(WORDS, min_count=1, word_dim=3, kernel_sizes=[1, 2, 3, 5, 7], channels=2)
+    enc = OANCNNTextEncoder(WORDS, min_count=1, word_dim=3, kernel_sizes=[1, 2, 3, 5, 7], channels=2)
     batch = enc.tokenize(["a dog on the bench", "cat"])
     out = enc(batch)
     assert out.tokens.shape == (2, 5, 10) and out.content.equal(batch.mask) and not out.global_slot
@@ -202,25 +202,25 @@ def test_text_cnn_matches_the_direct_loop_and_ignores_padding():
 def test_region_encoder_passes_features_and_zeroes_padding():
     regions = torch.rand(2, 3, 4)
     mask = torch.tensor([[True, True, False], [True, True, True]])
-    out = OANRegionEncoder(feature_dim=4)(regions, torch.zeros(2, 3, 4), mask)
+    out = OANRegionImageEncoder(feature_dim=4)(regions, torch.zeros(2, 3, 4), mask)
     torch.testing.assert_close(out.tokens[mask], regions[mask])
     assert out.tokens[0, 2].abs().sum() == 0 and out.content.equal(mask)
     with pytest.raises(ValueError, match="expects 4"):
-        OANRegionEncoder(feature_dim=4)(torch.rand(2, 3, 5), torch.zeros(2, 3, 4))
+        OANRegionImageEncoder(feature_dim=4)(torch.rand(2, 3, 5), torch.zeros(2, 3, 4))
 
 
 def test_encoder_errors():
     with pytest.raises(ValueError, match="needs a vocabulary"):
-        OANTextCNN()
+        OANCNNTextEncoder()
     with pytest.raises(ValueError, match="kernel_sizes"):
-        OANTextCNN(WORDS, kernel_sizes=[0, 2])
-    enc = OANTextCNN(WORDS, word_dim=3, channels=2, max_length=2)
+        OANCNNTextEncoder(WORDS, kernel_sizes=[0, 2])
+    enc = OANCNNTextEncoder(WORDS, word_dim=3, channels=2, max_length=2)
     with pytest.warns(UserWarning, match="truncated"):
         assert enc.tokenize(["a dog on the bench"]).mask.sum() == 2
     with pytest.raises(ValueError, match="no words"):
         enc.tokenize([""])
     with pytest.raises(ValueError, match="heads"):
-        OANContextAttention(dim=4, heads=0)
+        OANContextReasoner(dim=4, heads=0)
 
 
 # --- loss --------------------------------------------------------------------------------

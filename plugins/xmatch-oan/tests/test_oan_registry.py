@@ -12,7 +12,7 @@ import torch
 import xmatch
 from xmatch.registry import get_registry
 from xmatch.zoo_params import count_parameters
-from oan_fixtures import one_thread  # noqa: F401  (autouse: one torch thread)
+from xmatch.testing import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
 WORDS = ["a", "dog", "on", "the", "bench", "cat", "red", "car"]
 CAPTIONS = ["a dog on the bench", "a red car", "the cat", "cat"]

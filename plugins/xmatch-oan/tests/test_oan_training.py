@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import xmatch
-from xmatch.eval.protocol import evaluate_scores
-from oan_fixtures import one_thread  # noqa: F401  (autouse: one torch thread)
+from xmatch.testing import one_torch_thread, retrieval_r1  # noqa: F401  (autouse: one torch thread)
 
 CONCEPTS = ["dog", "cat", "car", "tree", "boat", "horse", "bird", "chair"]
 
@@ -27,16 +26,6 @@ def synthetic(feature_dim: int, seed: int = 0) -> tuple[torch.Tensor, list[str]]
     return regions, captions
 
 
-def recall_at_1(model: xmatch.MatchingModel, regions: torch.Tensor, captions: list[str]) -> tuple[float, float]:
-    model.eval()
-    with torch.no_grad():
-        img = model.encode_images(regions=regions, boxes=torch.zeros(*regions.shape[:2], 4))
-        scores = model.similarity(img, model.encode_texts(captions))
-    model.train()
-    result = evaluate_scores(scores, protocol="full", captions_per_image=1)
-    return result.i2t["r1"], result.t2i["r1"]
-
-
 @pytest.mark.parametrize("sampling", ["hardest", "all"])
 def test_training_lifts_recall_far_above_chance(sampling):
     torch.manual_seed(0)
@@ -46,7 +35,7 @@ def test_training_lifts_recall_far_above_chance(sampling):
         text_encoder={"vocab": ["a", "next", "to", *CONCEPTS], "word_dim": 16, "channels": 16},
         image_reasoner={"heads": 2}, text_reasoner={"heads": 2}, loss={"intra_sampling": sampling},
     )
-    before = recall_at_1(model, regions, captions)
+    before = retrieval_r1(model, regions, captions)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     batch = {"regions": regions, "boxes": torch.zeros(*regions.shape[:2], 4), "texts": captions}
     for _ in range(100):
@@ -55,7 +44,7 @@ def test_training_lifts_recall_far_above_chance(sampling):
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)  # the paper's gradient clip
         optimizer.step()
-    after = recall_at_1(model, regions, captions)
+    after = retrieval_r1(model, regions, captions)
     chance = 100 / len(captions)
     assert max(before) < 5 * chance
     assert min(after) >= 60, (before, after)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from _scan_reference import func_attention, ragged_xattn_score, xattn_score
 from xmatch import Embeddings
-from xmatch.components.poolers import MrSw, MwSr
+from xmatch.components.poolers import MrSwPooler, MwSrPooler
 
 from xmatch_scan import aggregate, normalize_raw_scores, sum_max_scores, xattn_relevance, xattn_scores
 from xmatch_scan.attention import AGG_FUNCS, RAW_FEATURE_NORMS
@@ -146,8 +146,8 @@ def test_sum_max_is_terans_mrsw_and_mwsr():
     txt = Embeddings(unit(4, 6, 8, seed=12), lengths_mask(cap_lens, 6))
     t2i = sum_max_scores(img.tokens, img.mask, txt.tokens, txt.mask, "t2i")
     i2t = sum_max_scores(img.tokens, img.mask, txt.tokens, txt.mask, "i2t")
-    torch.testing.assert_close(t2i, MrSw()(img, txt))
-    torch.testing.assert_close(i2t, MwSr()(img, txt))
+    torch.testing.assert_close(t2i, MrSwPooler()(img, txt))
+    torch.testing.assert_close(i2t, MwSrPooler()(img, txt))
     # by hand for one pair
     a = img.tokens[1, :3] @ txt.tokens[2, :4].T
     assert t2i[1, 2].item() == pytest.approx(a.amax(0).sum().item())

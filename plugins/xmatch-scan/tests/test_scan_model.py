@@ -12,7 +12,7 @@ import xmatch
 from _scan_reference import l2norm, xattn_score
 from xmatch.eval import evaluate, evaluate_scores
 
-from xmatch_scan import ScanPrecompEncoder, init_like_original
+from xmatch_scan import ScanPrecompImageEncoder, init_like_original
 
 WORDS = ["a", "dog", "on", "the", "bench", "cat", "red", "car", "man", "riding"]
 CAPTIONS = ["a dog on the bench", "a red car", "the man riding a red car", "cat", "a cat on a car"]
@@ -143,7 +143,7 @@ def test_t2i_plus_i2t_ensemble_averages_the_two_models_scores():
 
 
 def test_image_encoder_inputs():
-    enc = ScanPrecompEncoder(feature_dim=6)
+    enc = ScanPrecompImageEncoder(feature_dim=6)
     regions = torch.rand(2, 3, 6)
     out = enc(regions)
     assert torch.equal(out.tokens, regions) and out.mask.all() and not out.global_slot

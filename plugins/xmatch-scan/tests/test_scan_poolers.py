@@ -8,17 +8,17 @@ import torch.nn.functional as F
 import xmatch
 from xmatch import Embeddings, SpecError
 
-from xmatch_scan import ScanI2T, ScanT2I, StackedCrossAttention, SumMaxI2T, SumMaxT2I
+from xmatch_scan import ScanI2TPooler, ScanT2IPooler, StackedCrossAttentionPooler, SumMaxI2TPooler, SumMaxT2IPooler
 
 F64 = torch.float64
 POOLERS = {
-    "t2i-lse": lambda: ScanT2I(9.0, "LogSumExp", 6.0),
-    "t2i-avg": lambda: ScanT2I(9.0, "Mean"),
-    "i2t-lse": lambda: ScanI2T(4.0, "LogSumExp", 20.0),
-    "i2t-avg": lambda: ScanI2T(4.0, "Mean"),
-    "i2t-softmax-max": lambda: ScanI2T(4.0, "Max", raw_feature_norm="softmax"),
-    "sum-max-t2i": SumMaxT2I,
-    "sum-max-i2t": SumMaxI2T,
+    "t2i-lse": lambda: ScanT2IPooler(9.0, "LogSumExp", 6.0),
+    "t2i-avg": lambda: ScanT2IPooler(9.0, "Mean"),
+    "i2t-lse": lambda: ScanI2TPooler(4.0, "LogSumExp", 20.0),
+    "i2t-avg": lambda: ScanI2TPooler(4.0, "Mean"),
+    "i2t-softmax-max": lambda: ScanI2TPooler(4.0, "Max", raw_feature_norm="softmax"),
+    "sum-max-t2i": SumMaxT2IPooler,
+    "sum-max-i2t": SumMaxI2TPooler,
 }
 
 
@@ -51,7 +51,7 @@ def test_scores_do_not_depend_on_the_block_size(name, chunks, pair):
 
 def test_default_blocks_bound_the_work_per_block(pair):
     img, txt = pair
-    pooler = ScanT2I()
+    pooler = ScanT2IPooler()
     pooler.block_elements = 200  # regions x words of ~4 pairs per block
     i_chunk, t_chunk = pooler.chunk_sizes(img, txt)
     assert i_chunk * t_chunk * 6 * 8 <= 200 and (i_chunk, t_chunk) != (7, 9)
@@ -96,7 +96,7 @@ def test_lse_is_stable_where_the_original_overflows():
     """exp(lambda_lse * R) without the max shift overflows float16 already for lambda 20."""
     img = embeddings(2, 3, [3, 2], seed=2, dtype=torch.float32)
     txt = embeddings(3, 4, [4, 2, 3], seed=3, dtype=torch.float32)
-    pooler = ScanI2T(4.0, "LogSumExp", 20.0)
+    pooler = ScanI2TPooler(4.0, "LogSumExp", 20.0)
     expected = pooler(img, txt)
     half = pooler(img.to(torch.float16), txt.to(torch.float16))
     assert torch.isfinite(half).all()
@@ -107,20 +107,20 @@ def test_items_without_elements_are_a_clear_error(pair):
     img, txt = pair
     empty = Embeddings(txt.tokens[:2], torch.tensor([[True] + [False] * 7, [False] * 8]))
     with pytest.raises(ValueError, match=r"captions \[1\] have none \(their mask is all False\)"):
-        ScanT2I()(img, empty)
+        ScanT2IPooler()(img, empty)
     with pytest.raises(ValueError, match=r"images \[0\] have none"):
-        SumMaxI2T()(Embeddings(img.tokens[:1], torch.zeros(1, 6, dtype=torch.bool)), txt)
+        SumMaxI2TPooler()(Embeddings(img.tokens[:1], torch.zeros(1, 6, dtype=torch.bool)), txt)
     with pytest.raises(ValueError, match="different widths"):
-        ScanT2I()(img, Embeddings(torch.ones(1, 2, 4, dtype=F64), torch.ones(1, 2, dtype=torch.bool)))
+        ScanT2IPooler()(img, Embeddings(torch.ones(1, 2, 4, dtype=F64), torch.ones(1, 2, dtype=torch.bool)))
 
 
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="lambda_softmax is an inverse temperature and must be positive, got 0"):
-        ScanT2I(lambda_softmax=0)
+        ScanT2IPooler(lambda_softmax=0)
     with pytest.raises(ValueError, match="agg_func must be one of 'LogSumExp', 'Mean', 'Max', 'Sum'; got 'AVG'"):
-        ScanI2T(agg_func="AVG")
+        ScanI2TPooler(agg_func="AVG")
     with pytest.raises(TypeError, match="base class; use ScanT2I"):
-        StackedCrossAttention()
+        StackedCrossAttentionPooler()
     with pytest.raises(SpecError, match="model -> pooler -> agg_func: expected"):
         xmatch.build("scan-t2i-avg-f30k", pooler={"agg_func": "AVG"})
     with pytest.raises(SpecError, match="'scan-i2t' has no argument 'smooth'"):
@@ -128,5 +128,5 @@ def test_bad_arguments_are_named():
 
 
 def test_repr_states_the_hyperparameters():
-    assert "lambda_softmax=4.0, agg_func='LogSumExp', lambda_lse=20.0" in repr(ScanI2T(4.0, "LogSumExp", 20.0))
-    assert "lambda_lse" not in repr(ScanT2I(9.0, "Mean"))
+    assert "lambda_softmax=4.0, agg_func='LogSumExp', lambda_lse=20.0" in repr(ScanI2TPooler(4.0, "LogSumExp", 20.0))
+    assert "lambda_lse" not in repr(ScanT2IPooler(9.0, "Mean"))

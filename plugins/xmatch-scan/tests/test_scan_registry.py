@@ -14,7 +14,7 @@ from xmatch.spec import check_model_spec
 from xmatch.zoo_params import count_parameters
 
 import xmatch_scan
-from xmatch_scan import ScanBiGRUTextEncoder, ScanI2T, ScanPrecompEncoder, ScanT2I, SumMaxI2T, SumMaxT2I
+from xmatch_scan import ScanBiGRUTextEncoder, ScanI2TPooler, ScanPrecompImageEncoder, ScanT2IPooler, SumMaxI2TPooler, SumMaxT2IPooler
 
 DIST = "xmatch-scan"
 ENTRIES = [f"scan-{d}-{a}-{ds}" for ds in ("f30k", "coco") for d in ("t2i", "i2t") for a in ("lse", "avg")]
@@ -41,9 +41,9 @@ README = {
 
 def test_components_come_from_this_distribution():
     expected = {
-        "image_encoders": {"scan-precomp": ScanPrecompEncoder},
+        "image_encoders": {"scan-precomp": ScanPrecompImageEncoder},
         "text_encoders": {"scan-bigru": ScanBiGRUTextEncoder},
-        "poolers": {"scan-t2i": ScanT2I, "scan-i2t": ScanI2T, "scan-sum-max-t2i": SumMaxT2I, "scan-sum-max-i2t": SumMaxI2T},
+        "poolers": {"scan-t2i": ScanT2IPooler, "scan-i2t": ScanI2TPooler, "scan-sum-max-t2i": SumMaxT2IPooler, "scan-sum-max-i2t": SumMaxI2TPooler},
     }
     for kind, components in expected.items():
         registry = xmatch.registry.get_registry(kind)
@@ -116,7 +116,7 @@ def test_paper_ensembles_name_plugin_entries_and_part_a_figures():
 
 def test_zoo_entry_builds_without_a_vocabulary_but_says_what_is_missing():
     model = xmatch.build("scan-t2i-avg-f30k")
-    assert isinstance(model.pooler, ScanT2I) and model.pooler.agg_func == "Mean"
+    assert isinstance(model.pooler, ScanT2IPooler) and model.pooler.agg_func == "Mean"
     assert model.image_projection.in_features == 2048 and isinstance(model.text_projection, torch.nn.Identity)
     with pytest.raises(ValueError, match="text_encoder=\\{'vocab': ...\\}"):
         model.encode_texts(["a dog"])

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from torch import nn
-from xmatch.components.text_rnn import Vocabulary
+from xmatch.plugin import Vocabulary
 
 from xmatch_scan import ScanBiGRUTextEncoder, load_original_vocab
 

@@ -14,7 +14,7 @@ import torch
 import xmatch
 from xmatch.data import collate
 from xmatch.data.items import Pair, RegionImage
-from xmatch.eval import evaluate_scores
+from xmatch.testing import one_torch_thread, retrieval_r1  # noqa: F401  (autouse: one torch thread)
 
 CONCEPTS = ["dog", "cat", "car", "tree", "bench", "horse", "boat", "kite", "pizza", "clock", "train", "bird"]
 TEMPLATES = ["a {} next to a {} and a {}", "there is a {} , a {} and a {} here", "{} with {} near {}"]
@@ -38,27 +38,13 @@ def make_split(n_images: int, vectors: np.ndarray, rng: random.Random) -> list[P
 
 
 def recall_at_1(model, pairs: list[Pair]) -> tuple[float, float]:
-    model.eval()
-    with torch.no_grad():
-        images = collate([pairs[k] for k in range(0, len(pairs), CAPTIONS_PER_IMAGE)])
-        img = model.encode_images(images["regions"], images["boxes"], images["region_mask"])
-        scores = model.similarity(img, model.encode_texts([p.text for p in pairs]))
-    result = evaluate_scores(scores, "full", captions_per_image=CAPTIONS_PER_IMAGE)
-    model.train()
-    return result.i2t["r1"], result.t2i["r1"]
-
-
-@pytest.fixture
-def one_thread():
-    """Tiny matmuls run fastest on one thread (and do not fight other processes for cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    images = collate([pairs[k] for k in range(0, len(pairs), CAPTIONS_PER_IMAGE)])
+    return retrieval_r1(model, images["regions"], [p.text for p in pairs], boxes=images["boxes"],
+                        mask=images["region_mask"], captions_per_image=CAPTIONS_PER_IMAGE)
 
 
 @pytest.mark.parametrize("name", ["scan-t2i-lse-f30k", "scan-i2t-avg-coco"])
-def test_training_lifts_recall_far_above_chance(name, one_thread):
+def test_training_lifts_recall_far_above_chance(name):
     rng = random.Random(0)
     vectors = np.random.default_rng(0).normal(size=(len(CONCEPTS), FEATURE_DIM))
     train, test = make_split(160, vectors, rng), make_split(40, vectors, rng)

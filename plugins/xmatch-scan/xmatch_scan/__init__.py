@@ -24,15 +24,30 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from xmatch.plugin import renamed_names
+
 from xmatch_scan.attention import aggregate, normalize_raw_scores, sum_max_scores, xattn_relevance, xattn_scores
-from xmatch_scan.image import ScanPrecompEncoder
+from xmatch_scan.image import ScanPrecompImageEncoder
 from xmatch_scan.init import init_like_original
-from xmatch_scan.poolers import ScanI2T, ScanT2I, StackedCrossAttention, SumMaxI2T, SumMaxT2I
+from xmatch_scan.poolers import (
+    ScanI2TPooler,
+    ScanT2IPooler,
+    StackedCrossAttentionPooler,
+    SumMaxI2TPooler,
+    SumMaxT2IPooler,
+)
 from xmatch_scan.text import ScanBiGRUTextEncoder, load_original_vocab
 from xmatch_scan.zoo import PaperEnsemble, entry, entry_names, paper_ensembles
 
 __all__ = [
-    "PaperEnsemble", "ScanBiGRUTextEncoder", "ScanI2T", "ScanPrecompEncoder", "ScanT2I", "StackedCrossAttention",
-    "SumMaxI2T", "SumMaxT2I", "aggregate", "entry", "entry_names", "init_like_original", "load_original_vocab",
-    "normalize_raw_scores", "paper_ensembles", "sum_max_scores", "xattn_relevance", "xattn_scores",
+    "PaperEnsemble", "ScanBiGRUTextEncoder", "ScanI2TPooler", "ScanPrecompImageEncoder", "ScanT2IPooler",
+    "StackedCrossAttentionPooler", "SumMaxI2TPooler", "SumMaxT2IPooler", "aggregate", "entry", "entry_names",
+    "init_like_original", "load_original_vocab", "normalize_raw_scores", "paper_ensembles", "sum_max_scores",
+    "xattn_relevance", "xattn_scores",
 ]
+
+# the class names before they followed <Name><Kind>
+__getattr__ = renamed_names(__name__, {
+    "ScanPrecompEncoder": "ScanPrecompImageEncoder", "ScanT2I": "ScanT2IPooler", "ScanI2T": "ScanI2TPooler",
+    "SumMaxT2I": "SumMaxT2IPooler", "SumMaxI2T": "SumMaxI2TPooler", "StackedCrossAttention": "StackedCrossAttentionPooler",
+})

@@ -14,42 +14,27 @@ exactly SCAN's ``l2norm(W f + b)``, the projection being SCAN's ``fc`` (``Linear
 
 from __future__ import annotations
 
-import torch
-from xmatch import EncoderOutput, ImageEncoder
-from xmatch.components.image_bottomup import check_region_inputs
+from xmatch.plugin import RegionFeaturesImageEncoder
 
 
-class ScanPrecompEncoder(ImageEncoder):
+class ScanPrecompImageEncoder(RegionFeaturesImageEncoder):
     """Precomputed region features, as SCAN reads them: features only, boxes ignored.
 
-    Takes the same inputs as xmatch's ``bottomup`` encoder (regions, boxes, mask); padded
-    regions are zeroed and masked out. Every real region takes part in the attention.
+    Takes the same inputs as xmatch's ``bottomup`` encoder (regions, boxes, mask; boxes may be
+    left out); padded regions are zeroed and masked out. Every real region takes part in the
+    attention.
 
     Args:
         feature_dim: width of the region features (2048 for bottom-up Faster R-CNN).
 
     Example:
-        >>> enc = ScanPrecompEncoder(feature_dim=8)
+        >>> import torch
+        >>> enc = ScanPrecompImageEncoder(feature_dim=8)
         >>> out = enc(torch.rand(2, 3, 8), mask=torch.tensor([[True, True, False], [True] * 3]))
         >>> out.tokens.shape, out.tokens[0, 2].abs().sum().item(), out.content.sum().item()
         (torch.Size([2, 3, 8]), 0.0, 5)
     """
 
-    def __init__(self, feature_dim: int = 2048) -> None:
-        super().__init__()
-        if feature_dim < 1:
-            raise ValueError(f"feature_dim must be positive, got {feature_dim}.")
-        self.feature_dim = feature_dim
-        self.output_dim = feature_dim
 
-    def forward(
-        self, regions: torch.Tensor, boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None
-    ) -> EncoderOutput:
-        """Validate ``regions [B, R, F]`` (and ``boxes [B, R, 4]`` when given) and return them
-        with padded slots zeroed."""
-        if boxes is None and isinstance(regions, torch.Tensor):
-            # SCAN has no geometry; full-image boxes let the shared input checks run unchanged.
-            boxes = regions.new_tensor([0.0, 0.0, 1.0, 1.0]).expand(*regions.shape[:2], 4)
-        mask = check_region_inputs(regions, boxes, mask, self.feature_dim)
-        tokens = regions.masked_fill(~mask.unsqueeze(-1), 0.0)
-        return EncoderOutput(tokens, mask, mask.clone(), global_slot=False)
+# The name before class names followed <Name><Kind>: the entry point in pyproject.toml still names it.
+ScanPrecompEncoder = ScanPrecompImageEncoder

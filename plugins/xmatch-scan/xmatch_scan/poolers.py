@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from xmatch import Embeddings, Pooler
+from xmatch.plugin import Embeddings, Pooler
 
 from xmatch_scan.attention import (
     AGG_FUNCS,
@@ -53,7 +53,7 @@ class _ScanPooler(Pooler):
         return {}
 
 
-class StackedCrossAttention(_ScanPooler):
+class StackedCrossAttentionPooler(_ScanPooler):
     """Stacked Cross Attention score (base of :class:`ScanT2I` and :class:`ScanI2T`).
 
     Args:
@@ -76,7 +76,7 @@ class StackedCrossAttention(_ScanPooler):
     ) -> None:
         super().__init__()
         if not hasattr(type(self), "direction"):
-            raise TypeError("StackedCrossAttention is a base class; use ScanT2I ('scan-t2i') or ScanI2T ('scan-i2t').")
+            raise TypeError("StackedCrossAttentionPooler is a base class; use ScanT2IPooler ('scan-t2i') or ScanI2TPooler ('scan-i2t').")
         check_choice(agg_func, AGG_FUNCS, "agg_func")
         check_choice(raw_feature_norm, RAW_FEATURE_NORMS, "raw_feature_norm")
         for name, value in (("lambda_softmax", lambda_softmax), ("lambda_lse", lambda_lse)):
@@ -98,40 +98,40 @@ class StackedCrossAttention(_ScanPooler):
         return f"lambda_softmax={self.lambda_softmax}, agg_func={self.agg_func!r}{lse}, raw_feature_norm={self.raw_feature_norm!r}"
 
 
-class ScanT2I(StackedCrossAttention):
+class ScanT2IPooler(StackedCrossAttentionPooler):
     """Text-Image Stacked Cross Attention (SCAN t-i): each word attends over the regions,
     and the word relevances are pooled.
 
     Example:
         >>> regions = Embeddings(torch.eye(2)[None], torch.ones(1, 2, dtype=torch.bool))
         >>> word = Embeddings(torch.tensor([[[0.6, 0.8]]]), torch.ones(1, 1, dtype=torch.bool))
-        >>> ScanT2I(agg_func="Mean")(regions, word)  # cos(e, (v1 + v2) / 2)
+        >>> ScanT2IPooler(agg_func="Mean")(regions, word)  # cos(e, (v1 + v2) / 2)
         tensor([[0.9899]])
     """
 
     direction = "t2i"
 
 
-class ScanI2T(StackedCrossAttention):
+class ScanI2TPooler(StackedCrossAttentionPooler):
     """Image-Text Stacked Cross Attention (SCAN i-t): each region attends over the words,
     and the region relevances are pooled.
 
     Example:
         >>> regions = Embeddings(torch.eye(2)[None], torch.ones(1, 2, dtype=torch.bool))
         >>> word = Embeddings(torch.tensor([[[0.6, 0.8]]]), torch.ones(1, 1, dtype=torch.bool))
-        >>> ScanI2T(lambda_softmax=4.0, agg_func="Mean")(regions, word)  # mean(cos(v_r, e))
+        >>> ScanI2TPooler(lambda_softmax=4.0, agg_func="Mean")(regions, word)  # mean(cos(v_r, e))
         tensor([[0.7000]])
     """
 
     direction = "i2t"
 
 
-class SumMaxT2I(_ScanPooler):
+class SumMaxT2IPooler(_ScanPooler):
     """Sum-Max baseline, text-image: sum over words of the best region score.
 
     Example:
         >>> e = Embeddings(torch.eye(2)[None], torch.ones(1, 2, dtype=torch.bool))
-        >>> SumMaxT2I()(e, e)
+        >>> SumMaxT2IPooler()(e, e)
         tensor([[2.]])
     """
 
@@ -141,13 +141,17 @@ class SumMaxT2I(_ScanPooler):
         return sum_max_scores(img.tokens, img.mask, txt.tokens, txt.mask, self.direction)
 
 
-class SumMaxI2T(SumMaxT2I):
+class SumMaxI2TPooler(SumMaxT2IPooler):
     """Sum-Max baseline, image-text: sum over regions of the best word score.
 
     Example:
         >>> e = Embeddings(torch.eye(2)[None], torch.ones(1, 2, dtype=torch.bool))
-        >>> SumMaxI2T()(e, e)
+        >>> SumMaxI2TPooler()(e, e)
         tensor([[2.]])
     """
 
     direction = "i2t"
+
+
+# The names before class names followed <Name><Kind>: the entry points in pyproject.toml still name them.
+ScanT2I, ScanI2T, SumMaxT2I, SumMaxI2T = ScanT2IPooler, ScanI2TPooler, SumMaxT2IPooler, SumMaxI2TPooler

@@ -16,8 +16,8 @@ from PIL import Image
 import xmatch
 from xmatch import Embeddings
 from xmatch.components.losses import hinge_triplet
-from xmatch_vsepp import OrderPooler, VSEPPImageEncoder, VSEPPPrecompEncoder, VSEPPTextEncoder, init_like_original
-from vsepp_fixtures import one_thread  # noqa: F401  (autouse: one torch thread)
+from xmatch_vsepp import OrderPooler, VSEPPImageEncoder, VSEPPPrecompImageEncoder, VSEPPTextEncoder, init_like_original
+from xmatch.testing import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
 WORDS = ["a", "dog", "on", "the", "bench", "cat"]
 
@@ -120,7 +120,7 @@ def test_precomp_is_fc_then_l2norm_on_the_raw_feature():
 
 
 def test_precomp_averages_real_regions_and_ignores_padding():
-    enc = VSEPPPrecompEncoder(feature_dim=2)
+    enc = VSEPPPrecompImageEncoder(feature_dim=2)
     regions = torch.tensor([[[1.0, 2.0], [3.0, 6.0], [1e6, -1e6]], [[5.0, 5.0], [0.0, 0.0], [0.0, 0.0]]])
     mask = torch.tensor([[True, True, False], [True, False, False]])
     out = enc(regions, torch.zeros(2, 3, 4), mask)
@@ -130,7 +130,7 @@ def test_precomp_averages_real_regions_and_ignores_padding():
 
 def test_precomp_rejects_features_of_the_wrong_width():
     with pytest.raises(ValueError, match="expects 4096"):
-        VSEPPPrecompEncoder()(torch.rand(2, 1, 2048), torch.zeros(2, 1, 4))
+        VSEPPPrecompImageEncoder()(torch.rand(2, 1, 2048), torch.zeros(2, 1, 4))
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +183,7 @@ def test_local_weights_file_mapped_by_position(tmp_path):
     assert len(values) == len(target) and all(v.shape == t.shape for v, t in zip(values, target.values()))
     file = tmp_path / "lite0_timm.pth"
     torch.save(dict(zip(target, values)), file)
-    enc = VSEPPImageEncoder("efficientnet_lite0", checkpoint=str(file)).eval()
+    enc = VSEPPImageEncoder("efficientnet_lite0", weights=str(file)).eval()
     loaded = enc.cnn.state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in zip(target, values))
     # The real ImageNet weights tell a cat photo from a coffee cup far better than chance.
@@ -199,7 +199,13 @@ def test_image_encoder_errors(lite0):
     with pytest.raises(ValueError, match="unknown timm backbone 'resnet153'"):
         VSEPPImageEncoder("resnet153")
     with pytest.raises(FileNotFoundError, match="/nonexistent/weights.pth does not exist"):
-        VSEPPImageEncoder("efficientnet_lite0", checkpoint="/nonexistent/weights.pth")
+        VSEPPImageEncoder("efficientnet_lite0", weights="/nonexistent/weights.pth")
+    with pytest.raises(ValueError, match="not both"):
+        VSEPPImageEncoder("efficientnet_lite0", pretrained=True, weights="/nonexistent/weights.pth")
+    with pytest.warns(DeprecationWarning, match="'checkpoint' is now called 'weights'"), \
+            pytest.raises(FileNotFoundError, match="/nowhere.pth does not exist"):
+        xmatch.build("vsepp-resnet152-coco", image_encoder={"backbone": "efficientnet_lite0", "checkpoint": "/nowhere.pth"},
+                     text_encoder={"vocab": WORDS})
     with pytest.raises(ValueError, match=r"float \[B, 3, H, W\]"):
         lite0(torch.rand(3, 64, 64))
     with pytest.raises(TypeError, match="not PIL images"):

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
 
 import xmatch
-from xmatch.eval.protocol import evaluate_scores
-from vsepp_fixtures import one_thread  # noqa: F401  (autouse: one torch thread)
+from xmatch.testing import one_torch_thread, retrieval_r1  # noqa: F401  (autouse: one torch thread)
 
 CONCEPTS = ["dog", "cat", "car", "tree", "boat", "horse", "bird", "chair"]
 
@@ -29,23 +25,13 @@ def synthetic(feature_dim: int, seed: int = 0) -> tuple[torch.Tensor, list[str]]
     return features.unsqueeze(1), captions
 
 
-def recall_at_1(model: xmatch.MatchingModel, features: torch.Tensor, captions: list[str]) -> tuple[float, float]:
-    model.eval()
-    with torch.no_grad():
-        img = model.encode_images(regions=features, boxes=torch.zeros(len(features), 1, 4))
-        scores = model.similarity(img, model.encode_texts(captions))
-    model.train()
-    result = evaluate_scores(scores, protocol="full", captions_per_image=1)
-    return result.i2t["r1"], result.t2i["r1"]
-
-
 @pytest.mark.parametrize("entry", ["vsepp-precomp-coco", "vsepp-orderpp-precomp-coco"])
 def test_training_lifts_recall_far_above_chance(entry):
     torch.manual_seed(0)
     features, captions = synthetic(feature_dim=24)
     model = xmatch.build(entry, embed_dim=32, image_encoder={"feature_dim": 24},
                          text_encoder={"vocab": ["a", "next", "to", *CONCEPTS], "word_dim": 16, "hidden_dim": 32})
-    before = recall_at_1(model, features, captions)
+    before = retrieval_r1(model, features, captions)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     batch = {"regions": features, "boxes": torch.zeros(len(features), 1, 4), "texts": captions}
     for _ in range(100):
@@ -54,7 +40,7 @@ def test_training_lifts_recall_far_above_chance(entry):
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)  # VSE++ grad_clip
         optimizer.step()
-    after = recall_at_1(model, features, captions)
+    after = retrieval_r1(model, features, captions)
     chance = 100 / len(captions)
     assert max(before) < 5 * chance
     assert min(after) >= 60, (before, after)

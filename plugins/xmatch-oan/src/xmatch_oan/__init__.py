@@ -44,12 +44,20 @@ Example:
     ['oan-coco', 'oan-f30k']
 """
 
-from xmatch_oan.encoders import OANRegionEncoder, OANTextCNN
+from xmatch.plugin import renamed_names
+
+from xmatch_oan.encoders import OANCNNTextEncoder, OANRegionImageEncoder
 from xmatch_oan.loss import OANLoss
 from xmatch_oan.poolers import OANIntraImagePooler, OANIntraTextPooler, OANPooler
-from xmatch_oan.reasoner import OANContextAttention
+from xmatch_oan.reasoner import OANContextReasoner
 
 __all__ = [
-    "OANContextAttention", "OANIntraImagePooler", "OANIntraTextPooler", "OANLoss", "OANPooler",
-    "OANRegionEncoder", "OANTextCNN",
+    "OANCNNTextEncoder", "OANContextReasoner", "OANIntraImagePooler", "OANIntraTextPooler", "OANLoss", "OANPooler",
+    "OANRegionImageEncoder",
 ]
+
+# the class names before they followed <Name><Kind>
+__getattr__ = renamed_names(__name__, {
+    "OANRegionEncoder": "OANRegionImageEncoder", "OANTextCNN": "OANCNNTextEncoder",
+    "OANContextAttention": "OANContextReasoner",
+})

@@ -22,8 +22,7 @@ from typing import Literal
 
 import torch
 
-from xmatch.components.base import Loss, LossOutput
-from xmatch.components.losses import hinge_triplet
+from xmatch.plugin import Loss, LossOutput, hinge_triplet
 
 
 class OANLoss(Loss):

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from xmatch.components.base import Pooler
-from xmatch.embeddings import Embeddings
+from xmatch.plugin import Embeddings, Pooler
 from xmatch_oan.attention import setwise_cosine
 
 

@@ -20,10 +20,10 @@ import math
 import torch
 from torch import nn
 
-from xmatch.components.base import Reasoner
+from xmatch.plugin import Reasoner
 
 
-class OANContextAttention(Reasoner):
+class OANContextReasoner(Reasoner):
     """tanh, then one hop of multi-head intra-modal context attention with a residual.
 
     Args:
@@ -33,7 +33,7 @@ class OANContextAttention(Reasoner):
         input_tanh: apply OAN's perceptron tanh to the input first.
 
     Example:
-        >>> r = OANContextAttention(dim=8, heads=2)
+        >>> r = OANContextReasoner(dim=8, heads=2)
         >>> r(torch.randn(2, 3, 8), torch.ones(2, 3, dtype=torch.bool)).shape
         torch.Size([2, 3, 8])
     """
@@ -61,3 +61,7 @@ class OANContextAttention(Reasoner):
         alpha = logits.masked_fill(~mask[:, None, None, :], float("-inf")).softmax(dim=-1)
         context = torch.einsum("bkpq,bqd->bpd", alpha, x) / self.heads
         return x + context
+
+
+# The name before class names followed <Name><Kind>: the entry point in pyproject.toml still names it.
+OANContextAttention = OANContextReasoner

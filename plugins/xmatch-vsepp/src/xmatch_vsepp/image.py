@@ -21,16 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from xmatch.components.base import EncoderOutput, ImageEncoder
-from xmatch.components.image_bottomup import check_region_inputs
-from xmatch.components.image_timm import load_backbone_weights
-
-
-def _global_slot(features: torch.Tensor) -> EncoderOutput:
-    """One global slot per image: it becomes ``Embeddings.pooled`` and never enters an alignment."""
-    batch = features.shape[0]
-    mask = torch.ones(batch, 1, dtype=torch.bool, device=features.device)
-    return EncoderOutput(features.unsqueeze(1), mask, torch.zeros_like(mask), global_slot=True)
+from xmatch.plugin import EncoderOutput, ImageEncoder, RegionFeaturesImageEncoder, load_backbone_weights
 
 
 class VSEPPImageEncoder(ImageEncoder):
@@ -45,11 +36,11 @@ class VSEPPImageEncoder(ImageEncoder):
         backbone: a timm model name (VSE++: ``"vgg19"``, 4096-d fc7 output, or
             ``"resnet152"``, 2048-d average pool).
         pretrained: load timm's ImageNet weights for ``backbone`` (timm's hub mechanism).
-        checkpoint: a weights file in timm's key layout for ``backbone``, any weight source of
-            :mod:`xmatch.hub` (a local ``.safetensors`` / ``.pth`` file, ``hf-hub:org/name/file.safetensors``,
-            ...), fetched, checked and loaded as the timm encoders' ``weights=`` are
-            (:func:`xmatch.components.image_timm.load_backbone_weights`; a classifier in the file is
-            dropped); overrides ``pretrained``.
+        weights: instead of ``pretrained``, a weights file in timm's key layout for ``backbone``,
+            any weight source of :mod:`xmatch.hub` (a local ``.safetensors`` / ``.pth`` file,
+            ``hf-hub:org/name/file.safetensors``, ...), fetched, checked and loaded as the timm
+            encoders' ``weights=`` are (:func:`xmatch.plugin.load_backbone_weights`; a classifier in
+            the file is dropped); ``checkpoint`` in specs written before the rename.
         finetune: train the CNN (VSE++ ``--finetune``); False freezes its parameters.
         train_augment: random crop + flip while the module is in training mode.
 
@@ -60,12 +51,13 @@ class VSEPPImageEncoder(ImageEncoder):
     """
 
     takes_pixels = True
+    renamed_arguments = {"checkpoint": "weights"}
 
     def __init__(
         self,
         backbone: str = "vgg19",
         pretrained: bool = False,
-        checkpoint: str | None = None,
+        weights: str | None = None,
         finetune: bool = False,
         train_augment: bool = True,
     ) -> None:
@@ -79,16 +71,20 @@ class VSEPPImageEncoder(ImageEncoder):
                 f"image encoder 'vsepp-cnn': unknown timm backbone '{backbone}'. Similar names: {close}; "
                 "see timm.list_models()."
             )
-        from_hub = pretrained and checkpoint is None
+        if pretrained and weights is not None:
+            raise ValueError(
+                f"image encoder 'vsepp-cnn': give either pretrained=True (timm's weights for {backbone}) or "
+                f"weights={weights!r}, not both."
+            )
         try:
-            self.cnn = timm.create_model(backbone, pretrained=from_hub, num_classes=0)
+            self.cnn = timm.create_model(backbone, pretrained=pretrained, num_classes=0)
         except (OSError, RuntimeError) as exc:
             raise OSError(
                 f"image encoder 'vsepp-cnn': cannot load {backbone} weights from timm's hub (pretrained=True) ({exc}). "
-                "Give a file in timm's key layout (checkpoint=...), go online, or build with pretrained=False."
+                "Give a file in timm's key layout (weights=...), go online, or build with pretrained=False."
             ) from exc
-        if checkpoint is not None:
-            load_backbone_weights(self.cnn, checkpoint, model=backbone, headless=True)
+        if weights is not None:
+            load_backbone_weights(self.cnn, weights, model=backbone, headless=True)
         self.backbone = backbone
         self.output_dim = int(getattr(self.cnn, "head_hidden_size", None) or self.cnn.num_features)
         self.finetune = finetune
@@ -129,10 +125,10 @@ class VSEPPImageEncoder(ImageEncoder):
         weight = next(self.cnn.parameters())
         features = self.cnn(pixels.to(device=weight.device, dtype=weight.dtype))
         # VSE++ normalises the CNN output before its fc layer (the model's projection).
-        return _global_slot(F.normalize(features, dim=-1))
+        return EncoderOutput.global_vector(F.normalize(features, dim=-1))
 
 
-class VSEPPPrecompEncoder(ImageEncoder):
+class VSEPPPrecompImageEncoder(RegionFeaturesImageEncoder):
     """Precomputed global features (VSE++'s ``*_precomp`` data): one vector per image.
 
     A region set ``[B, R, F]`` with its mask is averaged over the real regions; the original's
@@ -142,20 +138,21 @@ class VSEPPPrecompEncoder(ImageEncoder):
         feature_dim: feature width (4096 for the VGG fc7 features of the original data).
 
     Example:
-        >>> enc = VSEPPPrecompEncoder(feature_dim=8)
+        >>> enc = VSEPPPrecompImageEncoder(feature_dim=8)
         >>> enc(torch.rand(2, 1, 8), torch.zeros(2, 1, 4)).tokens.shape
         torch.Size([2, 1, 8])
     """
 
     def __init__(self, feature_dim: int = 4096) -> None:
-        super().__init__()
-        self.feature_dim = feature_dim
-        self.output_dim = feature_dim
+        super().__init__(feature_dim)
 
     def forward(
-        self, regions: torch.Tensor, boxes: torch.Tensor, mask: torch.Tensor | None = None
+        self, regions: torch.Tensor, boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None
     ) -> EncoderOutput:
-        mask = check_region_inputs(regions, boxes, mask, self.feature_dim)
-        # Padded rows are zeroed so that what they hold never reaches the average.
-        summed = regions.masked_fill(~mask.unsqueeze(-1), 0).sum(dim=1)
-        return _global_slot(summed / mask.sum(dim=1, keepdim=True).to(regions.dtype))
+        # padded rows are zeros, so they add nothing to the sum
+        summed, mask = self.real_regions(regions, boxes, mask)
+        return EncoderOutput.global_vector(summed.sum(dim=1) / mask.sum(dim=1, keepdim=True).to(regions.dtype))
+
+
+# The name before class names followed <Name><Kind>: the entry point in pyproject.toml still names it.
+VSEPPPrecompEncoder = VSEPPPrecompImageEncoder
