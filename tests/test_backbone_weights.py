@@ -1,5 +1,5 @@
 """Backbone weights take the one weight path of zoo weights: the timm encoders' ``weights=``
-and VSE++'s ``checkpoint=`` are located and checked by ``xmatch.hub.fetch`` (its sources, size
+and VSE++'s ``weights=`` are located and checked by ``xmatch.hub.fetch`` (its sources, size
 and sha256 checks, cache) and read by one loader."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import torch
 
 from xmatch import hub
 from xmatch.components import image_timm
-from xmatch.components.image_timm import TimmGridEncoder, WeightsMismatchError, create_timm_model
+from xmatch.components.image_timm import TimmGridImageEncoder, WeightsMismatchError, create_timm_model
 
 timm = pytest.importorskip("timm")
 
-SMALL = {"model": "test_efficientnet", "image_size": 96, "layers": 1, "ff_dim": 32}
+SMALL = {"backbone": "test_efficientnet", "image_size": 96, "layers": 1, "ff_dim": 32}
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
@@ -86,17 +86,17 @@ def test_vsepp_checkpoint_goes_through_the_same_path_and_drops_a_classifier(home
     save_file(state, str(tmp_path / "cnn.safetensors"))
     cached_hf_file(home, "org/cnn", "cnn.safetensors", (tmp_path / "cnn.safetensors").read_bytes())
     for source in (str(tmp_path / "cnn.safetensors"), "hf-hub:org/cnn/cnn.safetensors"):
-        encoder = vsepp.VSEPPImageEncoder("test_efficientnet", checkpoint=source)
+        encoder = vsepp.VSEPPImageEncoder("test_efficientnet", weights=source)
         loaded = encoder.cnn.state_dict()
         assert loaded and all(torch.equal(v, state[k]) for k, v in loaded.items()), source
     broken = {k: v for k, v in state.items() if k != "conv_stem.weight"}
     save_file(broken, str(tmp_path / "broken.safetensors"))
     with pytest.raises(WeightsMismatchError, match="missing conv_stem.weight"):
-        vsepp.VSEPPImageEncoder("test_efficientnet", checkpoint=str(tmp_path / "broken.safetensors"))
+        vsepp.VSEPPImageEncoder("test_efficientnet", weights=str(tmp_path / "broken.safetensors"))
 
 
 def test_a_folder_is_not_a_backbone_weights_file(tmp_path):
     (tmp_path / "bundle").mkdir()
     (tmp_path / "bundle" / "model.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match="name a folder"):
-        TimmGridEncoder(**SMALL, weights=str(tmp_path / "bundle"))
+        TimmGridImageEncoder(**SMALL, weights=str(tmp_path / "bundle"))

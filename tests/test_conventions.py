@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import xmatch
-from xmatch._zoo import ZooEntry, as_entry, zoo_entries_from_toml
+from xmatch import ZooEntry, zoo_entries_from_toml
+from xmatch._zoo import as_entry
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("xmatch", "xmatch_scan", "xmatch_vsepp", "xmatch_oan")

@@ -43,6 +43,15 @@ INTERNAL_TESTS: dict[str, dict[str, str]] = {
         "xmatch._zoo": "what an entry inherits from its base (_resolve) is checked on raw tables",
         "xmatch._zoo._resolve": "as above",
     },
+    "tests/test_build_weights.py": {
+        "xmatch._factory": "the builder is replaced to prove that a bad pretrained value is refused before anything is built",
+    },
+    "tests/test_conventions.py": {
+        "xmatch._zoo": "the converter of raw zoo tables (as_entry) is where the old 'licence' key is read",
+    },
+    "tests/test_packaging.py": {
+        "xmatch._files": "the file-mode helpers of atomic writes are the subject of the test",
+    },
     "tests/test_scenes_table.py": {
         "xmatch.cli._nested": "the table's rows are built with the CLI's own --model-set parser",
     },

@@ -122,7 +122,7 @@ def test_a_plugin_that_fails_to_import_is_reported_and_hides_no_other(tmp_path, 
     poolers, _ = isolated
     try:
         with caplog.at_level(logging.WARNING, logger="xmatch.registry"):
-            assert poolers.get("healthy-pooler").__name__ == "MrSw"  # loaded although its neighbour fails
+            assert poolers.get("healthy-pooler").__name__ == "MrSwPooler"  # loaded although its neighbour fails
         assert "MrSw" in poolers.names() and "healthy-pooler" in poolers.names()
         assert "broken-pooler" not in poolers.names()
         # reported by name: in the log, by broken(), and by a lookup of the broken name
@@ -146,7 +146,7 @@ def test_a_plugin_name_that_clashes_with_a_builtin_leaves_the_builtin(tmp_path, 
     monkeypatch.syspath_prepend(str(tmp_path))
     poolers, _ = isolated
     try:
-        assert poolers.get("MrSw").__name__ == "MrSw" and poolers.is_builtin("MrSw")
+        assert poolers.get("MrSw").__name__ == "MrSwPooler" and poolers.is_builtin("MrSw")
         assert poolers.origin("clash-free") == "xmatch-clash"
         assert "clashes with the name registered by xmatch, which keeps it" in poolers.broken()["mrsw"]
     finally:

@@ -2,10 +2,16 @@
 under their old names with a DeprecationWarning.
 
 Example:
-    >>> # in xmatch/components/poolers.py, after the classes were renamed:
-    >>> __getattr__ = renamed_names("xmatch.components.poolers", {"MrSw": "MrSwPooler"})  # doctest: +SKIP
-    >>> from xmatch.components.poolers import MrSw  # doctest: +SKIP
-    DeprecationWarning: xmatch.components.poolers.MrSw is now called MrSwPooler; ...
+    In xmatch/components/poolers.py, after the classes were renamed, the old name still
+    imports, with a warning:
+
+    >>> __getattr__ = renamed_names("xmatch.components.poolers", {"MrSw": "MrSwPooler"})  # at a module's end  # doctest: +SKIP
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     from xmatch.components.poolers import MrSw
+    >>> MrSw.__name__, str(caught[0].message).split(";")[0]
+    ('MrSwPooler', 'xmatch.components.poolers.MrSw is now called MrSwPooler')
 """
 
 from __future__ import annotations

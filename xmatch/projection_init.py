@@ -44,7 +44,7 @@ def init_projection_like_original(
         ValueError: the model has no image projection, or has a text projection.
 
     Example:
-        >>> init_projection_like_original(model, "SCAN", {"scan-precomp": ScanPrecompImageEncoder},
+        >>> init_projection_like_original(model, "SCAN",  # needs a built SCAN model  # doctest: +SKIP {"scan-precomp": ScanPrecompImageEncoder},
         ...                               {"scan-bigru": ScanBiGRUTextEncoder})  # doctest: +SKIP
     """
     if not isinstance(model.image_encoder, tuple(image_encoders.values())) or not isinstance(

@@ -9,7 +9,7 @@ otherwise: tests never download.
   a few steps and check that recall rises far above chance.
 
 Example:
-    >>> from xmatch.testing import one_torch_thread, retrieval_r1  # doctest: +SKIP
+    >>> from xmatch.testing import one_torch_thread, retrieval_r1  # in a plugin's test module  # doctest: +SKIP
     >>> i2t, t2i = retrieval_r1(model, regions, captions)  # doctest: +SKIP
 """
 

@@ -233,7 +233,7 @@ def read_original_vocabulary(path: str | os.PathLike) -> Vocabulary:
     the original id order (:func:`with_markers` puts ``<start>`` / ``<end>`` back in front).
 
     Example:
-        >>> read_original_vocabulary("vocab/f30k_precomp_vocab.json")  # doctest: +SKIP
+        >>> read_original_vocabulary("vocab/f30k_precomp_vocab.json")  # needs the authors' vocabulary file  # doctest: +SKIP
         Vocabulary(8479 words)
     """
     path = Path(path)
@@ -311,8 +311,8 @@ def build_vocabulary(captions: list[str], directory: str | os.PathLike, min_coun
         min_count: keep words seen at least this often; rarer ones become ``<unk>``.
 
     Example:
-        >>> side = build_vocabulary(["a dog", "a cat"], "runs/mine/text_side")  # doctest: +SKIP
-        >>> side.words, side.arguments  # doctest: +SKIP
+        >>> side = build_vocabulary(["a dog", "a cat"], "runs/mine/text_side")
+        >>> side.words, side.arguments
         (3, {'vocab': 'vocab.json'})
     """
     counts = word_counts(captions)

@@ -203,7 +203,7 @@ def test_image_encoder_errors(lite0):
     with pytest.raises(ValueError, match="not both"):
         VSEPPImageEncoder("efficientnet_lite0", pretrained=True, weights="/nonexistent/weights.pth")
     with pytest.warns(DeprecationWarning, match="'checkpoint' is now called 'weights'"), \
-            pytest.raises(FileNotFoundError, match="/nowhere.pth does not exist"):
+            pytest.raises(xmatch.SpecError, match="/nowhere.pth does not exist"):
         xmatch.build("vsepp-resnet152-coco", image_encoder={"backbone": "efficientnet_lite0", "checkpoint": "/nowhere.pth"},
                      text_encoder={"vocab": WORDS})
     with pytest.raises(ValueError, match=r"float \[B, 3, H, W\]"):
