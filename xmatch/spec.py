@@ -173,6 +173,28 @@ def renamed_arguments(table: Mapping[str, Any], builder: Callable[..., Any], pat
     return out
 
 
+def with_current_argument_names(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """``spec`` with every component's renamed arguments under their current names, silently:
+    for specs that xmatch wrote itself (a bundle's), which the user never typed. Tables whose
+    component is not registered are left as they are (building reports them).
+
+    Example:
+        >>> with_current_argument_names({"text_encoder": {"name": "bert", "source": "bert-base-uncased"}})
+        {'text_encoder': {'name': 'bert', 'backbone': 'bert-base-uncased'}}
+    """
+    out = dict(spec)
+    tables = [(key, kind, spec.get(key)) for key, kind in COMPONENTS.items()]
+    for key, kind, table in tables:
+        if not isinstance(table, Mapping) or "name" not in table:
+            continue
+        try:
+            renames: Mapping[str, str] = getattr(get_registry(kind).get(table["name"]), "renamed_arguments", {})
+        except RegistryError:
+            continue
+        out[key] = {renames.get(k, k) if renames.get(k) not in table else k: v for k, v in table.items()}
+    return out
+
+
 def check_component(table: Any, kind: str, path: str, injected: tuple[str, ...] = ()) -> dict[str, Any]:
     """Validate one component table against its builder; return it with defaults filled in
     and the registered spelling of its name."""
