@@ -14,7 +14,7 @@ exactly SCAN's ``l2norm(W f + b)``, the projection being SCAN's ``fc`` (``Linear
 
 from __future__ import annotations
 
-from xmatch.plugin import RegionFeaturesImageEncoder
+from xmatch.plugin import RegionFeaturesImageEncoder, renamed_names
 
 
 class ScanPrecompImageEncoder(RegionFeaturesImageEncoder):
@@ -36,5 +36,5 @@ class ScanPrecompImageEncoder(RegionFeaturesImageEncoder):
     """
 
 
-# The name before class names followed <Name><Kind>: the entry point in pyproject.toml still names it.
-ScanPrecompEncoder = ScanPrecompImageEncoder
+# the class names before they followed <Name><Kind>
+__getattr__ = renamed_names(__name__, {"ScanPrecompEncoder": "ScanPrecompImageEncoder"})

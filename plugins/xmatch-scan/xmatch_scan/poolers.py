@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from xmatch.plugin import Embeddings, Pooler
+from xmatch.plugin import Embeddings, Pooler, renamed_names
 
 from xmatch_scan.attention import (
     AGG_FUNCS,
@@ -153,5 +153,5 @@ class SumMaxI2TPooler(SumMaxT2IPooler):
     direction = "i2t"
 
 
-# The names before class names followed <Name><Kind>: the entry points in pyproject.toml still name them.
-ScanT2I, ScanI2T, SumMaxT2I, SumMaxI2T = ScanT2IPooler, ScanI2TPooler, SumMaxT2IPooler, SumMaxI2TPooler
+# the class names before they followed <Name><Kind>
+__getattr__ = renamed_names(__name__, {"ScanT2I": "ScanT2IPooler", "ScanI2T": "ScanI2TPooler", "SumMaxT2I": "SumMaxT2IPooler", "SumMaxI2T": "SumMaxI2TPooler"})

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from xmatch.plugin import EncoderOutput, RegionFeaturesImageEncoder, TokenBatch, WordTextEncoder
+from xmatch.plugin import EncoderOutput, RegionFeaturesImageEncoder, renamed_names, TokenBatch, WordTextEncoder
 
 
 class OANRegionImageEncoder(RegionFeaturesImageEncoder):
@@ -82,5 +82,5 @@ class OANCNNTextEncoder(WordTextEncoder):
         return EncoderOutput(torch.cat(features, dim=1).transpose(1, 2), batch.mask, batch.content, global_slot=False)
 
 
-# The names before class names followed <Name><Kind>: the entry points in pyproject.toml still name them.
-OANRegionEncoder, OANTextCNN = OANRegionImageEncoder, OANCNNTextEncoder
+# the class names before they followed <Name><Kind>
+__getattr__ = renamed_names(__name__, {"OANRegionEncoder": "OANRegionImageEncoder", "OANTextCNN": "OANCNNTextEncoder"})

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from xmatch.plugin import Reasoner
+from xmatch.plugin import Reasoner, renamed_names
 
 
 class OANContextReasoner(Reasoner):
@@ -63,5 +63,5 @@ class OANContextReasoner(Reasoner):
         return x + context
 
 
-# The name before class names followed <Name><Kind>: the entry point in pyproject.toml still names it.
-OANContextAttention = OANContextReasoner
+# the class names before they followed <Name><Kind>
+__getattr__ = renamed_names(__name__, {"OANContextAttention": "OANContextReasoner"})

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from xmatch.plugin import EncoderOutput, ImageEncoder, RegionFeaturesImageEncoder, load_backbone_weights
+from xmatch.plugin import EncoderOutput, ImageEncoder, load_backbone_weights, RegionFeaturesImageEncoder, renamed_names
 
 
 class VSEPPImageEncoder(ImageEncoder):
@@ -154,5 +154,5 @@ class VSEPPPrecompImageEncoder(RegionFeaturesImageEncoder):
         return EncoderOutput.global_vector(summed.sum(dim=1) / mask.sum(dim=1, keepdim=True).to(regions.dtype))
 
 
-# The name before class names followed <Name><Kind>: the entry point in pyproject.toml still names it.
-VSEPPPrecompEncoder = VSEPPPrecompImageEncoder
+# the class names before they followed <Name><Kind>
+__getattr__ = renamed_names(__name__, {"VSEPPPrecompEncoder": "VSEPPPrecompImageEncoder"})
