@@ -7,11 +7,13 @@ alignment.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import warnings
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,8 @@ from xmatch.components.text_side import TextSide, TokenCoverage
 from xmatch.masks import lengths_to_mask
 from xmatch.sources import resolve_local_source
 from xmatch.stopwords import ENGLISH_STOPWORDS
+
+logger = logging.getLogger(__name__)
 
 #: special tokens of a word-level BERT tokenizer, in id order (BERT's own names)
 WORD_LEVEL_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -84,7 +88,9 @@ class BertTextEncoder(TextEncoder):
             config.num_hidden_layers = layers
         extra: dict[str, Any] = {"add_pooling_layer": False} if config.model_type == "bert" else {}
         if pretrained:
-            self.model = AutoModel.from_pretrained(location, config=config, **extra)
+            with _quiet_transformers():
+                self.model, loading = AutoModel.from_pretrained(location, config=config, output_loading_info=True, **extra)
+            _report_missing_weights(loading, backbone)
         else:
             self.model = AutoModel.from_config(config, **extra)
         self.output_dim = config.hidden_size
@@ -262,3 +268,32 @@ class BertTextEncoder(TextEncoder):
         self.tokenizer.save_pretrained(target)
         self.model.config.save_pretrained(target)
         return {"backbone": "text_encoder", "pretrained": False}
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' own weight-loading bar and load report, off while a backbone loads: the bar
+    would flood logs, and the report lists the heads (pooler, pre-training heads, layers cut by
+    ``layers=``) that the encoder leaves out on purpose. Missing weights are reported by
+    :func:`_report_missing_weights` instead."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _report_missing_weights(loading: Mapping[str, Any], backbone: str) -> None:
+    missing = list(loading.get("missing_keys", ())) + [str(k) for k in loading.get("mismatched_keys", ())]
+    if missing:
+        logger.warning(
+            "text encoder 'bert': %d tensors of the model are not in the weights of '%s' (or have another "
+            "shape) and start random: %s%s", len(missing), backbone, ", ".join(missing[:8]),
+            " ..." if len(missing) > 8 else "",
+        )
