@@ -10,7 +10,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from xmatch.registry import RegistryError, get_registry
+from xmatch.registry import RegistryError, get_registry, models
+from xmatch.sources import validate_weight_source
 from xmatch.spec import merge, signature_of
 
 ENTRY_KEYS = {
@@ -47,8 +48,6 @@ class ZooEntry:
     notes: str = ""
 
     def __post_init__(self) -> None:
-        from xmatch.hub import validate_weight_source
-
         if self.params is not None and (type(self.params) is not int or self.params <= 0):
             raise ValueError(f"zoo entry '{self.name}': params must be a positive int, got {self.params!r}.")
         for source in self.weights:
@@ -206,6 +205,34 @@ def match(names: list[str], pattern: str | None) -> list[str]:
     if not pattern:
         return names
     return [n for n in names if fnmatch.fnmatch(n.lower(), pattern.lower())]
+
+
+def list_models(pattern: str | None = None, *, pretrained: bool = False) -> list[str]:
+    """Names of the zoo entries (built-in and from plugins), optionally glob-filtered.
+
+    Args:
+        pattern: a glob such as ``"teran-*"`` (None: every entry).
+        pretrained: only the entries with published xmatch weights (those that
+            ``build(name, pretrained=True)`` loads), as timm's ``list_models(pretrained=True)``.
+
+    Example:
+        >>> xmatch.list_models("teran-symm-*")
+        ['teran-symm-coco', 'teran-symm-f30k']
+        >>> xmatch.list_models(pretrained=True)
+        ['teran-mrsw-grid-scenes', 'teran-mrsw-scenes', 'tern-scenes']
+    """
+    names = match(models.names(), pattern)
+    return [name for name in names if info(name).weights] if pretrained else names
+
+
+def info(name: str) -> ZooEntry:
+    """The zoo entry ``name``: spec, paper, dataset, metrics, weight sources.
+
+    Example:
+        >>> print(xmatch.info("teran-mrsw-coco").metrics["coco-1k"]["t2i_r1"])
+        65.0
+    """
+    return as_entry(models.canonical(name), models.get(name))
 
 
 def zoo_markdown(entries: list[ZooEntry]) -> str:
