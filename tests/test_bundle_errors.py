@@ -223,7 +223,7 @@ def test_require_names_the_pip_command(monkeypatch):
 
 
 def test_scenes_digits_without_scikit_learn(monkeypatch):
-    from xmatch.data.scenes_render import digit_glyphs
+    from xmatch.scenes.render import digit_glyphs
 
     monkeypatch.setitem(sys.modules, "sklearn", None)
     digit_glyphs.cache_clear()
@@ -235,7 +235,7 @@ def test_scenes_digits_without_scikit_learn(monkeypatch):
 
 
 def test_scenes_region_pooling_without_torchvision(monkeypatch):
-    from xmatch.data.scenes_features import pool_regions
+    from xmatch.scenes.features import pool_regions
 
     monkeypatch.setitem(sys.modules, "torchvision", None)
     with pytest.raises(ImportError, match=r'pip install "torchvision"'):

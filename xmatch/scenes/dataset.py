@@ -2,8 +2,8 @@
 
 Scenes of handwritten digits (scikit-learn's bundled digits) and drawn shapes with colours,
 sizes and spatial relations, five captions each, in hard-negative pairs (see
-:mod:`xmatch.data.scenes_render`); region features from a real ImageNet CNN pooled over
-detector-like boxes (:mod:`xmatch.data.scenes_features`). The set is generated once per
+:mod:`xmatch.scenes.render`); region features from a real ImageNet CNN pooled over
+detector-like boxes (:mod:`xmatch.scenes.features`). The set is generated once per
 parameter set into a cache folder, in the standard layouts xmatch reads, and then opened
 through the ordinary readers, so it behaves like any other dataset:
 
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from xmatch.data.image_captions import ImageCaptionsDataset
-from xmatch.data.scenes_captions import captions as draw_captions
-from xmatch.data.scenes_captions import describe
-from xmatch.data.scenes_render import Scene, SceneObject, render, sample_group
+from xmatch.scenes.captions import captions as draw_captions
+from xmatch.scenes.captions import describe
+from xmatch.scenes.render import Scene, SceneObject, render, sample_group
 from xmatch.data.teran import TeranDataset
 
 #: images per split (train, val, test); each an even number (scenes come in twin pairs)
@@ -308,7 +308,7 @@ def write_features(
     from PIL import Image
     from xmatch.progress import progress_bar
 
-    from xmatch.data.scenes_features import RegionFeatureExtractor, proposal_boxes
+    from xmatch.scenes.features import RegionFeatureExtractor, proposal_boxes
 
     meta = json.loads((scenes / METADATA_FILE).read_text(encoding="utf-8"))
     canvas = int(meta["params"]["canvas"])
@@ -413,7 +413,7 @@ def twin_accuracy(scores: np.ndarray | Any, dataset: Any) -> tuple[float, int]:
     """How often a caption scores its own scene above that scene's twin (chance: 0.5).
 
     Twins share their objects and words but differ in a relation, a colour or a size
-    (:func:`~xmatch.data.scenes_render.sample_group`), so a model that matches bags of words
+    (:func:`~xmatch.scenes.render.sample_group`), so a model that matches bags of words
     or pools global features sits near 0.5; fine-grained alignment is needed to go above it.
     Ties count as wrong. This is the ``t2i`` figure of the twins' groups
     (:func:`scene_groups`, :func:`xmatch.eval.groups.score_groups`), as a fraction.

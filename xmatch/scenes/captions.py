@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xmatch.data.scenes_render import DIGITS, INVERSE, Scene, SceneObject
+from xmatch.scenes.render import DIGITS, INVERSE, Scene, SceneObject
 
 SIZE_WORDS: dict[str, tuple[str, ...]] = {"small": ("small", "little", "tiny"), "large": ("large", "big")}
 NUMBER_WORDS: tuple[str, ...] = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -90,7 +90,7 @@ def captions(scene: Scene, rng: np.random.Generator, count: int = 5) -> list[str
     """``count`` different captions of ``scene`` drawn from the grammar.
 
     Example:
-        >>> from xmatch.data.scenes_render import sample_group
+        >>> from xmatch.scenes.render import sample_group
         >>> len(set(captions(sample_group(np.random.default_rng(0), 224)[0], np.random.default_rng(1))))
         5
     """
