@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 
 import xmatch
 from xmatch._zoo import _resolve
+from xmatch.parameter_counts import BERT_BASE_UNCASED_CONFIG, count_parameters, write_bert_base_dir
 from xmatch.spec import check_model_spec
-from xmatch.zoo_params import (
-    BERT_BASE_UNCASED_CONFIG,
-    count_parameters,
-    write_bert_base_dir,
-    write_counts,
-    zoo_files,
-)
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+
+def load_tool(name: str) -> ModuleType:
+    """A developer tool of the repository, ``tools/NAME.py``, imported as a module."""
+    spec = importlib.util.spec_from_file_location(f"tools.{name}", TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 BENCHMARKS = {"coco-1k", "coco-5k", "f30k-1k", "scenes-test"}
 METRIC_KEYS = {f"{d}_{m}" for d in ("i2t", "t2i") for m in ("r1", "r5", "r10", "ndcg_rougel", "ndcg_spice")}
@@ -82,12 +91,8 @@ def test_card_mentions_paper_and_metrics():
 
 
 def test_docs_zoo_page_is_up_to_date():
-    from pathlib import Path
-
-    from xmatch.docs_zoo import render
-
     page = Path(__file__).resolve().parents[1] / "docs" / "zoo.md"
-    assert page.read_text() == render(), "regenerate it: python -m xmatch.docs_zoo > docs/zoo.md"
+    assert page.read_text() == load_tool("docs_zoo").render(), "regenerate it: python tools/docs_zoo.py > docs/zoo.md"
 
 
 def test_weight_sources_are_validated_when_an_entry_is_made():
@@ -130,7 +135,7 @@ def test_bert_base_stand_in_is_bert_base_uncased(bert_base_dir):
 def test_entry_params_are_the_built_models(name, bert_base_dir):
     entry = xmatch.info(name)
     assert count_parameters(entry, bert_base_dir) == entry.params, (
-        f"{name} states params = {entry.params}; recompute: python -m xmatch.zoo_params --write"
+        f"{name} states params = {entry.params}; recompute: python tools/zoo_params.py --write"
     )
 
 
@@ -199,14 +204,15 @@ def test_params_must_be_a_positive_int(bad):
 
 
 def test_write_counts_rewrites_the_zoo_files(tmp_path):
+    zoo_params = load_tool("zoo_params")
     counts = {e.name: e.params for e in (xmatch.info(n) for n in xmatch.list_models())}
-    for source in zoo_files():
+    for source in zoo_params.zoo_files():
         original = source.read_text()
         stripped = tmp_path / source.name
         stripped.write_text(re.sub(r"(?m)^params = .*\n", "", original))
-        assert write_counts(counts, [stripped]) == [stripped]
+        assert zoo_params.write_counts(counts, [stripped]) == [stripped]
         assert stripped.read_text() == original
-        assert write_counts(counts, [stripped]) == []  # already up to date
+        assert zoo_params.write_counts(counts, [stripped]) == []  # already up to date
 
 
 @pytest.mark.parametrize("name", ["teran-bigru-coco", "teran-bilstm-f30k"])

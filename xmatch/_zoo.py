@@ -29,7 +29,7 @@ class ZooEntry:
     ``metrics`` maps a benchmark (``coco-1k``, ``coco-5k``, ``f30k-1k``) to its figures and
     the ``source`` (paper and table) they come from. ``params`` is the number of parameters
     of ``xmatch.build(entry)`` (None: not stated); a test recomputes it
-    (``python -m xmatch.zoo_params``). For a text encoder whose vocabulary comes from a
+    (:func:`xmatch.parameter_counts.count_parameters`). For a text encoder whose vocabulary comes from a
     caption corpus it leaves the word-embedding table out (see
     :func:`params_leave_out_vocabulary`).
     """
@@ -233,49 +233,3 @@ def info(name: str) -> ZooEntry:
         65.0
     """
     return as_entry(models.canonical(name), models.get(name))
-
-
-def zoo_markdown(entries: list[ZooEntry]) -> str:
-    """``docs/zoo.md``: one table row per entry, with the paper's figures per benchmark."""
-    lines = [
-        "# Zoo",
-        "",
-        "Generated from the entries in `zoo/` (`python -m xmatch.docs_zoo > docs/zoo.md`); a test",
-        "checks that this page is up to date. Figures are the papers' (R@1/R@5/R@10, percent).",
-        "",
-        "`xmatch models [PATTERN]` lists the entries, plugins' included, and which have weights that",
-        "`xmatch.build(name, pretrained=True)` loads; `xmatch models --pretrained` (in Python",
-        "`xmatch.list_models(pretrained=True)`) only those. `xmatch info NAME` prints an entry's card",
-        "and `xmatch info NAME --spec > my.toml` its spec as a TOML file to edit and build.",
-        "",
-        "`params` is the number of parameters of `xmatch.build(entry)` (a module shared by both",
-        "modalities counted once). A test rebuilds every entry on the `meta` device, with",
-        "bert-base-uncased's architecture and random weights, and checks it; after changing an",
-        "architecture, `python -m xmatch.zoo_params` prints the stated and recomputed counts and",
-        "`python -m xmatch.zoo_params --write` writes the recomputed ones into `zoo/*.toml`.",
-        "",
-        "† Without the word-embedding table (Bi-GRU / Bi-LSTM): its size depends on the caption",
-        "corpus the vocabulary is built from, one `word_dim`-wide row per word (see the entry's notes).",
-        "",
-        "Every entry that reads precomputed regions also runs on your own pictures: `xmatch extract`",
-        "writes region features of an image folder, and `xmatch.extract.on_pixels(model, features)`",
-        "(or `image_encoder.name = \"pixel-regions\"`) puts the same proposer, backbone and RoI pooling",
-        "in front of the entry's region encoder, so `encode_images(images=[...])` takes photos and",
-        "returns the regions' boxes (`docs/extract.md`).",
-        "",
-        "| entry | dataset | pooler | text encoder | params | benchmark | i→t R@1/5/10 | t→i R@1/5/10 | source |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-
-    def triple(figures: dict[str, Any], d: str) -> str:
-        values = [figures.get(f"{d}_r{k}") for k in (1, 5, 10)]
-        return "/".join("–" if v is None else f"{v}" for v in values)
-
-    for e in sorted(entries, key=lambda e: e.name):
-        params = "–" if e.params is None else format_params(e.params, e.spec, note=" †")
-        head = f"| `{e.name}` | {e.dataset} | {e.spec['pooler']['name']} | {e.spec['text_encoder']['name']} | {params}"
-        if not e.metrics:
-            lines.append(f"{head} | – | – | – | – |")
-        for bench, figures in e.metrics.items():
-            lines.append(f"{head} | {bench} | {triple(figures, 'i2t')} | {triple(figures, 't2i')} | {figures.get('source', '')} |")
-    return "\n".join(lines) + "\n"

@@ -11,25 +11,18 @@ Text encoders whose word-embedding table is sized by a caption-corpus vocabulary
 ``vocab`` argument: the Bi-GRU / Bi-LSTM ablations) have no fixed size: for them ``params``
 leaves that table out (see :func:`xmatch._zoo.params_leave_out_vocabulary`).
 
-Print the stated and recomputed counts, or write the recomputed ones into ``zoo/*.toml``::
-
-    python -m xmatch.zoo_params
-    python -m xmatch.zoo_params --write
+A plugin's tests check the ``params`` of its own entries with :func:`count_parameters`; the
+repository's ``tools/zoo_params.py`` prints or rewrites the counts of the built-in entries.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import importlib.resources
 import json
 import os
-import re
 import shutil
-import sys
-import tempfile
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +30,7 @@ import torch
 from torch import nn
 
 import xmatch
-from xmatch._zoo import ZooEntry, builtin_entries, params_leave_out_vocabulary
+from xmatch._zoo import ZooEntry, params_leave_out_vocabulary
 from xmatch.registry import get_registry
 from xmatch.sources import resolve_local_source
 from xmatch.spec import signature_of
@@ -142,74 +135,3 @@ def count_parameters(model: str | ZooEntry | Mapping[str, Any], bert_dir: str | 
             m.weight.numel() for m in net.text_encoder.modules() if isinstance(m, nn.Embedding) and m.num_embeddings == rows
         )
     return total
-
-
-def builtin_counts(bert_dir: str | os.PathLike) -> dict[str, tuple[int | None, int]]:
-    """``{entry: (stated params, recomputed params)}`` for the entries shipped in ``xmatch.zoo``."""
-    return {e.name: (e.params, count_parameters(e, bert_dir)) for e in builtin_entries()}
-
-
-_HEADER = re.compile(r"^\[([^\]]+)\]\s*$")
-_PARAMS = re.compile(r"^params\s*=")
-
-
-def zoo_files() -> list[Path]:
-    """The TOML files of the entries shipped in ``xmatch.zoo`` (``zoo/*.toml`` in a checkout)."""
-    files = importlib.resources.files("xmatch.zoo").iterdir()
-    return sorted(Path(os.fspath(r)) for r in files if r.name.endswith(".toml"))
-
-
-def write_counts(counts: Mapping[str, int], paths: Iterable[Path] | None = None) -> list[Path]:
-    """Set ``params = N`` in the table of each entry of ``counts`` (replacing the line or adding
-    it after the table's last key) in ``paths`` (default: :func:`zoo_files`); returns the files
-    that changed."""
-    changed = []
-    for path in zoo_files() if paths is None else paths:
-        lines = path.read_text(encoding="utf-8").splitlines()
-        out: list[str] = []
-        entry: str | None = None
-        last_key = -1
-        for line in [*lines, "[end]"]:
-            header = _HEADER.match(line)
-            if header:
-                # An entry's own table is the header without a dot (entry names have none).
-                if entry in counts:
-                    out.insert(last_key + 1, f"params = {counts[entry]:_}")
-                name = header.group(1)
-                entry = name if "." not in name else None
-                last_key = len(out)
-            elif entry is not None and _PARAMS.match(line):
-                continue
-            elif entry is not None and line.strip() and not line.lstrip().startswith("#"):
-                last_key = len(out)
-            out.append(line)
-        text = "\n".join(out[:-1]) + "\n"
-        if text != path.read_text(encoding="utf-8"):
-            path.write_text(text, encoding="utf-8")
-            changed.append(path)
-    return changed
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m xmatch.zoo_params", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", action="store_true", help="write the recomputed counts into zoo/*.toml")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        counts = builtin_counts(write_bert_base_dir(Path(tmp) / BERT_BASE))
-    if args.write:
-        for path in write_counts({name: counted for name, (_, counted) in counts.items()}):
-            print(f"updated {path}")
-        return 0
-    width = max(map(len, counts))
-    wrong = 0
-    for name, (stated, counted) in counts.items():
-        status = "ok" if stated == counted else "MISMATCH"
-        wrong += stated != counted
-        print(f"{name:<{width}}  {'-' if stated is None else f'{stated:,}':>13}  {counted:>13,}  {status}")
-    if wrong:
-        print(f"{wrong} entries state another count; update them: python -m xmatch.zoo_params --write", file=sys.stderr)
-    return 1 if wrong else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
