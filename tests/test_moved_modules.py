@@ -17,6 +17,8 @@ MOVED = [
     ("xmatch.demo_draw", "xmatch.demo.draw", "draw_alignment"),
     ("xmatch.demo", "xmatch.demo.run", "token_labels"),
     ("xmatch.demo", "xmatch.demo.run", "prepare_scenes"),
+    ("xmatch.zoo_params", "xmatch.parameter_counts", "count_parameters"),
+    ("xmatch.zoo_params", "xmatch.parameter_counts", "write_bert_base_dir"),
 ]
 
 
