@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import tempfile
+import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -38,10 +39,19 @@ def zoo_files() -> list[Path]:
 
 def write_counts(counts: Mapping[str, int], paths: Iterable[Path] | None = None) -> list[Path]:
     """Set ``params = N`` in the table of each entry of ``counts`` (replacing the line or adding
-    it after the table's last key) in ``paths`` (default: :func:`zoo_files`); returns the files
+    it after the table's last key) in ``paths`` (default: :func:`zoo_files`), or drop the line
+    where the entry's base has the same count, since the entry inherits it; returns the files
     that changed."""
+    paths = zoo_files() if paths is None else list(paths)
+    bases = {
+        name: table["base"]
+        for path in paths
+        for name, table in tomllib.loads(path.read_text(encoding="utf-8")).items()
+        if isinstance(table, dict) and "base" in table
+    }
+    stated = {name: count for name, count in counts.items() if name not in bases or counts.get(bases[name]) != count}
     changed = []
-    for path in zoo_files() if paths is None else paths:
+    for path in paths:
         lines = path.read_text(encoding="utf-8").splitlines()
         out: list[str] = []
         entry: str | None = None
@@ -50,12 +60,12 @@ def write_counts(counts: Mapping[str, int], paths: Iterable[Path] | None = None)
             header = _HEADER.match(line)
             if header:
                 # An entry's own table is the header without a dot (entry names have none).
-                if entry in counts:
-                    out.insert(last_key + 1, f"params = {counts[entry]:_}")
+                if entry in stated:
+                    out.insert(last_key + 1, f"params = {stated[entry]:_}")
                 name = header.group(1)
                 entry = name if "." not in name else None
                 last_key = len(out)
-            elif entry is not None and _PARAMS.match(line):
+            elif entry in counts and _PARAMS.match(line):
                 continue
             elif entry is not None and line.strip() and not line.lstrip().startswith("#"):
                 last_key = len(out)

@@ -138,8 +138,9 @@ def _resolve(name: str, raw: dict[str, dict[str, Any]], seen: tuple[str, ...] = 
     if base_name not in raw:
         raise ValueError(f"zoo entry '{name}' names the unknown base '{base_name}'.")
     base = _resolve(base_name, raw, seen + (name,))
-    # The paper's figures, the weights and the parameter count belong to one architecture.
-    for key in ("metrics", "weights", "params"):
+    # The paper's figures and the weights belong to one trained model; everything else, the
+    # parameter count included, holds until the entry says otherwise (a test recounts params).
+    for key in ("metrics", "weights"):
         base.pop(key, None)
     spec = merge(base.pop("spec"), table.pop("overrides", {}))
     return {**base, **table, "spec": spec}
@@ -175,8 +176,9 @@ def builtin_entries() -> list[ZooEntry]:
 
 def zoo_entries_from_toml(package: str, resource: str = "zoo.toml") -> dict[str, ZooEntry]:
     """The zoo entries of a TOML file shipped inside ``package``, in the layout of xmatch's
-    own ``zoo/*.toml`` (one table per entry; ``base`` + ``overrides``; the paper's figures,
-    weights and parameter count are not inherited). For plugins: point each entry point of
+    own ``zoo/*.toml`` (one table per entry; an entry with a ``base`` states only what differs
+    from it: its ``overrides`` of the base's spec and the fields it changes; the paper's figures
+    and the weights are not inherited). For plugins: point each entry point of
     the group ``xmatch_models`` at one of the returned entries.
 
     Example:
