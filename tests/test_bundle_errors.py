@@ -169,7 +169,7 @@ KINDS = ["foreign-object", "truncated", "garbage", "empty"]
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_bad_backbone_weight_file_is_a_clear_error(tmp_path, kind):
-    from xmatch.components.image_timm import read_state_dict
+    from xmatch.components.backbone_weights import read_state_dict
 
     path = bad_torch_file(tmp_path / "backbone.pth", kind)
     with pytest.raises(CheckpointReadError) as info:

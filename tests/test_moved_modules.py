@@ -19,6 +19,10 @@ MOVED = [
     ("xmatch.demo", "xmatch.demo.run", "prepare_scenes"),
     ("xmatch.zoo_params", "xmatch.parameter_counts", "count_parameters"),
     ("xmatch.zoo_params", "xmatch.parameter_counts", "write_bert_base_dir"),
+    ("xmatch.components.image_timm", "xmatch.components.backbone_weights", "PACKAGED_WEIGHTS"),
+    ("xmatch.components.image_timm", "xmatch.components.backbone_weights", "load_backbone_weights"),
+    ("xmatch.components.image_timm", "xmatch.components.timm_backbone", "create_timm_model"),
+    ("xmatch.components.image_timm", "xmatch.components.timm_backbone", "to_pil"),
 ]
 
 
@@ -48,3 +52,17 @@ def test_an_unknown_name_on_an_old_path_is_an_attribute_error():
 
     with pytest.raises(AttributeError, match="has no attribute '_write_grid'"):  # only the names that moved
         xmatch.demo._write_grid  # noqa: B018
+
+
+def test_a_module_with_moved_and_renamed_names_serves_both():
+    import xmatch.components.image_timm as old
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert old.TimmGridEncoder is old.TimmGridImageEncoder  # renamed, not moved
+        assert old.TimmBackbone.__module__ == "xmatch.components.timm_backbone"  # used there: no warning
+    assert [str(w.message).split(";")[0] for w in caught] == [
+        "xmatch.components.image_timm.TimmGridEncoder is now called TimmGridImageEncoder"
+    ]
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        old.no_such_name  # noqa: B018

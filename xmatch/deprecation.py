@@ -58,7 +58,13 @@ def renamed_names(module: str, renames: Mapping[str, str]) -> Callable[[str], An
     return __getattr__
 
 
-def moved_names(module: str, new_module: str, names: Collection[str] | None = None) -> Callable[[str], Any]:
+def moved_names(
+    module: str,
+    new_module: str,
+    names: Collection[str] | None = None,
+    *,
+    fallback: Callable[[str], Any] | None = None,
+) -> Callable[[str], Any]:
     """A module-level ``__getattr__`` for ``module``, whose contents moved to ``new_module``:
     each name (every public and private one, or only ``names``) is served from the new module,
     with a warning that names the new path.
@@ -68,6 +74,8 @@ def moved_names(module: str, new_module: str, names: Collection[str] | None = No
         new_module: where the names live now.
         names: the names that moved (None: all of them); others are an ``AttributeError``, so
             that a package's submodules still import.
+        fallback: the ``__getattr__`` asked for the other names instead (names that moved to
+            another module, or :func:`renamed_names`).
 
     Example:
         In xmatch/data/scenes.py, left behind when the module moved to xmatch/scenes/dataset.py:
@@ -82,6 +90,8 @@ def moved_names(module: str, new_module: str, names: Collection[str] | None = No
 
     def __getattr__(name: str) -> Any:
         if name.startswith("__") or (names is not None and name not in names):
+            if fallback is not None:
+                return fallback(name)
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         try:
             value = getattr(importlib.import_module(new_module), name)

@@ -85,7 +85,7 @@ def open_scenes(
         canvas: image side in pixels; also the backbone's input side.
         backbone: timm model whose last feature map is pooled (EfficientNet-Lite0: 1280
             channels, stride 32).
-        weights: backbone weights (see :class:`xmatch.components.image_timm.TimmBackbone`);
+        weights: backbone weights (see :class:`xmatch.components.timm_backbone.TimmBackbone`);
             the default is the offline ImageNet EfficientNet-Lite0; ``"random"`` = random init
             seeded by ``seed`` (only for tests: such features carry no meaning).
         batch_size: images per backbone forward during generation.

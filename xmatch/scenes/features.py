@@ -87,7 +87,7 @@ class RegionFeatureExtractor:
 
     Args:
         backbone: a timm model name.
-        weights: as :func:`xmatch.components.image_timm.create_timm_model`; None = random
+        weights: as :func:`xmatch.components.timm_backbone.create_timm_model`; None = random
             initialisation seeded by ``seed`` (for tests: such features mean nothing).
         image_size: the backbone's input side = the images' side.
         seed: seed of a random initialisation.
