@@ -65,7 +65,7 @@ from xmatch.embeddings import Embeddings
 from xmatch.eval import Encoded
 from xmatch.eval.protocol import evaluate_scores
 from xmatch.memory import release_free_memory
-from xmatch.zoo_params import write_bert_base_dir
+from xmatch.parameter_counts import write_bert_base_dir
 
 #: images scored per step, as score_blocks does
 STEP = 256

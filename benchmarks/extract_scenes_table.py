@@ -67,7 +67,7 @@ def scenes_root(data: Path | None) -> Path:
 
 def write_boxes_files(root: Path, out: Path) -> dict[str, Path]:
     """COCO-style boxes files: the drawn objects' boxes, and the central-crop 7 x 7 cells."""
-    from xmatch.data.scenes import read_scenes
+    from xmatch.scenes.dataset import read_scenes
 
     records = read_scenes(root)
     images = [{"id": r["id"], "file_name": f"images/{r['id']}.png"} for r in records]
@@ -114,7 +114,7 @@ def twin_figure(row: Row, out: Path, data: Path | None) -> tuple[float, int]:
 
     import xmatch
     from xmatch.data import open_dataset
-    from xmatch.data.scenes import twin_accuracy
+    from xmatch.scenes.dataset import twin_accuracy
     from xmatch.eval import encode_dataset, fold_layout, score_blocks
 
     scenes = open_dataset("scenes", data, split="test", progress=False)

@@ -107,7 +107,7 @@ def twin_figure(row: Row, out: Path) -> tuple[float, int]:
 
     import xmatch
     from xmatch.data import open_dataset
-    from xmatch.data.scenes import twin_accuracy
+    from xmatch.scenes.dataset import twin_accuracy
     from xmatch.eval import encode_dataset, fold_layout, score_blocks
 
     options = dict(kv.split("=", 1) for kv in row.data_option)
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(args.jobs) as pool:
         results = dict(zip(keys, pool.map(lambda r: run_row(r, data, args.out, threads), rows)))
     print(table(results, [r for r in ROWS if r.key in results]))
-    print("\nCommands (then the twin accuracy of each best/ model, xmatch.data.scenes.twin_accuracy):")
+    print("\nCommands (then the twin accuracy of each best/ model, xmatch.scenes.dataset.twin_accuracy):")
     for row in rows:
         print("  " + shlex.join(train_command(row, data, args.out)))
         print("  " + shlex.join(eval_command(row, data, args.out)))

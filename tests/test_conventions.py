@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("xmatch", "xmatch_scan", "xmatch_vsepp", "xmatch_oan")
 #: where printing is the job: command-line front ends, and developer tools run as ``python -m``
 #: (their ``main``); the demo writes its report to the stream it is given
-PRINTING_MODULES = {"xmatch.cli", "xmatch.index.cli", "xmatch.extract.command", "xmatch.demo"}
+PRINTING_MODULES = {"xmatch.cli", "xmatch.index.cli", "xmatch.extract.command", "xmatch.demo.run"}
 
 
 def library_modules() -> list[str]:

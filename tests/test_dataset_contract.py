@@ -39,7 +39,7 @@ class Case:
 def scenes_root(tmp_path_factory) -> Path:
     """The tiny scenes set, the source of the scenes, teran and image-captions cases."""
     pytest.importorskip("sklearn", reason="the scenes generator draws digit glyphs from scikit-learn")
-    from xmatch.data.scenes import open_scenes
+    from xmatch.scenes.dataset import open_scenes
 
     root = tmp_path_factory.mktemp("scenes")
     open_scenes(root, "test", **FAST_SCENES)
@@ -51,7 +51,7 @@ def scenes_folder(scenes_root: Path) -> Path:
 
 
 def teran_case(tmp: Path, scenes_root: Path) -> Case:
-    from xmatch.data.scenes import KARPATHY_FILE, features_folder_name
+    from xmatch.scenes.dataset import KARPATHY_FILE, features_folder_name
 
     src = scenes_folder(scenes_root)
     folder = tmp / "teran"

@@ -14,7 +14,7 @@ from PIL import Image
 import xmatch
 from xmatch import hub
 from xmatch.cli import build_parser
-from xmatch.demo import (
+from xmatch.demo.run import (
     RECIPES,
     figures_table,
     pick_queries,
@@ -23,7 +23,7 @@ from xmatch.demo import (
     run_demo,
     token_labels,
 )
-from xmatch.demo_draw import (
+from xmatch.demo.draw import (
     PALETTE,
     RIGHT,
     TWIN,
@@ -100,7 +100,7 @@ def tiny_run(tiny_model, scenes_root, tmp_path_factory, home):
 
 def test_demo_prints_the_figures_of_the_eval_pipeline(tiny_run, tiny_model, scenes_root, home):
     result, text, _ = tiny_run
-    from xmatch.data.scenes import open_scenes
+    from xmatch.scenes.dataset import open_scenes
 
     test = open_scenes(scenes_root, "test", size="tiny", progress=False, **FAST)
     # The same figures as `xmatch eval` with ROUGE-L relevance.
@@ -202,7 +202,7 @@ def test_demo_trains_from_scratch_with_the_recipe(tiny_model, scenes_root, tmp_p
 
 def test_demo_runs_a_raw_image_model_on_the_images_layout(scenes_root, tmp_path, home, monkeypatch):
     """A timm-grid model reads the scenes PNGs; its grid cells are drawn on the image."""
-    from xmatch.demo import scenes_layout
+    from xmatch.demo.run import scenes_layout
 
     monkeypatch.setenv("XMATCH_HOME", str(home))
     spec = {**tiny_spec(), "image_encoder": {
@@ -355,8 +355,8 @@ def test_shipped_entries_load_offline(name, offline_home):
 @pytest.mark.parametrize("name", DEMO_ENTRIES)
 def test_shipped_metrics_reproduce_on_the_scenes_test_split(name):
     """The figures in the entry are what `xmatch eval` measures (default scenes, test split)."""
-    from xmatch.data.scenes import open_scenes
-    from xmatch.demo import scenes_layout
+    from xmatch.scenes.dataset import open_scenes
+    from xmatch.demo.run import scenes_layout
 
     test = open_scenes(None, "test", layout=scenes_layout(name))
     model = xmatch.build(name, pretrained=True).eval()

@@ -136,14 +136,14 @@ def test_group_result_round_trips_as_plain_data():
 def tiny_scenes(tmp_path_factory):
     pytest.importorskip("sklearn")
     pytest.importorskip("timm")
-    from xmatch.data.scenes import open_scenes
+    from xmatch.scenes.dataset import open_scenes
 
     root = tmp_path_factory.mktemp("scenes")
     return open_scenes(root, "train", size="tiny", backbone="test_efficientnet", weights="random", progress=False)
 
 
 def test_scenes_declare_their_twins_as_groups(tiny_scenes):
-    from xmatch.data.scenes import read_scenes, twin_accuracy, twins
+    from xmatch.scenes.dataset import read_scenes, twin_accuracy, twins
 
     groups = dataset_groups(tiny_scenes)
     assert len(groups) == 4 and set(groups.kinds) <= {"relation", "colour", "size"}

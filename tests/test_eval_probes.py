@@ -121,7 +121,7 @@ def test_the_nltk_tagger_names_what_is_missing():
 
 def test_perturbed_captions_wrap_a_training_set_reproducibly(tmp_path: Path):
     pytest.importorskip("timm")
-    from xmatch.data.scenes import open_scenes
+    from xmatch.scenes.dataset import open_scenes
 
     train = open_scenes(tmp_path, "train", size="tiny", progress=False, **FAST)
     wrapped = PerturbedCaptions(train, [ShuffleWords()], p=0.5, seed=1)
@@ -169,7 +169,7 @@ def _spec(text_encoder: str) -> dict:
 @pytest.fixture(scope="module")
 def tiny_train(tmp_path_factory):
     pytest.importorskip("timm")
-    from xmatch.data.scenes import open_scenes
+    from xmatch.scenes.dataset import open_scenes
 
     return open_scenes(tmp_path_factory.mktemp("scenes"), "train", size="tiny", progress=False, **FAST)
 
@@ -223,7 +223,7 @@ def test_probe_result_table_and_round_trip(tiny_train):
 def test_shipped_teran_loses_recall_when_words_are_shuffled_and_tern_barely():
     """The measured effect on the scenes test split (docs/evaluation.md)."""
     pytest.importorskip("sklearn")
-    from xmatch.data.scenes import open_scenes
+    from xmatch.scenes.dataset import open_scenes
     from xmatch.eval.suite import run_protocols
 
     test = open_scenes(None, "test")

@@ -74,7 +74,7 @@ def test_curves_and_histograms_from_ranks():
 
 
 def test_extra_protocols_refuse_before_encoding(bundles, scenes_root, monkeypatch):
-    from xmatch.data.scenes import open_scenes
+    from xmatch.scenes.dataset import open_scenes
     from xmatch.eval import suite
 
     test = open_scenes(scenes_root, "test", size="tiny", backbone="test_efficientnet", weights="random", progress=False)
@@ -143,7 +143,7 @@ def test_ensemble_averages_the_models_into_one_entry(bundles, scenes_root, tmp_p
     (record,) = load_records(tmp_path / "e.json")
     assert record.name == " + ".join(bundles) and record.provenance["ensemble"] is True
     assert f"{' + '.join(bundles)} on scenes:train" in text  # one entry: the single-run table
-    from xmatch.data.scenes import open_scenes
+    from xmatch.scenes.dataset import open_scenes
     from xmatch.eval import evaluate
 
     train = open_scenes(scenes_root, "train", size="tiny", backbone="test_efficientnet", weights="random", progress=False)
@@ -152,7 +152,7 @@ def test_ensemble_averages_the_models_into_one_entry(bundles, scenes_root, tmp_p
 
 
 def test_a_record_round_trips_through_json(bundles, scenes_root, tmp_path):
-    from xmatch.data.scenes import open_scenes
+    from xmatch.scenes.dataset import open_scenes
 
     train = open_scenes(scenes_root, "train", size="tiny", backbone="test_efficientnet", weights="random", progress=False)
     record = run_protocols(xmatch.build(bundles[0], pretrained=True), train, "full,groups", name="m", progress=False)

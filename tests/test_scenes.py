@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from xmatch.data import ImageCaptionsDataset, TeranDataset, open_dataset
-from xmatch.data import scenes as scenes_module
-from xmatch.data.scenes import (
+from xmatch.scenes import dataset as scenes_module
+from xmatch.scenes.dataset import (
     KARPATHY_FILE,
     features_folder_name,
     open_scenes,
@@ -21,9 +21,9 @@ from xmatch.data.scenes import (
     scenes_folder,
     twin_accuracy,
 )
-from xmatch.data.scenes_captions import describe
-from xmatch.data.scenes_features import RegionFeatureExtractor, pool_regions, proposal_boxes
-from xmatch.data.scenes_render import COLOURS, INVERSE, Scene, render, sample_group
+from xmatch.scenes.captions import describe
+from xmatch.scenes.features import RegionFeatureExtractor, pool_regions, proposal_boxes
+from xmatch.scenes.render import COLOURS, INVERSE, Scene, render, sample_group
 from xmatch.registry import datasets
 from xmatch.spec import SpecError
 

@@ -349,7 +349,7 @@ def test_the_readme_commands_on_the_scenes_test_split(tmp_path, capsys):
     """What a newcomer runs after `xmatch demo` (generates the small scenes set if needed); the
     shipped model's proven two-stage top-10 of every test caption is the exhaustive one."""
     from xmatch.cli import main
-    from xmatch.demo import prepare_scenes
+    from xmatch.demo.run import prepare_scenes
 
     out = tmp_path / "idx"
     assert main(["index", "teran-mrsw-scenes", "--dataset", "scenes", "--split", "test", "--out", str(out),

@@ -2,22 +2,34 @@
 
 from __future__ import annotations
 
+import copy
+import importlib.util
 import json
 import re
+import tomllib
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 
 import xmatch
 from xmatch._zoo import _resolve
+from xmatch.parameter_counts import BERT_BASE_UNCASED_CONFIG, count_parameters, write_bert_base_dir
 from xmatch.spec import check_model_spec
-from xmatch.zoo_params import (
-    BERT_BASE_UNCASED_CONFIG,
-    count_parameters,
-    write_bert_base_dir,
-    write_counts,
-    zoo_files,
-)
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ROOT / "tools"
+
+
+
+def load_tool(name: str) -> ModuleType:
+    """A developer tool of the repository, ``tools/NAME.py``, imported as a module."""
+    spec = importlib.util.spec_from_file_location(f"tools.{name}", TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 BENCHMARKS = {"coco-1k", "coco-5k", "f30k-1k", "scenes-test"}
 METRIC_KEYS = {f"{d}_{m}" for d in ("i2t", "t2i") for m in ("r1", "r5", "r10", "ndcg_rougel", "ndcg_spice")}
@@ -82,12 +94,8 @@ def test_card_mentions_paper_and_metrics():
 
 
 def test_docs_zoo_page_is_up_to_date():
-    from pathlib import Path
-
-    from xmatch.docs_zoo import render
-
     page = Path(__file__).resolve().parents[1] / "docs" / "zoo.md"
-    assert page.read_text() == render(), "regenerate it: python -m xmatch.docs_zoo > docs/zoo.md"
+    assert page.read_text() == load_tool("docs_zoo").render(), "regenerate it: python tools/docs_zoo.py > docs/zoo.md"
 
 
 def test_weight_sources_are_validated_when_an_entry_is_made():
@@ -130,7 +138,7 @@ def test_bert_base_stand_in_is_bert_base_uncased(bert_base_dir):
 def test_entry_params_are_the_built_models(name, bert_base_dir):
     entry = xmatch.info(name)
     assert count_parameters(entry, bert_base_dir) == entry.params, (
-        f"{name} states params = {entry.params}; recompute: python -m xmatch.zoo_params --write"
+        f"{name} states params = {entry.params}; recompute: python tools/zoo_params.py --write"
     )
 
 
@@ -181,14 +189,69 @@ def test_params_leave_out_only_the_vocabulary_table(bert_base_dir):
     assert total - count_parameters(spec, bert_base_dir) == (3 + 2) * 300  # three words, <pad>, <unk>
 
 
-def test_base_params_are_not_inherited():
+def test_params_are_inherited_unless_the_entry_states_its_own():
     raw = {
-        "big": {"description": "x", "params": 10, "spec": {"embed_dim": 8}},
-        "small": {"base": "big", "overrides": {"embed_dim": 4}},
+        "big": {"description": "x", "params": 10, "metrics": {"coco-1k": {"i2t_r1": 1.0}}, "spec": {"embed_dim": 8}},
+        "same": {"base": "big", "overrides": {"pooler": {"name": "Symm"}}},
+        "small": {"base": "big", "overrides": {"embed_dim": 4}, "params": 6},
     }
-    assert "params" not in _resolve("small", raw)
-    assert _resolve("big", raw)["params"] == 10
-    assert xmatch.ZooEntry(name="small", **_resolve("small", raw)).params is None
+    assert _resolve("same", raw)["params"] == 10
+    assert "metrics" not in _resolve("same", raw)  # the paper's figures belong to one trained model
+    assert _resolve("small", raw)["params"] == 6
+
+
+def repeated_fields(raw: dict[str, dict]) -> list[str]:
+    """``entry.key`` (or ``entry.overrides.path``) for each field of an entry with a ``base``
+    whose removal leaves the resolved entry as it is: it repeats what the entry inherits."""
+
+    def leaves(table: dict, prefix: tuple = ()):
+        for key, value in table.items():
+            if isinstance(value, dict) and value:
+                yield from leaves(value, prefix + (key,))
+            else:
+                yield prefix + (key,)
+
+    def without(table: dict, path: tuple) -> dict:
+        out = copy.deepcopy(table)
+        node = out
+        for key in path[:-1]:
+            node = node[key]
+        del node[path[-1]]
+        return out
+
+    found = []
+    for name, table in raw.items():
+        if "base" not in table:
+            continue
+        resolved = _resolve(name, raw)
+        trials = {(key,): {k: v for k, v in table.items() if k != key} for key in table if key not in ("base", "overrides")}
+        for path in leaves(table.get("overrides", {})):
+            trials[("overrides",) + path] = {**table, "overrides": without(table["overrides"], path)}
+        found += [f"{name}.{'.'.join(path)}" for path, trial in trials.items() if _resolve(name, {**raw, name: trial}) == resolved]
+    return found
+
+
+ZOO_FILES = sorted((ROOT / "zoo").glob("*.toml")) + sorted((ROOT / "plugins").glob("*/**/zoo.toml"))
+
+
+def test_zoo_files_are_the_core_and_plugin_ones():
+    assert {p.parent.name for p in ZOO_FILES} == {"zoo", "xmatch_scan", "xmatch_vsepp", "xmatch_oan"}
+
+
+@pytest.mark.parametrize("path", ZOO_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_entries_state_only_what_differs_from_their_base(path):
+    repeated = repeated_fields(tomllib.loads(path.read_text(encoding="utf-8")))
+    assert not repeated, f"{path.relative_to(ROOT)}: these fields repeat what the entry inherits; delete them: {repeated}"
+
+
+def test_repeated_fields_finds_inherited_values_and_no_overrides_that_matter():
+    raw = {
+        "big": {"paper": "P", "params": 10, "spec": {"loss": {"name": "hinge", "margin": 0.2}, "pooler": {"name": "MrSw"}}},
+        "copy": {"base": "big", "paper": "P", "params": 10, "overrides": {"loss": {"margin": 0.2}}},
+        "other": {"base": "big", "paper": "Q", "overrides": {"loss": {"name": "uncertainty", "margin": 0.2}}},
+    }
+    # a renamed loss table replaces the base's whole: its margin is not inherited, so it is needed
+    assert repeated_fields(raw) == ["copy.paper", "copy.params", "copy.overrides.loss.margin"]
 
 
 @pytest.mark.parametrize("bad", [0, -5, 1.5, True, "212M"])
@@ -199,14 +262,15 @@ def test_params_must_be_a_positive_int(bad):
 
 
 def test_write_counts_rewrites_the_zoo_files(tmp_path):
+    zoo_params = load_tool("zoo_params")
     counts = {e.name: e.params for e in (xmatch.info(n) for n in xmatch.list_models())}
-    for source in zoo_files():
+    for source in zoo_params.zoo_files():
         original = source.read_text()
         stripped = tmp_path / source.name
         stripped.write_text(re.sub(r"(?m)^params = .*\n", "", original))
-        assert write_counts(counts, [stripped]) == [stripped]
+        assert zoo_params.write_counts(counts, [stripped]) == [stripped]
         assert stripped.read_text() == original
-        assert write_counts(counts, [stripped]) == []  # already up to date
+        assert zoo_params.write_counts(counts, [stripped]) == []  # already up to date
 
 
 @pytest.mark.parametrize("name", ["teran-bigru-coco", "teran-bilstm-f30k"])

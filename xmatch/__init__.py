@@ -8,12 +8,11 @@ Example:
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from xmatch._builtins import register_builtins
 from xmatch._bundle import save_pretrained
-from xmatch._factory import build, convert_original, info, list_models, model_from_spec
-from xmatch._zoo import ZooEntry, zoo_entries_from_toml
+from xmatch._factory import build, convert_original, model_from_spec
+from xmatch._version import __version__ as __version__
+from xmatch._zoo import ZooEntry, info, list_models, zoo_entries_from_toml
 from xmatch.components.base import (
     EncoderOutput,
     ImageEncoder,

@@ -13,7 +13,7 @@ from xmatch.components.reasoners import IdentityReasoner, TransformerReasoner
 from xmatch.components.text_bert import BertTextEncoder
 from xmatch.components.text_rnn import BiGRUTextEncoder, BiLSTMTextEncoder
 from xmatch.data import ImageCaptionsDataset, PrecompDataset, TeranDataset
-from xmatch.data.scenes import open_scenes
+from xmatch.scenes.dataset import open_scenes
 from xmatch.extract.proposer_boxes import BoxesProposer
 from xmatch.extract.proposer_detector import TorchvisionDetector
 from xmatch.extract.proposers_fixed import GridProposer, WindowsProposer

@@ -28,7 +28,7 @@ _RESAVE = "The bundle is damaged or was not written by xmatch.save_pretrained; s
 
 
 def _version() -> str:
-    from xmatch import __version__
+    from xmatch._version import __version__
 
     return __version__
 

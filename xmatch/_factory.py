@@ -11,10 +11,10 @@ from typing import Any
 import torch
 
 from xmatch import _bundle
-from xmatch._zoo import ZooEntry, as_entry, match
+from xmatch._zoo import ZooEntry, info
 from xmatch.devices import resolve_device
 from xmatch.model import MatchingModel
-from xmatch.registry import RegistryError, models
+from xmatch.registry import RegistryError
 from xmatch.spec import SpecError, check_model_spec, instantiate, load_spec, merge
 
 LOCAL_DIR = "local-dir:"
@@ -63,34 +63,6 @@ def model_from_spec(spec: Mapping[str, Any]) -> MatchingModel:
         extra_poolers=extra,
         spec=canonical,
     )
-
-
-def list_models(pattern: str | None = None, *, pretrained: bool = False) -> list[str]:
-    """Names of the zoo entries (built-in and from plugins), optionally glob-filtered.
-
-    Args:
-        pattern: a glob such as ``"teran-*"`` (None: every entry).
-        pretrained: only the entries with published xmatch weights (those that
-            ``build(name, pretrained=True)`` loads), as timm's ``list_models(pretrained=True)``.
-
-    Example:
-        >>> xmatch.list_models("teran-symm-*")
-        ['teran-symm-coco', 'teran-symm-f30k']
-        >>> xmatch.list_models(pretrained=True)
-        ['teran-mrsw-grid-scenes', 'teran-mrsw-scenes', 'tern-scenes']
-    """
-    names = match(models.names(), pattern)
-    return [name for name in names if info(name).weights] if pretrained else names
-
-
-def info(name: str) -> ZooEntry:
-    """The zoo entry ``name``: spec, paper, dataset, metrics, weight sources.
-
-    Example:
-        >>> print(xmatch.info("teran-mrsw-coco").metrics["coco-1k"]["t2i_r1"])
-        65.0
-    """
-    return as_entry(models.canonical(name), models.get(name))
 
 
 def build(

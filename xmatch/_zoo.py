@@ -10,7 +10,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from xmatch.registry import RegistryError, get_registry
+from xmatch.registry import RegistryError, get_registry, models
+from xmatch.sources import validate_weight_source
 from xmatch.spec import merge, signature_of
 
 ENTRY_KEYS = {
@@ -28,7 +29,7 @@ class ZooEntry:
     ``metrics`` maps a benchmark (``coco-1k``, ``coco-5k``, ``f30k-1k``) to its figures and
     the ``source`` (paper and table) they come from. ``params`` is the number of parameters
     of ``xmatch.build(entry)`` (None: not stated); a test recomputes it
-    (``python -m xmatch.zoo_params``). For a text encoder whose vocabulary comes from a
+    (:func:`xmatch.parameter_counts.count_parameters`). For a text encoder whose vocabulary comes from a
     caption corpus it leaves the word-embedding table out (see
     :func:`params_leave_out_vocabulary`).
     """
@@ -47,8 +48,6 @@ class ZooEntry:
     notes: str = ""
 
     def __post_init__(self) -> None:
-        from xmatch.hub import validate_weight_source
-
         if self.params is not None and (type(self.params) is not int or self.params <= 0):
             raise ValueError(f"zoo entry '{self.name}': params must be a positive int, got {self.params!r}.")
         for source in self.weights:
@@ -139,8 +138,9 @@ def _resolve(name: str, raw: dict[str, dict[str, Any]], seen: tuple[str, ...] = 
     if base_name not in raw:
         raise ValueError(f"zoo entry '{name}' names the unknown base '{base_name}'.")
     base = _resolve(base_name, raw, seen + (name,))
-    # The paper's figures, the weights and the parameter count belong to one architecture.
-    for key in ("metrics", "weights", "params"):
+    # The paper's figures and the weights belong to one trained model; everything else, the
+    # parameter count included, holds until the entry says otherwise (a test recounts params).
+    for key in ("metrics", "weights"):
         base.pop(key, None)
     spec = merge(base.pop("spec"), table.pop("overrides", {}))
     return {**base, **table, "spec": spec}
@@ -176,8 +176,9 @@ def builtin_entries() -> list[ZooEntry]:
 
 def zoo_entries_from_toml(package: str, resource: str = "zoo.toml") -> dict[str, ZooEntry]:
     """The zoo entries of a TOML file shipped inside ``package``, in the layout of xmatch's
-    own ``zoo/*.toml`` (one table per entry; ``base`` + ``overrides``; the paper's figures,
-    weights and parameter count are not inherited). For plugins: point each entry point of
+    own ``zoo/*.toml`` (one table per entry; an entry with a ``base`` states only what differs
+    from it: its ``overrides`` of the base's spec and the fields it changes; the paper's figures
+    and the weights are not inherited). For plugins: point each entry point of
     the group ``xmatch_models`` at one of the returned entries.
 
     Example:
@@ -208,47 +209,29 @@ def match(names: list[str], pattern: str | None) -> list[str]:
     return [n for n in names if fnmatch.fnmatch(n.lower(), pattern.lower())]
 
 
-def zoo_markdown(entries: list[ZooEntry]) -> str:
-    """``docs/zoo.md``: one table row per entry, with the paper's figures per benchmark."""
-    lines = [
-        "# Zoo",
-        "",
-        "Generated from the entries in `zoo/` (`python -m xmatch.docs_zoo > docs/zoo.md`); a test",
-        "checks that this page is up to date. Figures are the papers' (R@1/R@5/R@10, percent).",
-        "",
-        "`xmatch models [PATTERN]` lists the entries, plugins' included, and which have weights that",
-        "`xmatch.build(name, pretrained=True)` loads; `xmatch models --pretrained` (in Python",
-        "`xmatch.list_models(pretrained=True)`) only those. `xmatch info NAME` prints an entry's card",
-        "and `xmatch info NAME --spec > my.toml` its spec as a TOML file to edit and build.",
-        "",
-        "`params` is the number of parameters of `xmatch.build(entry)` (a module shared by both",
-        "modalities counted once). A test rebuilds every entry on the `meta` device, with",
-        "bert-base-uncased's architecture and random weights, and checks it; after changing an",
-        "architecture, `python -m xmatch.zoo_params` prints the stated and recomputed counts and",
-        "`python -m xmatch.zoo_params --write` writes the recomputed ones into `zoo/*.toml`.",
-        "",
-        "† Without the word-embedding table (Bi-GRU / Bi-LSTM): its size depends on the caption",
-        "corpus the vocabulary is built from, one `word_dim`-wide row per word (see the entry's notes).",
-        "",
-        "Every entry that reads precomputed regions also runs on your own pictures: `xmatch extract`",
-        "writes region features of an image folder, and `xmatch.extract.on_pixels(model, features)`",
-        "(or `image_encoder.name = \"pixel-regions\"`) puts the same proposer, backbone and RoI pooling",
-        "in front of the entry's region encoder, so `encode_images(images=[...])` takes photos and",
-        "returns the regions' boxes (`docs/extract.md`).",
-        "",
-        "| entry | dataset | pooler | text encoder | params | benchmark | i→t R@1/5/10 | t→i R@1/5/10 | source |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+def list_models(pattern: str | None = None, *, pretrained: bool = False) -> list[str]:
+    """Names of the zoo entries (built-in and from plugins), optionally glob-filtered.
 
-    def triple(figures: dict[str, Any], d: str) -> str:
-        values = [figures.get(f"{d}_r{k}") for k in (1, 5, 10)]
-        return "/".join("–" if v is None else f"{v}" for v in values)
+    Args:
+        pattern: a glob such as ``"teran-*"`` (None: every entry).
+        pretrained: only the entries with published xmatch weights (those that
+            ``build(name, pretrained=True)`` loads), as timm's ``list_models(pretrained=True)``.
 
-    for e in sorted(entries, key=lambda e: e.name):
-        params = "–" if e.params is None else format_params(e.params, e.spec, note=" †")
-        head = f"| `{e.name}` | {e.dataset} | {e.spec['pooler']['name']} | {e.spec['text_encoder']['name']} | {params}"
-        if not e.metrics:
-            lines.append(f"{head} | – | – | – | – |")
-        for bench, figures in e.metrics.items():
-            lines.append(f"{head} | {bench} | {triple(figures, 'i2t')} | {triple(figures, 't2i')} | {figures.get('source', '')} |")
-    return "\n".join(lines) + "\n"
+    Example:
+        >>> xmatch.list_models("teran-symm-*")
+        ['teran-symm-coco', 'teran-symm-f30k']
+        >>> xmatch.list_models(pretrained=True)
+        ['teran-mrsw-grid-scenes', 'teran-mrsw-scenes', 'tern-scenes']
+    """
+    names = match(models.names(), pattern)
+    return [name for name in names if info(name).weights] if pretrained else names
+
+
+def info(name: str) -> ZooEntry:
+    """The zoo entry ``name``: spec, paper, dataset, metrics, weight sources.
+
+    Example:
+        >>> print(xmatch.info("teran-mrsw-coco").metrics["coco-1k"]["t2i_r1"])
+        65.0
+    """
+    return as_entry(models.canonical(name), models.get(name))

@@ -54,16 +54,6 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_model_arg(text: str, device: str | None):
-    """``NAME``, ``local-dir:DIR`` or ``NAME_OR_SPEC=WEIGHTS`` (a .safetensors or original .pth)."""
-    import xmatch
-
-    if "=" in text:
-        name, weights = text.split("=", 1)
-        return xmatch.build(name, pretrained=weights, device=device)
-    return xmatch.build(text, pretrained=True, device=device)
-
-
 def _relevance_args(args: argparse.Namespace, dataset) -> dict:
     from xmatch.eval import relevance as rel
 
@@ -87,6 +77,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     from xmatch.eval.report import check_plotting, comparison_tables, write_report
     from xmatch.eval.suite import load_records, parse_protocols, run_protocols, save_records
+    from xmatch.model_arg import load_model_arg
     from xmatch.vocab import EVAL_FIX, check_captions
 
     if args.report:
@@ -103,7 +94,7 @@ def _eval(args: argparse.Namespace) -> int:
         relevance = _relevance_args(args, dataset)
         # several models are compared side by side; --ensemble averages their scores into one
         for entry in [names] if args.ensemble else [[m] for m in names]:
-            models = [_load_model_arg(m, args.device) for m in entry]
+            models = [load_model_arg(m, args.device) for m in entry]
             for model in models:
                 check_captions(model, dataset.captions, f"{args.split} split", allow=args.allow_unknown_words,
                                fix=EVAL_FIX, allow_hint="--allow-unknown-words")

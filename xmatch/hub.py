@@ -62,7 +62,15 @@ from typing import TYPE_CHECKING, Any
 
 from xmatch._bundle import WEIGHTS_FILE
 from xmatch.errors import XmatchError
-from xmatch.sources import PACKAGE_PREFIX, resolve_local_source
+from xmatch.sources import (
+    FILE_URL,
+    PICKLE_SUFFIXES,
+    SHA256_HEX,
+    WeightSource,
+    parse_hf_source,
+    resolve_local_source,
+    validate_weight_source,
+)
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -82,11 +90,6 @@ RETRY_BACKOFF_S = 1.0  # first wait between attempts; doubles each time, capped 
 MAX_BACKOFF_S = 30.0
 CHUNK_BYTES = 1 << 20
 
-HF_HUB = "hf-hub:"
-FILE_URL = "file://"
-PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl", ".pickle", ".tar")
-SOURCE_KEYS = ("source", "sha256", "size", "filename")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
 logger = logging.getLogger(__name__)
@@ -115,104 +118,6 @@ class OfflineError(XmatchError, FileNotFoundError):
 class CorruptCacheError(ChecksumError, OfflineError):
     """Offline mode is on and the cached copy of the weights is damaged (truncated, the wrong
     size, or bytes changed), so it can neither be used nor downloaded again."""
-
-
-@dataclass(frozen=True)
-class WeightSource:
-    """A validated weight source (see :func:`validate_weight_source`).
-
-    ``kind`` is ``"url"``, ``"file"``, ``"package"`` or ``"hf-hub"``; ``filename`` is the name
-    of the weights file (in the cache for URLs; ``model.safetensors`` for a bundle).
-    """
-
-    kind: str
-    source: str
-    sha256: str | None
-    size: int | None
-    filename: str
-
-
-def validate_weight_source(table: Mapping[str, Any] | str, *, local_pickle: bool = False) -> WeightSource:
-    """Check one entry of a zoo entry's ``weights`` list (or a backbone's weight source) and
-    return it parsed.
-
-    Raises ``ValueError`` naming every problem: unknown keys, an unsupported source, a URL
-    without ``sha256`` and ``size``, a malformed checksum, a pickle file from the network, or
-    any pickle file unless ``local_pickle`` (``TypeError`` when ``table`` is not a table at all).
-
-    Args:
-        table: ``{source, sha256, size, filename}`` or a source string.
-        local_pickle: also accept a pickle file (``.pth``) from a local path or an installed
-            package, for backbone weights read with ``torch.load(weights_only=True)``; a
-            network source must be ``.safetensors`` all the same. A zoo entry's weights are
-            always safetensors (its pickles are converted with ``xmatch convert``).
-
-    Example:
-        >>> validate_weight_source({"source": "hf-hub:org/name@v1"}).kind
-        'hf-hub'
-        >>> validate_weight_source({"source": "https://example.org/m.safetensors"})
-        Traceback (most recent call last):
-        ...
-        ValueError: weight source 'https://example.org/m.safetensors': a URL needs sha256 and size.
-    """
-    if isinstance(table, str):
-        table = {"source": table}
-    if not isinstance(table, Mapping):
-        raise TypeError(f"a weight source is a table with {', '.join(SOURCE_KEYS)}, got {type(table).__name__}.")
-    source = table.get("source")
-    if not isinstance(source, str) or not source:
-        raise ValueError(f"weight source {dict(table)}: 'source' must be a non-empty string.")
-    problems: list[str] = []
-    unknown = sorted(set(table) - set(SOURCE_KEYS))
-    if unknown:
-        problems.append(f"unknown keys {unknown} (allowed: {', '.join(SOURCE_KEYS)})")
-    sha256 = table.get("sha256")
-    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256.lower())):
-        problems.append("sha256 must be 64 hexadecimal digits")
-    size = table.get("size")
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
-        problems.append("size must be a positive number of bytes")
-    filename = table.get("filename")
-    if filename is not None and (not isinstance(filename, str) or not filename or Path(filename).name != filename):
-        problems.append("filename must be a plain file name")
-
-    scheme = urllib.parse.urlsplit(source).scheme.lower()
-    if scheme in ("http", "https"):
-        kind = "url"
-        if sha256 is None or size is None:
-            problems.append("a URL needs sha256 and size")
-        name = filename or Path(urllib.parse.unquote(urllib.parse.urlsplit(source).path)).name
-        if not name:
-            problems.append("the URL names no file; give filename")
-    elif source.startswith(HF_HUB):
-        kind = "hf-hub"
-        try:
-            _, _, path = _parse_hf(source)
-        except ValueError as exc:
-            problems.append(str(exc))
-            path = None
-        name = filename or (Path(path).name if path else WEIGHTS_FILE)
-    elif source.startswith(PACKAGE_PREFIX):
-        kind = "package"
-        if not source[len(PACKAGE_PREFIX) :].partition("/")[0]:
-            problems.append("expected package:some_pkg/path/inside")
-        name = filename or Path(source).name
-    elif source.startswith(FILE_URL) or "://" not in source:
-        kind = "file"
-        name = filename or Path(source).name
-    else:
-        kind, name = "", ""
-        problems.append(f"unsupported scheme '{scheme}' (use https://, http://, file://, hf-hub:, package: or a path)")
-    if name.lower().endswith(PICKLE_SUFFIXES) and not (local_pickle and kind in ("file", "package")):
-        problems.append(
-            "pickle checkpoints are never loaded from a weight source; publish .safetensors "
-            "(convert an original checkpoint with `xmatch convert`)"
-        )
-    elif kind in ("url", "hf-hub") and name and not name.endswith(".safetensors"):
-        problems.append("a network source must be a .safetensors file or an hf-hub bundle repository")
-    if problems:
-        raise ValueError(f"weight source '{source}': {'; '.join(problems)}.")
-    return WeightSource(kind, source, sha256.lower() if sha256 else None, size, name)
 
 
 def cache_dir() -> Path:
@@ -322,7 +227,7 @@ def download_entry(
     if isinstance(name, ZooEntry):
         entry = name
     else:
-        from xmatch._factory import info
+        from xmatch._zoo import info
 
         entry = info(name)
     if not entry.weights:
@@ -584,7 +489,7 @@ def _download(src: WeightSource, part: Path, limits: _Limits, progress: bool) ->
 
 def _get(src: WeightSource, part: Path, have: int, limits: _Limits, bar: tqdm) -> None:
     """One GET from byte ``have``; appends to ``part``. Raises _Retryable on transient failures."""
-    from xmatch import __version__
+    from xmatch._version import __version__
 
     timeout = limits.timeout
     timeout_advice = f"raise it with timeout= or {ENV_TIMEOUT}"
@@ -675,23 +580,13 @@ def _resume_offset(response: http.client.HTTPResponse, have: int) -> int | None:
 # -- Hugging Face Hub ------------------------------------------------------------------------
 
 
-def _parse_hf(source: str) -> tuple[str, str | None, str | None]:
-    """``hf-hub:org/name[@rev][/path]`` -> (repo id, revision, path in repo)."""
-    parts = source[len(HF_HUB) :].split("/")
-    if len(parts) < 2 or not parts[0] or not parts[1] or parts[1].startswith("@"):
-        raise ValueError("expected hf-hub:org/name[@revision][/path/in/repo.safetensors]")
-    name, _, revision = parts[1].partition("@")
-    path = "/".join(parts[2:]) or None
-    return f"{parts[0]}/{name}", revision or None, path
-
-
 def _fetch_hf(src: WeightSource, root: Path, timeout: float, progress: bool, entry: str | None) -> Path:
     import huggingface_hub
     from huggingface_hub.utils import LocalEntryNotFoundError
 
-    from xmatch import __version__
+    from xmatch._version import __version__
 
-    repo_id, revision, path = _parse_hf(src.source)
+    repo_id, revision, path = parse_hf_source(src.source)
     hf_cache = root / "huggingface"
     options: dict[str, Any] = {
         "revision": revision, "cache_dir": hf_cache, "local_files_only": offline_mode(),
@@ -740,7 +635,7 @@ def _fetch_hf(src: WeightSource, root: Path, timeout: float, progress: bool, ent
 def _blob_sha256(path: Path) -> str | None:
     """The sha256 a huggingface_hub cache file is stored under, if its blob is named by one."""
     name = Path(os.path.realpath(path)).name
-    return name if _SHA256.fullmatch(name) else None
+    return name if SHA256_HEX.fullmatch(name) else None
 
 
 @contextlib.contextmanager

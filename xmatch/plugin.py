@@ -90,7 +90,7 @@ from xmatch import SpecError, TextEncoder, XmatchError, TokenBatch, ZooEntry, no
 from xmatch import register_dataset, register_image_encoder, register_loss, register_model, register_pooler
 from xmatch import register_reasoner, register_text_encoder
 from xmatch.components.image_bottomup import RegionFeaturesImageEncoder, check_region_inputs
-from xmatch.components.image_timm import load_backbone_weights
+from xmatch.components.backbone_weights import load_backbone_weights
 from xmatch.components.losses import hinge_triplet
 from xmatch.components.text_rnn import BiGRUTextEncoder, BiLSTMTextEncoder, RNNTextEncoder
 from xmatch.components.text_side import TokenCoverage

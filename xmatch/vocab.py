@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from xmatch._bundle import read_bundle_spec
-from xmatch._factory import info
+from xmatch._zoo import info
 from xmatch.components.text_rnn import Vocabulary, build_vocabulary
 from xmatch.components.text_side import MANIFEST, TextSide, TokenCoverage
 from xmatch.errors import XmatchError

@@ -236,7 +236,7 @@ def check_fits(requested: Mapping[str, Any], converted: Mapping[str, Any], name:
     ]
     if not differences:
         return
-    from xmatch._factory import info, list_models
+    from xmatch._zoo import info, list_models
 
     fits = []
     for entry in list_models():

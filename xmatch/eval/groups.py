@@ -16,7 +16,7 @@ Ties count as wrong. Every figure is also broken down by the group's ``kind`` (t
 kind of difference, e.g. ``relation``, ``colour``, ``size``).
 
 A dataset declares its groups with a ``hard_negative_groups()`` method (the scenes benchmark
-does: :func:`xmatch.data.scenes.scene_groups`); a JSON file declares them for any dataset
+does: :func:`xmatch.scenes.dataset.scene_groups`); a JSON file declares them for any dataset
 (:meth:`GroupSet.from_json`).
 
 Example:

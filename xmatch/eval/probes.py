@@ -215,7 +215,7 @@ def nltk_tagger() -> PosTagger:
 
 
 def scenes_tagger() -> WordListTagger:
-    """The scenes grammar's own word classes (:mod:`xmatch.data.scenes_captions`): ``noun``
+    """The scenes grammar's own word classes (:mod:`xmatch.scenes.captions`): ``noun``
     (the object nouns: digits, ``digit 7``, ``number seven``, shapes), ``colour``, ``size``,
     ``adjective`` (colours and sizes) and ``relation`` (the spatial phrases).
 
@@ -223,8 +223,8 @@ def scenes_tagger() -> WordListTagger:
         >>> scenes_tagger().classes
         ('noun', 'colour', 'size', 'adjective', 'relation')
     """
-    from xmatch.data.scenes_captions import NUMBER_WORDS, RELATION_WORDS, SIZE_WORDS
-    from xmatch.data.scenes_render import COLOURS, DIGITS, SHAPES
+    from xmatch.scenes.captions import NUMBER_WORDS, RELATION_WORDS, SIZE_WORDS
+    from xmatch.scenes.render import COLOURS, DIGITS, SHAPES
 
     # one synonym list per object kind, size and relation: "7", "digit 7" and "number seven" are one noun
     nouns = [*([d, f"digit {d}", f"number {NUMBER_WORDS[int(d)]}"] for d in DIGITS), *SHAPES]

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from xmatch.progress import progress_bar
-
 from xmatch.errors import XmatchError
+from xmatch.eval.captions import check_captions
+from xmatch.progress import progress_bar
 
 SPICE_JAR_ENV = "XMATCH_SPICE_JAR"
 SPICE_JAVA_ENV = "XMATCH_SPICE_JAVA"
@@ -196,8 +196,6 @@ def spice_relevance(
     Example:
         >>> rel = spice_relevance(captions, jar="SPICE-1.0/spice-1.0.jar")  # needs the SPICE jar and Java  # doctest: +SKIP
     """
-    from xmatch.eval.relevance import check_captions
-
     captions = check_captions(captions, captions_per_image)
     if chunk_pairs < 1:
         raise ValueError(f"chunk_pairs must be positive, got {chunk_pairs}.")

@@ -196,7 +196,7 @@ def model_fingerprint(model: MatchingModel) -> str:
 
 def _provenance(models: Sequence[MatchingModel], names: Sequence[str], dataset: Any, dataset_name: str,
                 recall: str, extras: Sequence[str]) -> dict[str, Any]:
-    from xmatch import __version__
+    from xmatch._version import __version__
 
     return {
         "protocol": "+".join([recall, *extras]),

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from xmatch.components.image_timm import PACKAGED_WEIGHTS, TimmBackbone
+from xmatch.components.backbone_weights import PACKAGED_WEIGHTS
+from xmatch.components.timm_backbone import TimmBackbone
 
 #: ``weights`` value for a seeded random initialisation (tests: such features mean nothing)
 RANDOM_WEIGHTS = "random"

@@ -78,7 +78,7 @@ def to_picture(image: Any, index: int = 0) -> Any:
     ``uint8`` HWC array, as an RGB PIL image."""
     if isinstance(image, (str, os.PathLike)):
         return load_image(Path(image))
-    from xmatch.components.image_timm import to_pil
+    from xmatch.components.timm_backbone import to_pil
 
     return to_pil(image, index)
 

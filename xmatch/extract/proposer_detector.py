@@ -154,7 +154,7 @@ def _build_detector(model: str, weights: str | None, num_classes: int | None, se
     if enum is not None:
         state = _download(enum, model)
     elif weights is not None:
-        from xmatch.components.image_timm import read_state_dict
+        from xmatch.components.backbone_weights import read_state_dict
 
         state = read_state_dict(Path(weights).expanduser())
     else:

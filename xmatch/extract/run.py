@@ -261,7 +261,7 @@ def _manifest(
     layout: str, dtype: str, batch_size: int, pipe: RegionPipeline, records: Sequence[ImageRecord],
     images: str | os.PathLike, source: str,
 ) -> dict[str, Any]:
-    from xmatch import __version__
+    from xmatch._version import __version__
 
     digest = hashlib.sha256("\n".join(f"{r.key}\t{r.name}" for r in records).encode()).hexdigest()
     proposer = pipe.proposer

@@ -51,7 +51,7 @@ def index_dataset(
 
     Example:
         >>> index = xmatch.index.create("idx", model, model_ref="teran-mrsw-scenes")  # encodes the scenes benchmark (minutes)  # doctest: +SKIP
-        >>> index_dataset(index, xmatch.data.scenes.open_scenes(split="test"))  # doctest: +SKIP
+        >>> index_dataset(index, xmatch.scenes.dataset.open_scenes(split="test"))  # doctest: +SKIP
         100
     """
     if shard_size < 1 or batch_size < 1:

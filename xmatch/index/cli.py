@@ -78,12 +78,12 @@ def _model_ref(text: str) -> str:
 
 
 def run_index(args: argparse.Namespace) -> int:
-    from xmatch.cli import _load_model_arg
     from xmatch.data import open_dataset
     from xmatch.index import create
     from xmatch.index import open as open_index
     from xmatch.index.build import copy_index, index_dataset
     from xmatch.index.store import MANIFEST
+    from xmatch.model_arg import load_model_arg
 
     progress = not args.no_progress
     exists = (args.out / MANIFEST).is_file()
@@ -104,7 +104,7 @@ def run_index(args: argparse.Namespace) -> int:
             print("xmatch index: name the MODEL to encode with (e.g. teran-mrsw-scenes).", file=sys.stderr)
             return 2
         else:
-            model = _load_model_arg(args.model, args.device)
+            model = load_model_arg(args.model, args.device)
             index = create(args.out, model, side=args.side, model_ref=_model_ref(args.model), dtype=args.dtype,
                            engine=args.engine, qdrant=args.qdrant, collection=args.collection)
         if args.data is None and args.dataset.lower() != "scenes":

@@ -500,7 +500,7 @@ def create(
     if root.exists() and any(root.iterdir()):
         raise SearchIndexError(f"{root} exists and is not an empty folder; choose another --out.")
     root.mkdir(parents=True, exist_ok=True)
-    from xmatch import __version__
+    from xmatch._version import __version__
 
     if model_ref is not None and model_ref.startswith("local-dir:"):
         model_ref = "local-dir:" + str(Path(model_ref[len("local-dir:") :]).resolve())

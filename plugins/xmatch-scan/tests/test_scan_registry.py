@@ -11,7 +11,7 @@ import pytest
 import torch
 import xmatch
 from xmatch.spec import check_model_spec
-from xmatch.zoo_params import count_parameters
+from xmatch.parameter_counts import count_parameters
 
 import xmatch_scan
 from xmatch_scan import ScanBiGRUTextEncoder, ScanI2TPooler, ScanPrecompImageEncoder, ScanT2IPooler, SumMaxI2TPooler, SumMaxT2IPooler

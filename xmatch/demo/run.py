@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from xmatch.data import ImageCaptionsDataset, TeranDataset
-from xmatch.data.scenes import scene_groups, twins
+from xmatch.scenes.dataset import scene_groups, twins
 from xmatch.eval import (
     EvalResult,
     encode_dataset,
@@ -147,7 +147,7 @@ def prepare_scenes(
         >>> prepare_scenes("test").num_images  # generates the scenes benchmark (minutes)  # doctest: +SKIP
         100
     """
-    from xmatch.data.scenes import open_scenes
+    from xmatch.scenes.dataset import open_scenes
 
     return open_scenes(root, split, size=size, progress=progress, **options)
 
@@ -547,7 +547,7 @@ def run_demo(
 
 def _on_objects(test: Any, image: int, boxes: np.ndarray) -> np.ndarray | None:
     """Per box: does its centre lie on a drawn object of the scene (None when unknown)."""
-    from xmatch.data.scenes import read_scenes
+    from xmatch.scenes.dataset import read_scenes
 
     try:
         record = {r["id"]: r for r in read_scenes(test.root)}[_image_id(test, image)]
@@ -566,7 +566,7 @@ def _write_alignment(
 ) -> Path:
     from PIL import Image
 
-    from xmatch.demo_draw import draw_alignment
+    from xmatch.demo.draw import draw_alignment
 
     if not 0 <= caption < len(test.captions):
         raise ValueError(f"pair must be a test image index in [0, {test.num_images}).")
@@ -606,7 +606,7 @@ def _write_alignment(
 def _write_grid(test: TeranDataset | ImageCaptionsDataset, rankings: Sequence[Ranking], path: Path) -> Path:
     from PIL import Image
 
-    from xmatch.demo_draw import GridRow, draw_retrieval_grid
+    from xmatch.demo.draw import GridRow, draw_retrieval_grid
 
     by_label = {f"image #{_image_id(test, j)}": j for j in range(test.num_images)}
 

@@ -1,0 +1,443 @@
+"""The built-in ``scenes`` benchmark: procedural, seeded, compositional image-caption data.
+
+Scenes of handwritten digits (scikit-learn's bundled digits) and drawn shapes with colours,
+sizes and spatial relations, five captions each, in hard-negative pairs (see
+:mod:`xmatch.scenes.render`); region features from a real ImageNet CNN pooled over
+detector-like boxes (:mod:`xmatch.scenes.features`). The set is generated once per
+parameter set into a cache folder, in the standard layouts xmatch reads, and then opened
+through the ordinary readers, so it behaves like any other dataset:
+
+- ``layout="regions"``: the TERAN bottom-up layout (``bu_att/<id>.npz``, ``bu_box/<id>.npy``,
+  a Karpathy split file and a sizes file), read by :class:`~xmatch.data.TeranDataset`;
+- ``layout="images"``: PNG files with ``<split>.csv`` captions, read by
+  :class:`~xmatch.data.ImageCaptionsDataset` (for raw-image encoders such as ``timm-grid``).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xmatch.data.image_captions import ImageCaptionsDataset
+from xmatch.scenes.captions import captions as draw_captions
+from xmatch.scenes.captions import describe
+from xmatch.scenes.render import Scene, SceneObject, render, sample_group
+from xmatch.data.teran import TeranDataset
+
+#: images per split (train, val, test); each an even number (scenes come in twin pairs)
+PRESETS: dict[str, tuple[int, int, int]] = {
+    "tiny": (8, 2, 2),
+    "small": (800, 100, 100),
+    "large": (20000, 1000, 1000),
+}
+SPLITS = ("train", "val", "test")
+LAYOUTS = ("regions", "images")
+CAPTIONS_PER_IMAGE = 5
+#: bump when the scenes, captions or files change, so old caches are not reused
+GENERATOR_VERSION = 1
+METADATA_FILE = "scenes.json"
+KARPATHY_FILE = "dataset_scenes.json"
+SIZES_FILE = "sizes.json"
+FEATURES_FILE = "features.json"
+DEFAULT_WEIGHTS = "package:efficientnet-lite0"
+RANDOM_WEIGHTS = "random"
+
+PathArg = str | os.PathLike
+
+
+def open_scenes(
+    root: PathArg | None = None,
+    split: str = "train",
+    *,
+    size: str = "small",
+    seed: int = 0,
+    layout: str = "regions",
+    regions: int = 36,
+    canvas: int = 224,
+    backbone: str = "efficientnet_lite0",
+    weights: str = DEFAULT_WEIGHTS,
+    batch_size: int = 32,
+    progress: bool = True,
+    generate: bool | None = None,
+) -> TeranDataset | ImageCaptionsDataset:
+    """Open the ``scenes`` benchmark, generating it into the cache on first use.
+
+    Args:
+        root: the cache folder (default ``<XMATCH_HOME>/datasets/scenes``, see
+            :func:`xmatch.hub.cache_dir`); each parameter set gets its own subfolder.
+        split: ``"train"``, ``"val"`` or ``"test"``.
+        size: a preset of :data:`PRESETS`: ``tiny`` (12 images), ``small`` (1,000, the
+            default: about a minute on 2 CPU cores), ``large`` (22,000).
+        seed: the same seed gives identical images, captions and features.
+        layout: ``"regions"`` (TERAN bottom-up features, :class:`TeranDataset`) or
+            ``"images"`` (PNG files, :class:`ImageCaptionsDataset`).
+        regions: boxes per image (the drawn objects first, then proposals), like a
+            detector's top-36.
+        canvas: image side in pixels; also the backbone's input side.
+        backbone: timm model whose last feature map is pooled (EfficientNet-Lite0: 1280
+            channels, stride 32).
+        weights: backbone weights (see :class:`xmatch.components.timm_backbone.TimmBackbone`);
+            the default is the offline ImageNet EfficientNet-Lite0; ``"random"`` = random init
+            seeded by ``seed`` (only for tests: such features carry no meaning).
+        batch_size: images per backbone forward during generation.
+        progress: show tqdm progress bars while generating.
+        generate: generate the set when it is missing. The default (None) generates into the
+            cache, and into a given ``root`` that is empty or already holds scene sets; any
+            other given folder (a mistyped path, another dataset's folder) is refused rather
+            than filled with a new benchmark. True generates wherever ``root`` points; False
+            never generates.
+
+    Returns:
+        A :class:`TeranDataset` (``layout="regions"``) or :class:`ImageCaptionsDataset`
+        (``layout="images"``) over the generated files; ``read_scenes(ds.root)`` gives each
+        image's objects, boxes, relation and twin.
+
+    Raises:
+        ValueError: an unknown split, size or layout, or an out-of-range number.
+        FileNotFoundError: the set is missing and ``generate`` does not allow making it there.
+
+    Example:
+        >>> ds = open_scenes("~/.cache/xmatch/datasets/scenes", "train")  # generates the scenes benchmark (minutes)  # doctest: +SKIP
+        >>> ds.num_images, ds.captions[1], ds.image(0).regions.shape  # doctest: +SKIP
+        (800, 'a little green circle to the left of a small blue triangle', (36, 1280))
+    """
+    _check_options(split, size, seed, layout, regions, canvas, batch_size)
+    base = Path(root).expanduser() if root is not None else _default_root()
+    folder = scenes_folder(base, size, seed, canvas)
+    if not folder.is_dir():
+        _check_may_generate(base, folder, generate, explicit=root is not None)
+    _build_once(folder, lambda tmp: write_scenes(tmp, size, seed, canvas, progress))
+    if layout == "images":
+        return _declare_for_evaluation(ImageCaptionsDataset(folder, split))
+    features = folder / features_folder_name(regions, backbone, weights)
+    _build_once(
+        features, lambda tmp: write_features(folder, tmp, regions, backbone, weights, seed, batch_size, progress)
+    )
+    return _declare_for_evaluation(TeranDataset(
+        folder, split, captions=folder / KARPATHY_FILE, sizes=folder / SIZES_FILE, features=features
+    ))
+
+
+def _declare_for_evaluation(dataset: TeranDataset | ImageCaptionsDataset) -> TeranDataset | ImageCaptionsDataset:
+    """Declare what the evaluation's extra protocols read (docs/evaluation.md): the twins as
+    hard-negative groups (``--protocol groups``) and the grammar's word classes (``probes``)."""
+    from functools import partial
+
+    from xmatch.eval.probes import scenes_tagger
+
+    dataset.hard_negative_groups = partial(scene_groups, dataset)
+    dataset.word_classes = scenes_tagger
+    return dataset
+
+
+def _check_options(
+    split: str, size: str, seed: int, layout: str, regions: int, canvas: int, batch_size: int
+) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r} for scenes; splits: {', '.join(SPLITS)}.")
+    if size not in PRESETS:
+        presets = ", ".join(f"{k} ({sum(v)} images)" for k, v in PRESETS.items())
+        raise ValueError(f"unknown scenes size {size!r}; presets: {presets}.")
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown scenes layout {layout!r}; layouts: {', '.join(LAYOUTS)}.")
+    if seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed}.")
+    if regions < 4:
+        raise ValueError(f"regions must be at least 4 (a scene has up to 4 objects), got {regions}.")
+    if canvas < 128:
+        raise ValueError(f"canvas must be at least 128 pixels (objects need room), got {canvas}.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+
+
+def _check_may_generate(base: Path, folder: Path, generate: bool | None, explicit: bool) -> None:
+    if generate is True or (generate is None and not explicit):
+        return
+    if generate is None:
+        entries = [p.name for p in base.iterdir()] if base.is_dir() else None
+        if entries is not None and (not entries or any(n.startswith("scenes-") for n in entries)):
+            return
+        found = "does not exist" if entries is None else "holds no scene sets"
+    else:
+        found = "does not hold this set and generate=false"
+    raise FileNotFoundError(
+        f"no scenes data at {base}: the folder {found} (looked for {folder.name}). Check the path; "
+        f"leave --data out to use the cache ({_default_root()}, where `xmatch demo` generates it); or "
+        "generate the benchmark there with --data-option generate=true (generate=True)."
+    )
+
+
+def _default_root() -> Path:
+    from xmatch.hub import cache_dir
+
+    return cache_dir() / "datasets" / "scenes"
+
+
+def scenes_folder(root: Path, size: str, seed: int, canvas: int) -> Path:
+    """The cache subfolder of one scene set (images, captions, metadata)."""
+    return root / f"scenes-{size}-{canvas}px-seed{seed}-v{GENERATOR_VERSION}"
+
+
+def features_folder_name(regions: int, backbone: str, weights: str) -> str:
+    """``features_<regions>_<backbone>_<digest>``: one folder per extractor set-up inside a
+    scene set's folder (which already fixes the seed); ``weights`` enters as written (a file's
+    path, not its content)."""
+    key = json.dumps([GENERATOR_VERSION, regions, backbone, weights])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    return f"features_{regions}_{re.sub(r'[^A-Za-z0-9]+', '-', backbone)}_{digest}"
+
+
+def _build_once(folder: Path, build: Callable[[Path], None]) -> None:
+    """Build ``folder`` unless it exists: into a temporary sibling, renamed into place when
+    complete, under a file lock, so an interrupted or concurrent run never leaves (or reads)
+    a half-written folder."""
+    if folder.is_dir():
+        return
+    from filelock import FileLock
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if folder.is_dir():
+            return
+        tmp = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            build(tmp)
+            os.replace(tmp, folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _rng(seed: int, index: int, stream: int) -> np.random.Generator:
+    """An independent random stream per (seed, group of twins or image, purpose)."""
+    return np.random.default_rng([seed, index, stream])
+
+
+def write_scenes(folder: Path, size: str, seed: int, canvas: int, progress: bool = True) -> None:
+    """Render a scene set into ``folder``: ``images/<id>.png``, the Karpathy split file, the
+    sizes file, ``<split>.csv`` captions and ``scenes.json`` (every object, box and twin)."""
+    from PIL import Image
+    from xmatch.progress import progress_bar
+
+    counts = PRESETS[size]
+    split_of = [s for s, n in zip(SPLITS, counts) for _ in range(n)]
+    (folder / "images").mkdir()
+    records: list[dict[str, Any]] = []
+    entries: list[dict[str, Any]] = []
+    rows: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
+    bar = progress_bar(total=len(split_of), desc=f"scenes: rendering {size} (seed {seed})", unit="img", show=progress)
+    for group in range(len(split_of) // 2):
+        pair = sample_group(_rng(seed, group, 0), canvas)
+        caption_rng = _rng(seed, group, 1)
+        for scene in pair:
+            image_id = len(records)
+            image, boxes = render(scene, canvas)
+            filename = f"{image_id}.png"
+            Image.fromarray(image).save(folder / "images" / filename)
+            texts = draw_captions(scene, caption_rng, CAPTIONS_PER_IMAGE)
+            split = split_of[image_id]
+            records.append(_scene_record(scene, boxes, image_id, group, split))
+            entries.append({
+                "split": split, "imgid": image_id, "filepath": "images", "filename": filename,
+                "sentids": [image_id * CAPTIONS_PER_IMAGE + k for k in range(len(texts))],
+                "sentences": [
+                    {"raw": t, "tokens": t.replace(",", " ,").replace(";", " ;").split(), "imgid": image_id,
+                     "sentid": image_id * CAPTIONS_PER_IMAGE + k}
+                    for k, t in enumerate(texts)
+                ],
+            })
+            rows[split] += [(f"images/{filename}", t) for t in texts]
+            bar.update()
+    bar.close()
+    _write_json(folder / KARPATHY_FILE, {"dataset": "scenes", "images": entries})
+    _write_json(folder / SIZES_FILE, {str(r["id"]): [canvas, canvas] for r in records})
+    for split, split_rows in rows.items():
+        with (folder / f"{split}.csv").open("w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerow(["image", "caption"])
+            writer.writerows(split_rows)
+    params = {"size": size, "seed": seed, "canvas": canvas, "version": GENERATOR_VERSION}
+    _write_json(folder / METADATA_FILE, {"params": params, "scenes": records})
+
+
+def _scene_record(scene: Scene, boxes: np.ndarray, image_id: int, group: int, split: str) -> dict[str, Any]:
+    return {
+        "id": image_id,
+        "split": split,
+        "group": group,
+        "variant": scene.variant,
+        "relation": scene.relation,
+        "description": describe(scene),
+        "background": list(scene.background),
+        "objects": [
+            {"kind": o.kind, "colour": o.colour, "size": o.size, "centre": list(o.centre), "side": o.side,
+             "glyph": o.glyph, "box": [float(v) for v in box]}
+            for o, box in zip(scene.objects, boxes)
+        ],
+    }
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+
+
+def write_features(
+    scenes: Path,
+    folder: Path,
+    regions: int,
+    backbone: str,
+    weights: str,
+    seed: int,
+    batch_size: int,
+    progress: bool = True,
+) -> None:
+    """Pool the backbone's feature map over each image's proposal boxes into ``folder``:
+    ``bu_att/<id>.npz`` (``feat [regions, C]`` float16, as compact as the original's stored
+    features are float32) and ``bu_box/<id>.npy`` (``[regions, 4]`` float32 pixel boxes)."""
+    from PIL import Image
+    from xmatch.progress import progress_bar
+
+    from xmatch.scenes.features import RegionFeatureExtractor, proposal_boxes
+
+    meta = json.loads((scenes / METADATA_FILE).read_text(encoding="utf-8"))
+    canvas = int(meta["params"]["canvas"])
+    records = meta["scenes"]
+    extractor = RegionFeatureExtractor(backbone, None if weights == RANDOM_WEIGHTS else weights, canvas, seed)
+    (folder / "bu_att").mkdir()
+    (folder / "bu_box").mkdir()
+    bar = progress_bar(total=len(records), desc=f"scenes: {backbone} region features", unit="img", show=progress)
+    for start in range(0, len(records), batch_size):
+        batch = records[start : start + batch_size]
+        images = [np.asarray(Image.open(scenes / "images" / f"{r['id']}.png").convert("RGB")) for r in batch]
+        boxes = np.stack([
+            proposal_boxes(
+                np.array([o["box"] for o in r["objects"]], dtype=np.float64), canvas, regions,
+                _rng(seed, r["id"], 2),
+            )
+            for r in batch
+        ])
+        feats = extractor(images, boxes)
+        for r, f, b in zip(batch, feats, boxes):
+            np.savez_compressed(folder / "bu_att" / f"{r['id']}.npz", feat=f.astype(np.float16))
+            np.save(folder / "bu_box" / f"{r['id']}.npy", b)
+        bar.update(len(batch))
+    bar.close()
+    _write_json(folder / FEATURES_FILE, {
+        "regions": regions, "backbone": backbone, "weights": weights, "seed": seed,
+        "feature_dim": extractor.feature_dim, "dtype": "float16", "version": GENERATOR_VERSION,
+        "boxes": "the drawn objects' boxes first (as in scenes.json), then jittered copies, the whole image, "
+                 "random background boxes",
+    })
+
+
+def read_scenes(folder: PathArg) -> list[dict[str, Any]]:
+    """The per-image records of a generated scene set (``ds.root`` of an opened one): ``id``,
+    ``split``, ``group`` (twins share it), ``variant``, ``relation``, ``description`` and
+    ``objects`` (``kind``, ``colour``, ``size``, pixel ``box``, ...), in image-id order.
+
+    Example:
+        >>> ds = open_scenes(split="test")  # generates the scenes benchmark (minutes)  # doctest: +SKIP
+        >>> [r["description"] for r in read_scenes(ds.root) if r["group"] == 450]  # doctest: +SKIP
+        ['a small blue 6 above a large purple 1', 'a large blue 6 above a small purple 1']
+    """
+    path = Path(folder) / METADATA_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; is {folder} a folder made by open_scenes?")
+    return json.loads(path.read_text(encoding="utf-8"))["scenes"]
+
+
+def scene_from_record(record: dict[str, Any]) -> Scene:
+    """Rebuild the :class:`Scene` of a ``read_scenes`` record (e.g. to render it again)."""
+    objects = tuple(
+        SceneObject(o["kind"], o["colour"], o["size"], tuple(o["centre"]), o["side"], o["glyph"])
+        for o in record["objects"]
+    )
+    return Scene(objects, record["relation"], record["variant"], tuple(record["background"]))
+
+
+def twins(dataset: Any) -> dict[int, int]:
+    """Image index -> the index of its twin, for the scenes of a split opened with either
+    layout whose twin is in the same split.
+
+    Example:
+        >>> twins(open_scenes(split="test"))[0]  # generates the scenes benchmark (minutes)  # doctest: +SKIP
+        1
+    """
+    row = {int(Path(name).stem): i for i, name in enumerate(dataset.image_names)}
+    members: dict[int, list[int]] = {}
+    for record in read_scenes(dataset.root):
+        if record["id"] in row:
+            members.setdefault(record["group"], []).append(row[record["id"]])
+    return {i: j for pair in members.values() if len(pair) == 2 for i, j in (pair, pair[::-1])}
+
+
+def scene_groups(dataset: Any) -> Any:
+    """The twins of a scenes split as hard-negative groups (:class:`xmatch.eval.groups.GroupSet`),
+    each of kind ``relation``, ``colour`` or ``size``: what the second scene changed.
+
+    ``open_scenes`` declares them on every split it opens (``dataset.hard_negative_groups()``),
+    so ``xmatch eval ... --dataset scenes --protocol groups`` finds them.
+
+    Example:
+        >>> scene_groups(open_scenes(split="test")).kinds[:2]  # generates the scenes benchmark (minutes)  # doctest: +SKIP
+        ['size', 'colour']
+    """
+    from xmatch.eval.groups import Group, GroupSet
+
+    row = {int(Path(name).stem): i for i, name in enumerate(dataset.image_names)}
+    members: dict[int, list[tuple[int, str]]] = {}
+    for record in read_scenes(dataset.root):
+        if record["id"] in row:
+            members.setdefault(record["group"], []).append((row[record["id"]], record["variant"]))
+    groups = [
+        Group(tuple(i for i, _ in pair), next(v for _, v in pair if v != "base"))
+        for pair in members.values() if len(pair) == 2
+    ]
+    if not groups:
+        raise ValueError("no scene of this split has its twin in the split; twin accuracy needs whole pairs.")
+    return GroupSet(groups, dataset.caption_image)
+
+
+def twin_accuracy(scores: np.ndarray | Any, dataset: Any) -> tuple[float, int]:
+    """How often a caption scores its own scene above that scene's twin (chance: 0.5).
+
+    Twins share their objects and words but differ in a relation, a colour or a size
+    (:func:`~xmatch.scenes.render.sample_group`), so a model that matches bags of words
+    or pools global features sits near 0.5; fine-grained alignment is needed to go above it.
+    Ties count as wrong. This is the ``t2i`` figure of the twins' groups
+    (:func:`scene_groups`, :func:`xmatch.eval.groups.score_groups`), as a fraction.
+
+    Args:
+        scores: ``[images, captions]`` similarities over the whole split, in the dataset's
+            order (``model.similarity(img, txt)`` or :func:`xmatch.eval.score_blocks`).
+        dataset: a scenes split opened with either layout.
+
+    Returns:
+        (accuracy in [0, 1], number of captions whose scene has its twin in the split).
+
+    Example:
+        >>> test = open_scenes(split="test")  # generates the scenes benchmark (minutes)  # doctest: +SKIP
+        >>> twin_accuracy(model.similarity(img, txt), test)  # doctest: +SKIP
+        (0.71, 500)
+    """
+    from xmatch.eval.groups import score_groups
+
+    scores = np.asarray(scores.detach().cpu() if hasattr(scores, "detach") else scores, dtype=np.float64)
+    if scores.shape != (dataset.num_images, len(dataset.captions)):
+        raise ValueError(
+            f"scores must be [images, captions] = [{dataset.num_images}, {len(dataset.captions)}] over the "
+            f"whole split, got {list(scores.shape)}."
+        )
+    overall = score_groups(scores, scene_groups(dataset)).overall
+    return overall["t2i"] / 100.0, overall["queries"]
