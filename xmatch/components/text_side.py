@@ -96,6 +96,7 @@ class TextSide:
 
     Example:
         >>> captions = ["a red circle", "a blue seven left of a circle"]
+        >>> import xmatch.vocab
         >>> side = xmatch.vocab.build_text_side("teran-mrsw-scenes", captions, "runs/mine/text_side")
         >>> side.kind, side.words, side.arguments
         ('vocabulary', 7, {'vocab': 'vocab.json'})
