@@ -33,6 +33,7 @@ from xmatch.registry import (
     register_loss,
     register_model,
     register_pooler,
+    register_proposer,
     register_reasoner,
     register_text_encoder,
 )
@@ -43,7 +44,7 @@ register_builtins()
 
 def list_components(kind: str) -> list[str]:
     """Registered names of one component kind (``image_encoders``, ``text_encoders``,
-    ``reasoners``, ``poolers``, ``losses``, ``models``, ``datasets``).
+    ``reasoners``, ``poolers``, ``losses``, ``models``, ``datasets``, ``proposers``).
 
     Example:
         >>> xmatch.list_components("poolers")  # and those of the installed plugins
@@ -59,6 +60,6 @@ __all__ = [
     "Reasoner", "SpecError", "TextEncoder", "TokenBatch", "XmatchError", "ZooEntry", "build", "convert_original",
     "info", "list_components", "list_models", "model_from_spec", "normalize_boxes",
     "register_dataset", "register_image_encoder", "register_loss", "register_model",
-    "register_pooler", "register_reasoner", "register_text_encoder", "save_pretrained",
+    "register_pooler", "register_proposer", "register_reasoner", "register_text_encoder", "save_pretrained",
     "zoo_entries_from_toml",
 ]

@@ -41,7 +41,8 @@ Helpers:
   (nested spec overrides);
 - registration in one process (a package uses entry points instead): :func:`register_image_encoder`,
   :func:`register_text_encoder`, :func:`register_reasoner`, :func:`register_pooler`,
-  :func:`register_loss`, :func:`register_model`, :func:`register_dataset`;
+  :func:`register_loss`, :func:`register_model`, :func:`register_dataset`,
+  :func:`register_proposer` (region proposers for ``xmatch extract``);
 - backbone weights: :func:`load_backbone_weights` (a weights file or any :mod:`xmatch.hub`
   source, fetched and checked like zoo weights, loaded into a timm network);
 - errors: :class:`XmatchError` (derive a plugin's own errors from it), :class:`SpecError` (a
@@ -88,7 +89,7 @@ from __future__ import annotations
 from xmatch import Embeddings, EncoderOutput, ImageEncoder, Loss, LossOutput, MatchingModel, Pooler, Reasoner
 from xmatch import SpecError, TextEncoder, XmatchError, TokenBatch, ZooEntry, normalize_boxes, zoo_entries_from_toml
 from xmatch import register_dataset, register_image_encoder, register_loss, register_model, register_pooler
-from xmatch import register_reasoner, register_text_encoder
+from xmatch import register_proposer, register_reasoner, register_text_encoder
 from xmatch.components.image_bottomup import RegionFeaturesImageEncoder, check_region_inputs
 from xmatch.components.backbone_weights import load_backbone_weights
 from xmatch.components.losses import hinge_triplet
@@ -119,6 +120,6 @@ __all__ = [
     "WordTextEncoder", "ZooEntry", "check_region_inputs", "hinge_triplet", "init_projection_like_original",
     "last_true_mask", "lengths_to_mask", "load_backbone_weights", "load_vocabulary", "merge", "normalize_boxes", "pad_stack",
     "read_original_vocabulary", "register_dataset", "register_image_encoder", "register_loss", "register_model",
-    "register_pooler", "register_reasoner", "register_text_encoder", "renamed_names", "split_words",
+    "register_pooler", "register_proposer", "register_reasoner", "register_text_encoder", "renamed_names", "split_words",
     "tokenize_words", "uniform_word_embedding", "with_markers", "zoo_entries_from_toml",
 ]

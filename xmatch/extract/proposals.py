@@ -69,7 +69,7 @@ class Proposer(nn.Module):
     ``nn.Module`` so that it moves with ``.to(device)``. ``needs_pixels`` tells the extraction
     whether to hand it the decoded picture (otherwise only sizes and names).
 
-    Register one with ``@xmatch.registry.register_proposer("name")`` or the entry-point group
+    Register one with ``@xmatch.register_proposer("name")`` or the entry-point group
     ``xmatch_proposers``.
     """
 
