@@ -23,6 +23,7 @@ from xmatch.components.base import EncoderOutput, ImageEncoder
 from xmatch.components.image_bottomup import normalize_boxes
 from xmatch.components.image_timm import _drop_own_keys, _keep_own_tensors
 from xmatch.deprecation import renamed_names
+from xmatch.inputs import PixelInputs, input_type_of
 
 
 class PixelRegionsImageEncoder(ImageEncoder):
@@ -52,7 +53,7 @@ class PixelRegionsImageEncoder(ImageEncoder):
         (torch.Size([1, 37, 1280]), torch.Size([1, 37, 4]))
     """
 
-    takes_pixels = True
+    input_type = PixelInputs
 
     def __init__(
         self,
@@ -134,7 +135,7 @@ def _region_encoder(table: Mapping[str, Any] | None, feature_dim: int) -> ImageE
     table = dict(table or {"name": "bottomup"})
     checked = check_component(table, "image_encoders", "pixel-regions -> encoder")
     builder = get_registry("image_encoders").get(checked["name"])
-    if getattr(builder, "takes_pixels", False):
+    if input_type_of(builder) is PixelInputs:
         raise ValueError(f"pixel-regions -> encoder: '{checked['name']}' takes pixels; give a region encoder (e.g. bottomup).")
     if "feature_dim" in signature_of(builder).parameters:
         if "feature_dim" in table and table["feature_dim"] != feature_dim:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from xmatch.components.base import EncoderOutput, ImageEncoder
 from xmatch.components.image_bottomup import BottomUpImageEncoder
 from xmatch.deprecation import renamed_names
 from xmatch.errors import XmatchError
+from xmatch.inputs import PixelInputs
 from xmatch.sources import PACKAGE_PREFIX
 
 
@@ -525,7 +527,7 @@ class TimmGridImageEncoder(ImageEncoder):
         torch.Size([2, 50, 1280])
     """
 
-    takes_pixels = True
+    input_type = PixelInputs
     renamed_arguments = {"model": "backbone"}
 
     def __init__(
@@ -651,7 +653,8 @@ class TimmGridImageEncoder(ImageEncoder):
             )
         cells = fmap.flatten(2).transpose(1, 2)  # [B, h*w, C], row by row like grid_boxes
         boxes = self.cell_boxes.unsqueeze(0).expand(len(cells), -1, -1)
-        return self.regions(cells, boxes)
+        # the cell boxes are in the crop's frame, not the picture's: image_boxes(w, h) maps them
+        return dataclasses.replace(self.regions(cells, boxes), boxes=None)
 
 
 def _drop_own_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
