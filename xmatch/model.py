@@ -40,7 +40,9 @@ class MatchingModel(nn.Module):
     """Image encoder -> projection -> image reasoner; text encoder -> projection -> text
     reasoner; a pooler scores image-text pairs; a loss trains them.
 
-    Built from a spec by :func:`xmatch.build`; ``model.spec`` gives the full spec back.
+    Built from a spec by :func:`xmatch.build`; ``model.spec`` gives the full spec back. An
+    inference build needs no loss: ``xmatch.build(name, loss=None)`` (or a spec without a
+    ``[loss]`` table) encodes and scores, and reads the weights of a training build.
 
     Example:
         >>> model = xmatch.build("teran-mrsw-scenes").eval()
@@ -58,7 +60,7 @@ class MatchingModel(nn.Module):
         image_reasoner: Reasoner,
         text_reasoner: Reasoner,
         pooler: Pooler,
-        loss: Loss,
+        loss: Loss | None,
         embed_dim: int,
         extra_poolers: Mapping[str, Pooler] | None = None,
         spec: dict[str, Any] | None = None,
@@ -242,6 +244,11 @@ class MatchingModel(nn.Module):
         # Scores and hinge in float32 even under autocast: in bfloat16 a word-summed score near
         # 10 is resolved to 0.06, too coarse beside the 0.2 margin; the batch's region x word
         # products are a small share of a training step.
+        if self.loss is None:
+            raise ValueError(
+                "this model was built without a loss (an inference build: loss=None or a spec without [loss]); "
+                "build it with a loss table to train it."
+            )
         with torch.autocast(img.tokens.device.type, enabled=False):
             img, txt = _at_least_float32(img), _at_least_float32(txt)
             scores = {"main": self.pooler(img, txt, batch_layout=True)}

@@ -598,6 +598,8 @@ def _check_model(model: Any) -> None:
         model.spec
     except AttributeError:
         raise TypeError("Trainer needs a model built from a spec (xmatch.build); its checkpoints store the spec.") from None
+    if model.loss is None:
+        raise TypeError("Trainer needs a model with a loss; this one is an inference build (loss=None): build it with a [loss] table.")
 
 
 def check_data_fits(model: MatchingModel, dataset: Any, role: str, *, allow_unknown_words: bool = False) -> None:
