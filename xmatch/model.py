@@ -136,7 +136,7 @@ class MatchingModel(nn.Module):
             >>> model = xmatch.build("teran-mrsw-scenes").eval()
             >>> inputs = xmatch.RegionInputs(torch.rand(2, 36, 1280), torch.tensor([0.1, 0.2, 0.5, 0.9]).expand(2, 36, 4))
             >>> model.encode_images(inputs).tokens.shape
-            torch.Size([2, 36, 1024])
+            torch.Size([2, 36, 256])
         """
         inputs = self._image_inputs(regions, boxes, mask, images)
         device = self.device
