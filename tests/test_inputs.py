@@ -138,10 +138,10 @@ def test_an_encoder_written_with_takes_pixels_still_works():
         OldStyle().encode(RegionInputs(*regions_of()))
 
 
-@pytest.mark.parametrize("encoder", ["bottomup", "scan-precomp"])
+@pytest.mark.parametrize("encoder", [image_bottomup.BottomUpImageEncoder, image_bottomup.RegionFeaturesImageEncoder])
 def test_encoders_do_not_check_a_checked_record_again(encoder, monkeypatch):
     regions, boxes, mask = random_regions(3, 5, 12)
-    enc = get_registry("image_encoders").get(encoder)(feature_dim=12).eval()
+    enc = encoder(feature_dim=12).eval()
     inputs = RegionInputs(regions, boxes, mask)
     expected = enc(regions, boxes, mask)
 
