@@ -7,15 +7,21 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import random_regions, tiny_spec
 from PIL import Image
 
 import xmatch
+from conftest import random_regions, tiny_spec
 from xmatch.components import image_bottomup
 from xmatch.components.base import EncoderOutput, ImageEncoder
 from xmatch.data import collate, collate_images
 from xmatch.data.items import ImageItem, Pair, RegionImage
-from xmatch.inputs import ImageBatch, PairBatch, PixelInputs, RegionInputs, input_type_of
+from xmatch.inputs import (
+    ImageBatch,
+    PairBatch,
+    PixelInputs,
+    RegionInputs,
+    input_type_of,
+)
 from xmatch.registry import get_registry
 
 BOX = torch.tensor([0.1, 0.2, 0.5, 0.9])

@@ -27,7 +27,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ import torch
 if TYPE_CHECKING:
     from xmatch.components.base import TokenBatch
 
-Index = Union[int, slice, torch.Tensor]
+Index = int | slice | torch.Tensor
 
 
 def check_region_shapes(
@@ -237,11 +237,11 @@ class PixelInputs:
         return PixelInputs(self.images.pin_memory()) if isinstance(self.images, torch.Tensor) else self
 
 
-ImageInputs = Union[RegionInputs, PixelInputs]
+ImageInputs = RegionInputs | PixelInputs
 """What an image encoder reads: :class:`RegionInputs` or :class:`PixelInputs`."""
 
 
-def input_type_of(encoder: Any) -> type[RegionInputs] | type[PixelInputs]:
+def input_type_of(encoder: Any) -> type[RegionInputs | PixelInputs]:
     """The input an image encoder (instance, class or registered builder) reads.
 
     Encoders declare it with ``input_type``; ``takes_pixels = True``, the attribute used

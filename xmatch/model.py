@@ -152,8 +152,8 @@ class MatchingModel(nn.Module):
         if isinstance(regions, (RegionInputs, PixelInputs)):
             if boxes is not None or mask is not None or images is not None:
                 raise TypeError("give encode_images either one RegionInputs / PixelInputs or the separate arguments, not both.")
-            if not isinstance(regions, reads):
-                raise ValueError(f"the image encoder {encoder} reads {reads.__name__}, got {type(regions).__name__}.")
+            if not isinstance(regions, reads):  # the wrong kind of images: a ValueError, as for images= to a region encoder
+                raise ValueError(f"the image encoder {encoder} reads {reads.__name__}, got {type(regions).__name__}.")  # noqa: TRY004
             return regions
         if reads is PixelInputs:
             if images is None:

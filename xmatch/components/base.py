@@ -112,7 +112,7 @@ class ImageEncoder(nn.Module):
     """
 
     output_dim: int
-    input_type: type[RegionInputs] | type[PixelInputs] = RegionInputs
+    input_type: type[RegionInputs | PixelInputs] = RegionInputs
     takes_pixels = _TakesPixels()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -14,7 +14,12 @@ from torch import nn
 from xmatch.components.base import EncoderOutput, ImageEncoder
 from xmatch.components.reasoners import TransformerReasoner
 from xmatch.deprecation import renamed_names
-from xmatch.inputs import RegionInputs, check_feature_dim, check_region_shapes, check_region_values
+from xmatch.inputs import (
+    RegionInputs,
+    check_feature_dim,
+    check_region_shapes,
+    check_region_values,
+)
 
 
 def normalize_boxes(boxes_xyxy: torch.Tensor, sizes_wh: torch.Tensor) -> torch.Tensor:
