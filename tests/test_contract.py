@@ -17,6 +17,7 @@ from PIL import Image
 import xmatch
 from xmatch import Embeddings
 from xmatch.registry import get_registry
+from xmatch.inputs import PairBatch, PixelInputs, RegionInputs, input_type_of
 
 from conftest import random_regions
 
@@ -79,7 +80,7 @@ def test_contracts_cover_every_plugin_in_the_repository(dist):
 def test_image_encoder_contract(name):
     torch.manual_seed(0)
     enc = build_tiny("image_encoders", name)
-    if enc.takes_pixels:
+    if enc.input_type is PixelInputs:
         pixels = [Image.fromarray(np.random.default_rng(k).integers(0, 256, (48, 40, 3), dtype=np.uint8)) for k in range(3)]
         run = lambda module: module(images=pixels)  # noqa: E731
     else:
@@ -94,7 +95,7 @@ def test_image_encoder_contract(name):
     assert out.mask.any(dim=1).all(), "an image with no real slot"
     out.tokens[out.mask].square().sum().backward()
     assert_all_grads(enc)
-    if enc.takes_pixels:
+    if enc.input_type is PixelInputs:
         return
     assert regions.grad[mask].abs().sum() > 0, "no gradient reaches the region features"
     # what padded regions hold never changes the output
@@ -232,17 +233,17 @@ def test_every_zoo_entry_trains_in_miniature(entry, fixture_bert):
         overrides.pop("text_reasoner")
         if "text_reasoner" in spec:
             overrides["text_reasoner"] = TINY["image_reasoner"]
-    if get_registry("image_encoders").get(spec["image_encoder"]["name"]).takes_pixels:
+    if input_type_of(get_registry("image_encoders").get(spec["image_encoder"]["name"])) is PixelInputs:
         # raw-image entries: timm's tiny test network, random and stored, instead of their backbone
         overrides["image_encoder"] = {"backbone": "test_efficientnet", "weights": None, "store_backbone": True,
                                       "image_size": 64, "layers": 1, "ff_dim": 32}
         model = xmatch.build(entry, **overrides)
         pictures = list(np.random.default_rng(0).integers(0, 256, size=(4, 48, 40, 3), dtype=np.uint8))
-        batch = {"images": pictures, "texts": CAPTIONS}
+        batch = PairBatch(PixelInputs(pictures), CAPTIONS)
     else:
         model = xmatch.build(entry, **overrides)
         regions, boxes, mask = random_regions(4, 5, 12)
-        batch = {"regions": regions, "boxes": boxes, "region_mask": mask, "texts": CAPTIONS}
+        batch = PairBatch(RegionInputs(regions, boxes, mask), CAPTIONS)
     out = model(batch)
     assert out.loss.dim() == 0 and torch.isfinite(out.loss)
     out.loss.backward()

@@ -27,6 +27,7 @@ from xmatch.data import (
     collate_images,
     open_dataset,
 )
+from xmatch.inputs import ImageBatch, PairBatch, PixelInputs, RegionInputs
 from xmatch.registry import RegistryError, get_registry
 from xmatch.spec import SpecError
 
@@ -420,12 +421,12 @@ def test_image_captions_csv_groups_captions_by_image(photos):
     img = ds.image(1)
     assert isinstance(img, Image.Image) and img.size == (8, 16) and img.mode == "RGB"
     batch = collate([ds[0], ds[2]])
-    assert set(batch) == {"images", "texts", "image_ids", "indices"}
-    assert [im.size for im in batch["images"]] == [(32, 24), (8, 16)]
-    assert batch["texts"] == ["a red square", "a grey, tall rectangle"]
-    assert batch["image_ids"].tolist() == [0, 1] and batch["indices"].tolist() == [0, 2]
+    assert isinstance(batch, PairBatch) and isinstance(batch.images, PixelInputs)
+    assert [im.size for im in batch.images.images] == [(32, 24), (8, 16)]
+    assert batch.texts == ["a red square", "a grey, tall rectangle"]
+    assert batch.image_ids.tolist() == [0, 1] and batch.indices.tolist() == [0, 2]
     [images] = list(ds.image_batches(8))
-    assert len(images["images"]) == 2 and images["image_ids"].tolist() == [0, 1]
+    assert len(images.images.images) == 2 and images.image_ids.tolist() == [0, 1]
 
 
 def test_image_captions_jsonl_split_in_a_folder(photos):
@@ -466,18 +467,18 @@ def test_image_captions_errors_name_the_file(photos):
 def test_collate_pads_regions_and_masks(coco_root):
     ds = TeranDataset(coco_root, "train")  # image 1 has 3 regions, image 2 has 4
     batch = collate([ds[0], ds[5], ds[6]])
-    assert set(batch) == {"regions", "boxes", "region_mask", "texts", "image_ids", "indices"}
-    assert batch["regions"].shape == (3, 4, F) and batch["regions"].dtype == torch.float32
-    assert batch["boxes"].shape == (3, 4, 4) and batch["region_mask"].dtype == torch.bool
-    assert batch["region_mask"].tolist() == [[True, True, True, False]] + [[True] * 4] * 2
-    assert batch["regions"][0, 3].abs().sum() == 0 and batch["boxes"][0, 3].abs().sum() == 0
-    torch.testing.assert_close(batch["regions"][0, :3], torch.from_numpy(features_of(1, 3)))
-    torch.testing.assert_close(batch["boxes"][0, :3], torch.from_numpy(expected_boxes(IMAGE1_BOXES, 640, 480)))
-    assert batch["texts"] == ["caption 100", "caption 200", "caption 201"]
-    assert batch["image_ids"].tolist() == [0, 1, 1] and batch["indices"].tolist() == [0, 5, 6]
-    assert batch["image_ids"].dtype == torch.long
+    assert isinstance(batch, PairBatch) and isinstance(batch.images, RegionInputs)
+    assert batch.images.regions.shape == (3, 4, F) and batch.images.regions.dtype == torch.float32
+    assert batch.images.boxes.shape == (3, 4, 4) and batch.images.mask.dtype == torch.bool
+    assert batch.images.mask.tolist() == [[True, True, True, False]] + [[True] * 4] * 2
+    assert batch.images.regions[0, 3].abs().sum() == 0 and batch.images.boxes[0, 3].abs().sum() == 0
+    torch.testing.assert_close(batch.images.regions[0, :3], torch.from_numpy(features_of(1, 3)))
+    torch.testing.assert_close(batch.images.boxes[0, :3], torch.from_numpy(expected_boxes(IMAGE1_BOXES, 640, 480)))
+    assert batch.texts == ["caption 100", "caption 200", "caption 201"]
+    assert batch.image_ids.tolist() == [0, 1, 1] and batch.indices.tolist() == [0, 5, 6]
+    assert batch.image_ids.dtype == torch.long
     loaded = next(iter(ds.loader(4, shuffle=False)))
-    assert loaded["indices"].tolist() == [0, 1, 2, 3] and loaded["regions"].shape == (4, 3, F)
+    assert loaded.indices.tolist() == [0, 1, 2, 3] and loaded.images.regions.shape == (4, 3, F)
 
 
 def test_collate_rejects_mixed_items():
@@ -492,11 +493,11 @@ def test_collate_rejects_mixed_items():
 def test_image_loader_reads_each_image_once(coco_root):
     ds = TeranDataset(coco_root, "train", restval=True)
     batches = list(ds.image_batches(2))
-    assert [b["image_ids"].tolist() for b in batches] == [[0, 1], [2]]
-    assert batches[0]["region_mask"].sum(dim=1).tolist() == [3, 4]
-    assert set(batches[0]) == {"regions", "boxes", "region_mask", "image_ids"}
+    assert [b.image_ids.tolist() for b in batches] == [[0, 1], [2]]
+    assert batches[0].images.mask.sum(dim=1).tolist() == [3, 4]
+    assert isinstance(batches[0], ImageBatch) and isinstance(batches[0].images, RegionInputs)
     single = collate_images([ds.images[2]])
-    torch.testing.assert_close(single["regions"][0], torch.from_numpy(features_of(12, 4)))
+    torch.testing.assert_close(single.images.regions[0], torch.from_numpy(features_of(12, 4)))
     assert len(ds.images) == 3 and ds.images[-1].image_index == 2
 
 
@@ -548,7 +549,7 @@ def test_a_custom_layout_gets_the_pair_view_and_loaders():
     ds = Tiny([0, 0, 1])
     assert ds.captions_per_image is None and [p.image_index for p in ds] == [0, 0, 1]
     batch = next(iter(ds.loader(3, shuffle=False)))
-    assert batch["region_mask"].tolist() == [[True, False]] * 2 + [[True, True]]
+    assert batch.images.mask.tolist() == [[True, False]] * 2 + [[True, True]]
     with pytest.raises(ValueError, match="ordered image by image"):
         Tiny([1, 0, 1])
     with pytest.raises(ValueError, match="every image needs at least one caption"):

@@ -138,23 +138,23 @@ def test_dataset_contract(case):
         assert isinstance(image, Image.Image)
 
     batch = next(iter(ds.loader(3, shuffle=False)))
-    assert batch["texts"] == ds.captions[:3]
-    assert batch["indices"].tolist() == [0, 1, 2] and batch["image_ids"].tolist() == ds.caption_image[:3].tolist()
+    assert batch.texts == ds.captions[:3]
+    assert batch.indices.tolist() == [0, 1, 2] and batch.image_ids.tolist() == ds.caption_image[:3].tolist()
     images = next(iter(ds.image_loader(2)))
-    assert images["image_ids"].tolist() == list(range(min(2, ds.num_images)))
+    assert images.image_ids.tolist() == list(range(min(2, ds.num_images)))
     for b, size in ((batch, 3), (images, min(2, ds.num_images))):
         if isinstance(image, RegionImage):
-            regions, boxes, mask = b["regions"], b["boxes"], b["region_mask"]
+            regions, boxes, mask = b.images.regions, b.images.boxes, b.images.mask
             assert regions.dtype == boxes.dtype == torch.float32 and mask.dtype == torch.bool
             assert regions.shape[:2] == boxes.shape[:2] == mask.shape and mask.shape[0] == size  # batch first
             assert not regions[~mask].any() and not boxes[~mask].any(), "padding is not zero"
         else:
-            assert len(b["images"]) == size and all(isinstance(im, Image.Image) for im in b["images"])
+            assert len(b.images.images) == size and all(isinstance(im, Image.Image) for im in b.images.images)
     first = ds.image(int(ds.caption_image[0]))
     if isinstance(first, RegionImage):
         r = first.num_regions
-        assert batch["region_mask"][0].sum() == r
-        np.testing.assert_array_equal(batch["regions"][0, :r].numpy(), first.regions)
+        assert batch.images.mask[0].sum() == r
+        np.testing.assert_array_equal(batch.images.regions[0, :r].numpy(), first.regions)
 
 
 def test_dataset_names_the_missing_file(case):

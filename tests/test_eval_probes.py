@@ -133,7 +133,7 @@ def test_perturbed_captions_wrap_a_training_set_reproducibly(tmp_path: Path):
     wrapped.set_epoch(1)
     assert texts != [wrapped[k].text for k in range(len(wrapped))]
     batch = next(iter(wrapped.loader(4, shuffle=False)))
-    assert batch["texts"][:4] == [wrapped[k].text for k in range(4)]
+    assert batch.texts[:4] == [wrapped[k].text for k in range(4)]
 
 
 # --- probe figures on models with a known answer --------------------------------------------

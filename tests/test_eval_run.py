@@ -11,6 +11,7 @@ import torch
 
 import xmatch
 from xmatch.eval import encode_dataset, evaluate, evaluate_scores
+from xmatch.inputs import ImageBatch, RegionInputs
 
 from conftest import random_regions, tiny_spec
 
@@ -29,8 +30,8 @@ class TinySet:
 
     def image_batches(self, batch_size: int):
         for i in range(0, len(self.regions), batch_size):
-            yield {"regions": self.regions[i : i + batch_size], "boxes": self.boxes[i : i + batch_size],
-                   "region_mask": self.mask[i : i + batch_size]}
+            images = RegionInputs(self.regions[i : i + batch_size], self.boxes[i : i + batch_size], self.mask[i : i + batch_size])
+            yield ImageBatch(images)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from xmatch import Embeddings
 from xmatch.data import open_dataset
 from xmatch.extract import extract, on_pixels
 from xmatch.extract.manifest import ManifestError
+from xmatch.inputs import PixelInputs, RegionInputs
 
 from test_extract import PIPE, make_photos
 
@@ -56,8 +57,8 @@ def from_files(model: xmatch.MatchingModel, feats: Path, split: str) -> tuple[Em
     doc = {str(im["imgid"]): im for im in json.loads((feats / "dataset_xmatch.json").read_text())["images"]}
     paths = [str(Path(doc[k]["filepath"]) / doc[k]["filename"]) for k in ds.image_names]
     with torch.no_grad():
-        img = model.encode_images(batch["regions"], batch["boxes"], batch["region_mask"])
-    return img, paths, batch["boxes"].numpy()
+        img = model.encode_images(batch.images)
+    return img, paths, batch.images.boxes.numpy()
 
 
 @pytest.mark.parametrize("build", [teran, tern, scan], ids=["teran", "tern", "scan"])
@@ -67,7 +68,7 @@ def test_pixels_give_the_embeddings_of_the_extracted_features(extracted, build):
     model = build().eval()
     expected, paths, boxes = from_files(model, feats, "train")
     pixels = on_pixels(model, feats).eval()
-    assert pixels.image_encoder.takes_pixels and not model.image_encoder.takes_pixels
+    assert pixels.image_encoder.input_type is PixelInputs and model.image_encoder.input_type is RegionInputs
     with torch.no_grad():
         got = pixels.encode_images(images=[photos / p for p in paths])
     torch.testing.assert_close(got.tokens, expected.tokens, rtol=1e-4, atol=1e-5)

@@ -11,6 +11,7 @@ from xmatch.components.backbone_weights import WeightsMismatchError, load_by_pos
 from xmatch.components.image_timm import TimmGridImageEncoder, grid_boxes
 from xmatch.components.timm_backbone import TimmBackbone, create_timm_model
 from xmatch.registry import image_encoders
+from xmatch.inputs import PairBatch, PixelInputs
 
 from conftest import tiny_spec
 
@@ -110,7 +111,7 @@ def test_preprocessing_is_timms_transform_for_every_input_kind(encoder, tmp_path
 def test_a_spec_model_encodes_pil_images_and_paths_end_to_end(fixture_bert, timm_grid, tmp_path):
     spec = tiny_spec(fixture_bert, image_encoder={"name": timm_grid, **SMALL})
     model = xmatch.build(spec).eval()
-    assert model.image_encoder.takes_pixels
+    assert model.image_encoder.input_type is PixelInputs
     image = picture(7)
     path = tmp_path / "seven.png"
     image.save(path)
@@ -134,7 +135,7 @@ def test_training_step_gives_every_trainable_parameter_a_gradient(fixture_bert, 
     backbone = model.image_encoder.backbone
     assert backbone.training is finetune
     stats = {k: v.clone() for k, v in backbone.state_dict().items() if "running" in k}
-    batch = {"images": [picture(k) for k in range(3)], "texts": ["a", "a b", "c d e"], "image_ids": torch.arange(3)}
+    batch = PairBatch(PixelInputs([picture(k) for k in range(3)]), ["a", "a b", "c d e"], image_ids=torch.arange(3))
     model(batch).loss.backward()
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     missing = [n for n, p in trainable if p.grad is None or not torch.isfinite(p.grad).all()]

@@ -9,6 +9,7 @@ import torch
 
 import xmatch
 from xmatch import Embeddings
+from xmatch.inputs import PairBatch, RegionInputs
 
 from conftest import MINILM, random_regions, tiny_spec
 
@@ -165,7 +166,7 @@ def test_bad_text_input(tiny_model):
 def test_mismatched_training_batch(tiny_model):
     regions, boxes, mask = random_regions(3, 4, 12)
     with pytest.raises(ValueError, match="one to one"):
-        tiny_model({"regions": regions, "boxes": boxes, "region_mask": mask, "texts": ["a man", "a pan"]})
+        tiny_model(PairBatch(RegionInputs(regions, boxes, mask), ["a man", "a pan"]))
 
 
 def test_training_step_lowers_the_loss(fixture_bert):
@@ -173,7 +174,7 @@ def test_training_step_lowers_the_loss(fixture_bert):
     model = xmatch.build(tiny_spec(fixture_bert, pooler="Symm"))
     regions, boxes, mask = random_regions(6, 5, 12, seed=4)
     texts = ["a man cooking", "the stove", "a pan", "a small kitchen", "a person", "the counter"]
-    batch = {"regions": regions, "boxes": boxes, "region_mask": mask, "texts": texts}
+    batch = PairBatch(RegionInputs(regions, boxes, mask), texts)
     model.eval()  # no dropout: the comparison is about the step, not the noise
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     first = model(batch).loss

@@ -11,6 +11,7 @@ import torch
 import xmatch
 from xmatch.components.losses import hinge_triplet
 from xmatch.masks import lengths_to_mask
+from xmatch.inputs import PairBatch, RegionInputs
 
 ORIGINAL_NAMES = {"MrSw": "MrSw", "MwSr": "MwSr", "Symm": "symm", "MrAvgw": "MrAVGw"}
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -103,12 +104,12 @@ def test_clean_mode_differs_where_original_zero_fills(encoded, mrsw_io):
 
 def _training_batch(mrsw_io):
     idx = list(range(0, 20, 5))
-    return {
-        "regions": torch.from_numpy(mrsw_io["region_features"]),
-        "boxes": torch.from_numpy(mrsw_io["boxes_norm"]),
-        "region_mask": lengths_to_mask(torch.from_numpy(mrsw_io["n_regions"]), 36),
-        "texts": [str(mrsw_io["captions"][k]) for k in idx],
-    }
+    images = RegionInputs(
+        torch.from_numpy(mrsw_io["region_features"]),
+        torch.from_numpy(mrsw_io["boxes_norm"]),
+        lengths_to_mask(torch.from_numpy(mrsw_io["n_regions"]), 36),
+    )
+    return PairBatch(images, [str(mrsw_io["captions"][k]) for k in idx])
 
 
 def test_forward_loss_and_gradient_norm_match(converted, mrsw_io):
@@ -249,7 +250,7 @@ def test_tern_sets_match_up_to_normalisation(tern_encoded, tern_io):
 
 def _tern_training_batch(io):
     regions, boxes, mask = _tern_images(io)
-    return {"regions": regions, "boxes": boxes, "region_mask": mask, "texts": [str(io["captions"][k]) for k in range(0, 20, 5)]}
+    return PairBatch(RegionInputs(regions, boxes, mask), [str(io["captions"][k]) for k in range(0, 20, 5)])
 
 
 def test_tern_training_scores_loss_and_gradient_norm_match(tern, tern_io):

@@ -137,7 +137,7 @@ def test_regions_layout_reads_back_through_teran_dataset(cache, folder, records)
     reopened = open_scenes(cache, "val", **FAST)
     assert direct.captions == reopened.captions and direct.image_names == reopened.image_names
     batch = next(iter(reopened.loader(4, shuffle=False)))
-    assert batch["regions"].shape == (4, 36, 256) and batch["region_mask"].all()
+    assert batch.images.regions.shape == (4, 36, 256) and batch.images.mask.all()
 
 
 def test_images_layout_reads_back_through_image_captions_dataset(cache, records):

@@ -12,6 +12,7 @@ import pytest
 
 import xmatch
 from xmatch.cli import _nested, build_parser
+from xmatch.inputs import PixelInputs
 
 pytest.importorskip("timm")
 
@@ -46,7 +47,7 @@ def test_rows_are_valid_commands_that_build_the_labelled_models(table, tmp_path)
         assert pooler == {"CLS cosine": "globalcosine"}.get(row.pooler, row.pooler.lower()), row.key
         text = type(model.text_encoder).__name__
         assert text == ("BiGRUTextEncoder" if row.text == "Bi-GRU" else "BertTextEncoder"), row.key
-        assert model.image_encoder.takes_pixels is row.image.startswith("grid"), row.key
+        assert (model.image_encoder.input_type is PixelInputs) is row.image.startswith("grid"), row.key
         if "MiniLM" in row.text:
             assert model.text_encoder.output_dim == 384 and "freeze=true" in row.train_set[0]
 

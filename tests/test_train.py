@@ -133,7 +133,7 @@ def test_resume_continues_the_schedule_and_the_data_position(fixture_bert, data_
     original_step = trainer._micro_step
 
     def spy(batch, *args):
-        seen.append(batch["indices"].tolist())
+        seen.append(batch.indices.tolist())
         return original_step(batch, *args)
 
     trainer._micro_step = spy

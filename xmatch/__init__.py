@@ -26,6 +26,7 @@ from xmatch.components.base import (
 from xmatch.components.image_bottomup import normalize_boxes
 from xmatch.embeddings import Embeddings
 from xmatch.errors import XmatchError
+from xmatch.inputs import ImageBatch, PairBatch, PixelInputs, RegionInputs
 from xmatch.model import MatchingModel
 from xmatch.registry import (
     register_dataset,
@@ -56,8 +57,8 @@ def list_components(kind: str) -> list[str]:
 
 
 __all__ = [
-    "Embeddings", "EncoderOutput", "ImageEncoder", "Loss", "LossOutput", "MatchingModel", "Pooler",
-    "Reasoner", "SpecError", "TextEncoder", "TokenBatch", "XmatchError", "ZooEntry", "build", "convert_original",
+    "Embeddings", "EncoderOutput", "ImageBatch", "ImageEncoder", "Loss", "LossOutput", "MatchingModel", "PairBatch",
+    "PixelInputs", "Pooler", "Reasoner", "RegionInputs", "SpecError", "TextEncoder", "TokenBatch", "XmatchError", "ZooEntry", "build", "convert_original",
     "info", "list_components", "list_models", "model_from_spec", "normalize_boxes",
     "register_dataset", "register_image_encoder", "register_loss", "register_model",
     "register_pooler", "register_proposer", "register_reasoner", "register_text_encoder", "save_pretrained",

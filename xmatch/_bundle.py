@@ -13,7 +13,7 @@ import torch
 
 from xmatch._files import move_into_place
 from xmatch.errors import XmatchError
-from xmatch.spec import COMPONENTS, merge, with_current_argument_names
+from xmatch.spec import COMPONENTS, OPTIONAL_COMPONENTS, merge, with_current_argument_names
 
 WEIGHTS_FILE = "model.safetensors"
 FORMAT = "xmatch.model/1"
@@ -111,7 +111,10 @@ def read_bundle_spec(directory: str | os.PathLike) -> tuple[dict[str, Any], Path
     if not isinstance(spec, dict):
         raise BundleError(f"{weights}: the spec in its metadata is a {type(spec).__name__}, not a table. {_RESAVE}")
     shared = spec.get("shared_reasoner") is True
-    missing = [k for k in COMPONENTS if not isinstance(spec.get(k), dict) and not (k == "text_reasoner" and shared)]
+    missing = [
+        k for k in COMPONENTS
+        if not isinstance(spec.get(k), dict) and not (k == "text_reasoner" and shared) and k not in OPTIONAL_COMPONENTS
+    ]
     if missing:
         raise BundleError(f"{weights}: the spec in its metadata has no {', '.join(missing)} table. {_RESAVE}")
     assets = _metadata_json(meta, "assets", weights, default="{}")
@@ -202,6 +205,8 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
         raise ValueError(f"{path} is not a readable safetensors file ({exc}); it may be truncated.") from exc
     expected = set(model.state_dict())
     missing, unexpected = _diff_keys(model, expected, keys)
+    if getattr(model, "loss", False) is None:  # an inference build: a training build's loss state is not read
+        unexpected = {k for k in unexpected if not k.startswith("loss.")}
     if missing or unexpected:
         raise ValueError(
             f"{path} does not fit this model: missing {sorted(missing)[:10]}"
@@ -209,7 +214,9 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
             f"{' ...' if len(unexpected) > 10 else ''}. Build the model from the same spec as the weights."
         )
     try:
-        load_model(model, str(path), strict=True, device=str(next(model.parameters()).device))
+        # the keys were compared above; a loss-less model leaves the file's loss tensors unread
+        strict = getattr(model, "loss", False) is not None
+        load_model(model, str(path), strict=strict, device=str(next(model.parameters()).device))
     except RuntimeError as exc:
         raise ValueError(f"{path} does not fit this model: {exc}") from exc
 

@@ -56,7 +56,7 @@ def model_from_spec(spec: Mapping[str, Any]) -> MatchingModel:
         image_reasoner=image_reasoner,
         text_reasoner=text_reasoner,
         pooler=make("pooler", "poolers"),
-        loss=make("loss", "losses"),
+        loss=make("loss", "losses") if "loss" in canonical else None,
         embed_dim=dim,
         image_projection=canonical["image_projection"],
         text_projection=canonical["text_projection"],

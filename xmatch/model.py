@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from xmatch.components.base import (
 )
 from xmatch.buckets import BucketedEmbeddings
 from xmatch.embeddings import Embeddings
+from xmatch.inputs import ImageInputs, PairBatch, PixelInputs, RegionInputs, input_type_of
 from xmatch.progress import progress_bar
 
 #: inputs of at least this many items get a progress bar by default (on a terminal)
@@ -38,7 +40,9 @@ class MatchingModel(nn.Module):
     """Image encoder -> projection -> image reasoner; text encoder -> projection -> text
     reasoner; a pooler scores image-text pairs; a loss trains them.
 
-    Built from a spec by :func:`xmatch.build`; ``model.spec`` gives the full spec back.
+    Built from a spec by :func:`xmatch.build`; ``model.spec`` gives the full spec back. An
+    inference build needs no loss: ``xmatch.build(name, loss=None)`` (or a spec without a
+    ``[loss]`` table) encodes and scores, and reads the weights of a training build.
 
     Example:
         >>> model = xmatch.build("teran-mrsw-scenes").eval()
@@ -56,7 +60,7 @@ class MatchingModel(nn.Module):
         image_reasoner: Reasoner,
         text_reasoner: Reasoner,
         pooler: Pooler,
-        loss: Loss,
+        loss: Loss | None,
         embed_dim: int,
         extra_poolers: Mapping[str, Pooler] | None = None,
         spec: dict[str, Any] | None = None,
@@ -100,9 +104,9 @@ class MatchingModel(nn.Module):
 
     def encode_images(
         self,
-        regions: torch.Tensor | None = None,
-        boxes: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
+        regions: torch.Tensor | np.ndarray | ImageInputs | None = None,
+        boxes: torch.Tensor | np.ndarray | None = None,
+        mask: torch.Tensor | np.ndarray | None = None,
         *,
         images: Sequence[Any] | torch.Tensor | None = None,
         batch_size: int | None = 64,
@@ -111,8 +115,13 @@ class MatchingModel(nn.Module):
         """Encode images into region embeddings, ``batch_size`` images at a time so that memory
         stays bounded for any number of images.
 
+        Region inputs are checked once, where they are (NumPy arrays and CPU tensors on the
+        CPU), and moved to the model's device batch by batch.
+
         Args:
-            regions: ``[B, R, F]`` precomputed region features (a tensor or a NumPy array).
+            regions: ``[B, R, F]`` precomputed region features (a tensor or a NumPy array), or
+                the inputs as one :class:`~xmatch.inputs.RegionInputs` /
+                :class:`~xmatch.inputs.PixelInputs`.
             boxes: ``[B, R, 4]`` boxes normalised to [0, 1] (``xmatch.normalize_boxes``).
             mask: ``[B, R]`` bool, True for real regions (default: all real).
             images: raw images, for encoders that take pixels.
@@ -122,26 +131,42 @@ class MatchingModel(nn.Module):
         Raises:
             ValueError: regions, boxes and mask are for different numbers of images (both
                 shapes are named), or are not what the image encoder reads.
+
+        Example:
+            >>> model = xmatch.build("teran-mrsw-scenes").eval()
+            >>> inputs = xmatch.RegionInputs(torch.rand(2, 36, 1280), torch.tensor([0.1, 0.2, 0.5, 0.9]).expand(2, 36, 4))
+            >>> model.encode_images(inputs).tokens.shape
+            torch.Size([2, 36, 256])
         """
-        if self.image_encoder.takes_pixels:
+        inputs = self._image_inputs(regions, boxes, mask, images)
+        device = self.device
+        return self._batched(len(inputs), batch_size, lambda s: self._finish(
+            self.image_encoder.encode(inputs[s].to(device)), self.image_projection, self.image_reasoner,
+        ), progress, "images")
+
+    def _image_inputs(self, regions: Any, boxes: Any, mask: Any, images: Any) -> ImageInputs:
+        """The typed inputs of :meth:`encode_images`'s arguments, checked against what the
+        image encoder reads."""
+        encoder = type(self.image_encoder).__name__
+        reads = input_type_of(self.image_encoder)
+        if isinstance(regions, (RegionInputs, PixelInputs)):
+            if boxes is not None or mask is not None or images is not None:
+                raise TypeError("give encode_images either one RegionInputs / PixelInputs or the separate arguments, not both.")
+            if not isinstance(regions, reads):  # the wrong kind of images: a ValueError, as for images= to a region encoder
+                raise ValueError(f"the image encoder {encoder} reads {reads.__name__}, got {type(regions).__name__}.")  # noqa: TRY004
+            return regions
+        if reads is PixelInputs:
             if images is None:
-                raise ValueError(f"the image encoder {type(self.image_encoder).__name__} takes images=...")
-            return self._batched(len(images), batch_size, lambda s: self._finish(
-                self.image_encoder(images=images[s]), self.image_projection, self.image_reasoner), progress, "images")
+                raise ValueError(f"the image encoder {encoder} takes images=...")
+            return PixelInputs(images)
         if images is not None:
             raise ValueError(
-                f"the image encoder {type(self.image_encoder).__name__} takes precomputed "
+                f"the image encoder {encoder} takes precomputed "
                 "regions=..., boxes=...; build a model with a pixel image encoder for raw images."
             )
         if regions is None or boxes is None:
             raise ValueError("encode_images needs regions=[B, R, F] and boxes=[B, R, 4].")
-        regions, boxes, mask = _region_tensors(regions, boxes, mask)
-        device = self.device
-        return self._batched(len(regions), batch_size, lambda s: self._finish(
-            self.image_encoder(regions[s].to(device), boxes[s].to(device), None if mask is None else mask[s].to(device)),
-            self.image_projection,
-            self.image_reasoner,
-        ), progress, "images")
+        return RegionInputs(*_region_tensors(regions, boxes, mask))
 
     def tokenize(self, texts: Sequence[str]) -> TokenBatch:
         """Tokenise captions with the text encoder's own tokenizer."""
@@ -198,22 +223,15 @@ class MatchingModel(nn.Module):
             raise ValueError(f"alignment takes one image and one text (img[k], txt[k]), got {len(img)} and {len(txt)}.")
         return img.tokens[0][img.mask[0]] @ txt.tokens[0][txt.mask[0]].T
 
-    def encode_batch(self, batch: Mapping[str, Any]) -> tuple[Embeddings, Embeddings]:
+    def encode_batch(self, batch: PairBatch | Mapping[str, Any]) -> tuple[Embeddings, Embeddings]:
         """Encode a training batch of (image, caption) pairs: ``(images, captions)``.
 
-        ``batch`` holds ``regions``, ``boxes`` (and ``region_mask``) or ``images``, and ``texts``
-        (list of captions or a TokenBatch), as :func:`xmatch.data.collate` makes it.
+        ``batch`` is a :class:`~xmatch.inputs.PairBatch`, as :func:`xmatch.data.collate` makes
+        it (a batch dict of the old layout still works, with a DeprecationWarning).
         """
-        img = self.encode_images(
-            batch.get("regions"), batch.get("boxes"), batch.get("region_mask"), images=batch.get("images"),
-            batch_size=None, progress=False,
-        )
-        txt = self.encode_texts(batch["texts"], batch_size=len(batch["texts"]))
-        if len(img) != len(txt):
-            raise ValueError(
-                f"a training batch pairs images with captions one to one; got {len(img)} images "
-                f"and {len(txt)} captions."
-            )
+        batch = _pair_batch(batch)
+        img = self.encode_images(batch.images, batch_size=None, progress=False)
+        txt = self.encode_texts(batch.texts, batch_size=len(batch.texts))
         return img, txt
 
     def batch_loss(self, img: Embeddings, txt: Embeddings, image_ids: torch.Tensor | None = None) -> LossOutput:
@@ -226,6 +244,11 @@ class MatchingModel(nn.Module):
         # Scores and hinge in float32 even under autocast: in bfloat16 a word-summed score near
         # 10 is resolved to 0.06, too coarse beside the 0.2 margin; the batch's region x word
         # products are a small share of a training step.
+        if self.loss is None:
+            raise ValueError(
+                "this model was built without a loss (an inference build: loss=None or a spec without [loss]); "
+                "build it with a loss table to train it."
+            )
         with torch.autocast(img.tokens.device.type, enabled=False):
             img, txt = _at_least_float32(img), _at_least_float32(txt)
             scores = {"main": self.pooler(img, txt, batch_layout=True)}
@@ -233,14 +256,35 @@ class MatchingModel(nn.Module):
                 scores[name] = pooler(img, txt, batch_layout=True)
             return self.loss(scores, image_ids)
 
-    def forward(self, batch: Mapping[str, Any]) -> LossOutput:
+    def forward(self, batch: PairBatch | Mapping[str, Any]) -> LossOutput:
         """Training step: encode a batch of (image, caption) pairs and return the loss.
 
-        ``batch`` holds ``regions``, ``boxes`` (and ``region_mask``) or ``images``; ``texts``
-        (list of captions or a TokenBatch); optionally ``image_ids`` (same id = same image).
+        ``batch`` is a :class:`~xmatch.inputs.PairBatch` (images, captions, optionally
+        ``image_ids``: same id = same image), as :func:`xmatch.data.collate` makes it.
+
+        Example:
+            >>> model = xmatch.build("teran-mrsw-scenes")
+            >>> images = xmatch.RegionInputs(torch.rand(2, 36, 1280), torch.tensor([0.1, 0.2, 0.5, 0.9]).expand(2, 36, 4))
+            >>> model(xmatch.PairBatch(images, ["a red circle", "a blue seven"])).loss.shape
+            torch.Size([])
         """
+        batch = _pair_batch(batch)
         img, txt = self.encode_batch(batch)
-        return self.batch_loss(img, txt, batch.get("image_ids"))
+        return self.batch_loss(img, txt, batch.image_ids)
+
+
+def _pair_batch(batch: PairBatch | Mapping[str, Any]) -> PairBatch:
+    if isinstance(batch, PairBatch):
+        return batch
+    if isinstance(batch, Mapping):
+        warnings.warn(
+            "training batches as dicts are deprecated; pass an xmatch.PairBatch (xmatch.data.collate makes one, "
+            "PairBatch.from_dict converts a dict) (dicts will stop working in a future release).",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return PairBatch.from_dict(batch)
+    raise TypeError(f"a training batch is an xmatch.PairBatch (xmatch.data.collate makes one), got {type(batch).__name__}.")
 
 
 def _at_least_float32(e: Embeddings) -> Embeddings:

@@ -19,7 +19,10 @@ Records passed between components:
 
 - :class:`EncoderOutput` (encoder -> model; ``EncoderOutput.global_vector`` for one global
   slot), :class:`TokenBatch` (tokenizer -> text encoder), :class:`Embeddings` (model ->
-  poolers, index, disk), :class:`LossOutput`, :class:`MatchingModel`.
+  poolers, index, disk), :class:`LossOutput`, :class:`MatchingModel`;
+- image inputs (model -> image encoder): :class:`RegionInputs` (regions, boxes, mask; checked
+  when made), :class:`PixelInputs` (pictures), :data:`ImageInputs` (either); an image encoder
+  declares which it reads with ``input_type`` (:func:`input_type_of` reads it off any encoder).
 
 The word-level text pipeline (one for every word-id encoder):
 
@@ -109,16 +112,18 @@ from xmatch.components.text_words import (
     with_markers,
 )
 from xmatch.deprecation import renamed_names
+from xmatch.inputs import ImageInputs, PixelInputs, RegionInputs, input_type_of
 from xmatch.masks import last_true_mask, lengths_to_mask, pad_stack
 from xmatch.projection_init import init_projection_like_original
 from xmatch.spec import merge
 
 __all__ = [
-    "BiGRUTextEncoder", "BiLSTMTextEncoder", "END", "Embeddings", "EncoderOutput", "ImageEncoder", "Loss",
-    "LossOutput", "MatchingModel", "Pooler", "RNNTextEncoder", "Reasoner", "RegionFeaturesImageEncoder",
+    "BiGRUTextEncoder", "BiLSTMTextEncoder", "END", "Embeddings", "EncoderOutput", "ImageEncoder", "ImageInputs", "Loss",
+    "LossOutput", "MatchingModel", "PixelInputs", "Pooler", "RNNTextEncoder", "Reasoner", "RegionFeaturesImageEncoder",
+    "RegionInputs",
     "START", "SpecError", "XmatchError", "TextEncoder", "TokenBatch", "TokenCoverage", "VOCAB_FILE", "Vocabulary",
     "WordTextEncoder", "ZooEntry", "check_region_inputs", "hinge_triplet", "init_projection_like_original",
-    "last_true_mask", "lengths_to_mask", "load_backbone_weights", "load_vocabulary", "merge", "normalize_boxes", "pad_stack",
+    "input_type_of",    "last_true_mask", "lengths_to_mask", "load_backbone_weights", "load_vocabulary", "merge", "normalize_boxes", "pad_stack",
     "read_original_vocabulary", "register_dataset", "register_image_encoder", "register_loss", "register_model",
     "register_pooler", "register_proposer", "register_reasoner", "register_text_encoder", "renamed_names", "split_words",
     "tokenize_words", "uniform_word_embedding", "with_markers", "zoo_entries_from_toml",

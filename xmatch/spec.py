@@ -39,6 +39,8 @@ COMPONENTS: dict[str, str] = {
     "pooler": "poolers",
     "loss": "losses",
 }
+#: components a spec may leave out: without a loss the model encodes and scores (inference)
+OPTIONAL_COMPONENTS = ("loss",)
 #: top-level scalar keys of a model spec and their defaults
 MODEL_OPTIONS: dict[str, Any] = {
     "embed_dim": 1024,
@@ -263,6 +265,8 @@ def check_model_spec(spec: Mapping[str, Any], root: str = "model") -> dict[str, 
     if out["embed_dim"] <= 0:
         raise SpecError(f"{root} -> embed_dim: must be positive, got {out['embed_dim']}.")
     for key, kind in COMPONENTS.items():
+        if key in OPTIONAL_COMPONENTS and spec.get(key) is None:
+            continue  # build(..., loss=None): an inference model
         if key not in spec:
             if key == "text_reasoner" and out["shared_reasoner"]:
                 continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,7 @@ from torch import nn
 
 from xmatch.buckets import BucketedEmbeddings
 from xmatch.embeddings import Embeddings
+from xmatch.inputs import PixelInputs, RegionInputs
 
 
 @dataclass
@@ -76,15 +78,67 @@ class TokenBatch:
         return self.mask.shape[0]
 
 
+class _TakesPixels:
+    """``encoder.takes_pixels``, read on a class or an instance: the ``input_type`` of today,
+    as the boolean encoders declared before (with a DeprecationWarning)."""
+
+    def __get__(self, obj: object, owner: type) -> bool:
+        warnings.warn(
+            f"{owner.__name__}.takes_pixels is deprecated; compare {owner.__name__}.input_type with "
+            "xmatch.PixelInputs / xmatch.RegionInputs (takes_pixels will stop working in a future release).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return owner.input_type is PixelInputs
+
+
 class ImageEncoder(nn.Module):
     """Turns region features (+ boxes) or pixels into a set of region features.
 
-    Subclasses set ``output_dim`` and implement ``forward``. ``takes_pixels`` tells
-    ``encode_images`` whether the encoder wants ``images=`` or ``regions=``.
+    Subclasses set ``output_dim``, declare what they read with ``input_type``
+    (:class:`~xmatch.inputs.RegionInputs`, the default, or :class:`~xmatch.inputs.PixelInputs`)
+    and implement ``forward``: ``forward(regions, boxes, mask)`` or ``forward(images)``.
+    The model calls :meth:`encode` with the typed inputs.
+
+    Example:
+        >>> from xmatch.inputs import PixelInputs
+        >>> class MeanPixels(ImageEncoder):
+        ...     input_type = PixelInputs
+        ...     output_dim = 3
+        ...     def forward(self, images):
+        ...         return EncoderOutput.global_vector(images.mean(dim=(2, 3)))
+        >>> MeanPixels().encode(PixelInputs(torch.ones(2, 3, 4, 4))).tokens.shape
+        torch.Size([2, 1, 3])
     """
 
     output_dim: int
-    takes_pixels: bool = False
+    input_type: type[RegionInputs | PixelInputs] = RegionInputs
+    takes_pixels = _TakesPixels()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("takes_pixels")
+        if isinstance(declared, bool):  # an encoder written before input_type
+            warnings.warn(
+                f"{cls.__name__}: takes_pixels = {declared} is deprecated; declare "
+                f"input_type = {'PixelInputs' if declared else 'RegionInputs'} (from xmatch.inputs).",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            if "input_type" not in cls.__dict__:
+                cls.input_type = PixelInputs if declared else RegionInputs
+
+    def encode(self, inputs: RegionInputs | PixelInputs) -> EncoderOutput:
+        """Encode typed inputs (what the model calls): ``forward(regions, boxes, mask)`` or
+        ``forward(images=...)``. Encoders that read a checked :class:`RegionInputs` whole
+        override this to hand it to ``forward``."""
+        if not isinstance(inputs, self.input_type):
+            raise TypeError(
+                f"the image encoder {type(self).__name__} reads {self.input_type.__name__}, got {type(inputs).__name__}."
+            )
+        if isinstance(inputs, PixelInputs):
+            return self(images=inputs.images)
+        return self(inputs.regions, inputs.boxes, inputs.mask)
 
     def forward(self, *args: Any, **kwargs: Any) -> EncoderOutput:  # pragma: no cover - interface
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")

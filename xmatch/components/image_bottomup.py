@@ -14,6 +14,12 @@ from torch import nn
 from xmatch.components.base import EncoderOutput, ImageEncoder
 from xmatch.components.reasoners import TransformerReasoner
 from xmatch.deprecation import renamed_names
+from xmatch.inputs import (
+    RegionInputs,
+    check_feature_dim,
+    check_region_shapes,
+    check_region_values,
+)
 
 
 def normalize_boxes(boxes_xyxy: torch.Tensor, sizes_wh: torch.Tensor) -> torch.Tensor:
@@ -62,6 +68,9 @@ class BottomUpImageEncoder(ImageEncoder):
         cls_slot: prepend the all-zero image CLS slot (TERN/TERAN); it takes part in the
             attention, becomes ``Embeddings.pooled`` and never in the alignment.
 
+    The output carries the boxes (zeros for the CLS slot and padding): they become
+    ``Embeddings.boxes``, region ``t`` of an image being its token ``t``.
+
     Example:
         >>> enc = BottomUpImageEncoder(feature_dim=16, layers=1)
         >>> out = enc(torch.rand(2, 5, 16), torch.tensor([[0.1, 0.1, 0.5, 0.5]]).expand(2, 5, 4))
@@ -87,9 +96,11 @@ class BottomUpImageEncoder(ImageEncoder):
         self.transformer = TransformerReasoner(feature_dim, layers, heads, ff_dim, dropout)
 
     def forward(
-        self, regions: torch.Tensor, boxes: torch.Tensor, mask: torch.Tensor | None = None
+        self, regions: torch.Tensor | RegionInputs, boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None
     ) -> EncoderOutput:
-        mask = check_region_inputs(regions, boxes, mask, self.feature_dim)
+        """Encode ``regions [B, R, F]``, ``boxes [B, R, 4]`` and ``mask [B, R]`` (checked here), or
+        one :class:`~xmatch.inputs.RegionInputs` (checked when it was made)."""
+        regions, boxes, mask = _region_tensors(regions, boxes, mask, self.feature_dim)
         if self.cls_slot:
             regions = nn.functional.pad(regions, (0, 0, 1, 0))
             boxes = nn.functional.pad(boxes, (0, 0, 1, 0))
@@ -103,11 +114,14 @@ class BottomUpImageEncoder(ImageEncoder):
         content = mask.clone()
         if self.cls_slot:
             content[:, 0] = False
-        return EncoderOutput(x, mask, content, global_slot=self.cls_slot)
+        return EncoderOutput(x, mask, content, global_slot=self.cls_slot, boxes=boxes.float())
 
     @property
     def dtype(self) -> torch.dtype:
         return self.box_conditioning.map[0].weight.dtype
+
+    def encode(self, inputs: RegionInputs) -> EncoderOutput:  # type: ignore[override]
+        return self(inputs)  # the record itself: it was checked when it was made
 
 
 class RegionFeaturesImageEncoder(ImageEncoder):
@@ -117,8 +131,9 @@ class RegionFeaturesImageEncoder(ImageEncoder):
 
     Inputs are those of the ``bottomup`` encoder (regions ``[B, R, F]``, boxes ``[B, R, 4]``,
     mask), checked by :func:`check_region_inputs`; boxes may be left out (full-image boxes
-    stand in, for models without geometry). Subclasses that reduce the regions further call
-    :meth:`real_regions` in their own ``forward``.
+    stand in, for models without geometry). The model hands ``forward`` one checked
+    :class:`~xmatch.inputs.RegionInputs` as ``regions``: subclasses that reduce the regions
+    further pass their ``forward``'s arguments to :meth:`real_regions`, which reads both forms.
 
     Args:
         feature_dim: width of the region features (2048 for bottom-up Faster R-CNN).
@@ -138,69 +153,60 @@ class RegionFeaturesImageEncoder(ImageEncoder):
         self.output_dim = feature_dim
 
     def real_regions(
-        self, regions: torch.Tensor, boxes: torch.Tensor | None, mask: torch.Tensor | None
+        self, regions: torch.Tensor | RegionInputs, boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Checked ``regions`` with padded slots zeroed (so what they held never leaks), and the mask."""
+        """Checked ``regions`` with padded slots zeroed (so what they held never leaks), and the mask.
+
+        ``regions`` may be a :class:`~xmatch.inputs.RegionInputs` (what the model hands to
+        ``forward``: checked when it was made, so not checked again)."""
         if boxes is None and isinstance(regions, torch.Tensor):
             boxes = regions.new_tensor([0.0, 0.0, 1.0, 1.0]).expand(*regions.shape[:2], 4)
-        mask = check_region_inputs(regions, boxes, mask, self.feature_dim)
+        regions, _, mask = _region_tensors(regions, boxes, mask, self.feature_dim)
         return regions.masked_fill(~mask.unsqueeze(-1), 0.0), mask
 
+    def encode(self, inputs: RegionInputs) -> EncoderOutput:  # type: ignore[override]
+        """``forward`` gets the record itself (checked when it was made); a subclass's
+        ``forward`` hands it to :meth:`real_regions`."""
+        return self(inputs)
+
     def forward(
-        self, regions: torch.Tensor, boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None
+        self, regions: torch.Tensor | RegionInputs, boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None
     ) -> EncoderOutput:
-        """Every real region is a token that takes part in the alignment."""
+        """Every real region is a token that takes part in the alignment (with its box, when given)."""
+        given = regions.boxes if isinstance(regions, RegionInputs) else boxes
         tokens, mask = self.real_regions(regions, boxes, mask)
-        return EncoderOutput(tokens, mask, mask.clone(), global_slot=False)
+        kept = None if given is None else given.masked_fill(~mask.unsqueeze(-1), 0.0).float()
+        return EncoderOutput(tokens, mask, mask.clone(), global_slot=False, boxes=kept)
 
 
 def check_region_inputs(
     regions: torch.Tensor, boxes: torch.Tensor, mask: torch.Tensor | None, feature_dim: int
 ) -> torch.Tensor:
-    """Validate region inputs and return the mask (all True when not given)."""
-    if not isinstance(regions, torch.Tensor) or not isinstance(boxes, torch.Tensor):
-        raise TypeError("regions and boxes must be torch tensors ([B, R, F] and [B, R, 4]).")
-    if regions.dim() != 3:
-        raise ValueError(
-            f"regions must be [batch, regions, features], got shape {tuple(regions.shape)}; "
-            "add a batch axis with regions.unsqueeze(0) for a single image."
-        )
-    if regions.shape[2] != feature_dim:
-        raise ValueError(
-            f"regions have {regions.shape[2]} features but the image encoder expects "
-            f"{feature_dim}; build the model with image_encoder={{'feature_dim': {regions.shape[2]}}} "
-            "or use features of the right extractor."
-        )
-    if not regions.is_floating_point():
-        raise TypeError(f"regions must be a floating-point tensor, got {regions.dtype}.")
-    if boxes.shape != (*regions.shape[:2], 4):
-        raise ValueError(
-            f"boxes must be [batch, regions, 4] = {(*regions.shape[:2], 4)} to match the regions, "
-            f"got {tuple(boxes.shape)}."
-        )
-    if mask is None:
-        mask = torch.ones(regions.shape[:2], dtype=torch.bool, device=regions.device)
-    elif mask.shape != regions.shape[:2] or mask.dtype != torch.bool:
-        raise ValueError(
-            f"mask must be a bool tensor of shape {tuple(regions.shape[:2])} (True = real region), "
-            f"got {mask.dtype} {tuple(mask.shape)}."
-        )
-    if regions.shape[1] == 0 or not bool(mask.any(dim=1).all()):
-        empty = (~mask.any(dim=1)).nonzero().flatten().tolist() if regions.shape[1] else "all"
-        raise ValueError(f"images {empty} have zero regions; every image needs at least one region.")
-    real = mask.unsqueeze(-1)
-    if not bool(torch.isfinite(regions).masked_fill(~real, True).all()):
-        bad = (~torch.isfinite(regions) & real).any(dim=2).any(dim=1).nonzero().flatten().tolist()
-        raise ValueError(f"region features of images {bad} contain NaN or inf; fix the feature files.")
-    b = boxes.masked_fill(~real, 0.0)
-    if not bool(torch.isfinite(b).all()) or bool((b < 0).any()) or bool((b > 1).any()):
-        raise ValueError(
-            "boxes must be normalised to [0, 1] (x1/W, y1/H, x2/W, y2/H); got values outside that "
-            "range: divide pixel boxes by the image size (xmatch.normalize_boxes)."
-        )
-    if bool((b[..., 2] < b[..., 0]).any()) or bool((b[..., 3] < b[..., 1]).any()):
-        raise ValueError("boxes must be (x1, y1, x2, y2) with x2 >= x1 and y2 >= y1; some are not.")
+    """Validate region inputs and return the mask (all True when not given).
+
+    For raw tensors handed to an encoder directly; inputs that come as a
+    :class:`~xmatch.inputs.RegionInputs` were checked when it was made.
+
+    Example:
+        >>> check_region_inputs(torch.rand(1, 2, 4), torch.zeros(1, 2, 4), None, feature_dim=4).tolist()
+        [[True, True]]
+    """
+    mask = check_region_shapes(regions, boxes, mask, feature_dim)
+    check_region_values(regions, boxes, mask)
     return mask
+
+
+def _region_tensors(
+    regions: torch.Tensor | RegionInputs, boxes: torch.Tensor | None, mask: torch.Tensor | None, feature_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Regions, boxes and mask of an encoder's inputs: a checked record's tensors (only their
+    width is compared, which reads no value), or raw tensors checked here."""
+    if isinstance(regions, RegionInputs):
+        if boxes is not None or mask is not None:
+            raise TypeError("give the region inputs either as one RegionInputs or as regions, boxes, mask; not both.")
+        check_feature_dim(regions.regions, feature_dim)
+        return regions.regions, regions.boxes, regions.mask
+    return regions, boxes, check_region_inputs(regions, boxes, mask, feature_dim)  # type: ignore[arg-type]
 
 
 # the class names before they followed <Name><Kind>

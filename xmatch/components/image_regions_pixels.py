@@ -23,6 +23,7 @@ from xmatch.components.base import EncoderOutput, ImageEncoder
 from xmatch.components.image_bottomup import normalize_boxes
 from xmatch.components.image_timm import _drop_own_keys, _keep_own_tensors
 from xmatch.deprecation import renamed_names
+from xmatch.inputs import PixelInputs, RegionInputs, input_type_of
 
 
 class PixelRegionsImageEncoder(ImageEncoder):
@@ -52,7 +53,7 @@ class PixelRegionsImageEncoder(ImageEncoder):
         (torch.Size([1, 37, 1280]), torch.Size([1, 37, 4]))
     """
 
-    takes_pixels = True
+    input_type = PixelInputs
 
     def __init__(
         self,
@@ -98,6 +99,12 @@ class PixelRegionsImageEncoder(ImageEncoder):
     def regions(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The pictures' regions, padded: features ``[B, R, C]``, boxes normalised to each
         picture ``[B, R, 4]`` and mask ``[B, R]`` (what the extracted dataset would give)."""
+        inputs = self.region_inputs(images)
+        return inputs.regions, inputs.boxes, inputs.mask
+
+    def region_inputs(self, images: Sequence[Any]) -> RegionInputs:
+        """:meth:`regions` as a :class:`~xmatch.inputs.RegionInputs`, checked on the CPU and
+        then moved to the encoder's device (so the checks never wait for a GPU)."""
         found = self.pipeline.regions_of(images)
         device = next(self.encoder.parameters(), torch.empty(0)).device
         width = max(len(r.features) for r in found)
@@ -110,7 +117,7 @@ class PixelRegionsImageEncoder(ImageEncoder):
             # float64 division, float32 result: exactly what the teran dataset does with the files
             boxes[i, :n] = normalize_boxes(r.boxes.double(), torch.tensor([r.width, r.height]))
             mask[i, :n] = True
-        return features.to(device), boxes.to(device), mask.to(device)
+        return RegionInputs(features, boxes, mask).to(device)
 
     def forward(self, images: Sequence[Any]) -> EncoderOutput:
         if isinstance(images, torch.Tensor):
@@ -118,8 +125,9 @@ class PixelRegionsImageEncoder(ImageEncoder):
                 "the pixel-regions encoder takes pictures (PIL images, paths or uint8 arrays), not a pixel tensor: "
                 "its proposer needs each picture's own size."
             )
-        features, boxes, mask = self.regions(images)
-        out = self.encoder(features, boxes, mask)
+        inputs = self.region_inputs(images)
+        boxes = inputs.boxes
+        out = self.encoder.encode(inputs)
         slot = 1 if out.global_slot else 0
         if out.tokens.shape[1] != boxes.shape[1] + slot:
             return out  # the encoder does not keep one token per region (e.g. VSE++'s average)
@@ -134,7 +142,7 @@ def _region_encoder(table: Mapping[str, Any] | None, feature_dim: int) -> ImageE
     table = dict(table or {"name": "bottomup"})
     checked = check_component(table, "image_encoders", "pixel-regions -> encoder")
     builder = get_registry("image_encoders").get(checked["name"])
-    if getattr(builder, "takes_pixels", False):
+    if input_type_of(builder) is PixelInputs:
         raise ValueError(f"pixel-regions -> encoder: '{checked['name']}' takes pixels; give a region encoder (e.g. bottomup).")
     if "feature_dim" in signature_of(builder).parameters:
         if "feature_dim" in table and table["feature_dim"] != feature_dim:

@@ -13,6 +13,7 @@ The backbone (:class:`~xmatch.components.timm_backbone.TimmBackbone`) and its we
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from xmatch.components.base import EncoderOutput, ImageEncoder
 from xmatch.components.image_bottomup import BottomUpImageEncoder
 from xmatch.components.timm_backbone import TimmBackbone
 from xmatch.deprecation import moved_names, renamed_names
+from xmatch.inputs import PixelInputs
 
 
 def grid_boxes(height: int, width: int) -> torch.Tensor:
@@ -79,7 +81,7 @@ class TimmGridImageEncoder(ImageEncoder):
         torch.Size([2, 50, 1280])
     """
 
-    takes_pixels = True
+    input_type = PixelInputs
     renamed_arguments = {"model": "backbone"}
 
     def __init__(
@@ -205,7 +207,8 @@ class TimmGridImageEncoder(ImageEncoder):
             )
         cells = fmap.flatten(2).transpose(1, 2)  # [B, h*w, C], row by row like grid_boxes
         boxes = self.cell_boxes.unsqueeze(0).expand(len(cells), -1, -1)
-        return self.regions(cells, boxes)
+        # the cell boxes are in the crop's frame, not the picture's: image_boxes(w, h) maps them
+        return dataclasses.replace(self.regions(cells, boxes), boxes=None)
 
 
 def _drop_own_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:

@@ -18,8 +18,8 @@ Example:
     >>> from xmatch.data import open_dataset
     >>> ds = open_dataset("teran", "data/coco", split="train", restval=True)  # needs the COCO features on disk  # doctest: +SKIP
     >>> batch = next(iter(ds.loader(40)))  # doctest: +SKIP
-    >>> sorted(batch)  # doctest: +SKIP
-    ['boxes', 'image_ids', 'indices', 'region_mask', 'regions', 'texts']
+    >>> batch.images.regions.shape, len(batch.texts)  # a PairBatch  # doctest: +SKIP
+    (torch.Size([40, 36, 2048]), 40)
 """
 
 from __future__ import annotations

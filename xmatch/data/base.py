@@ -12,6 +12,7 @@ import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
 from xmatch.data.collate import collate, collate_images
+from xmatch.inputs import ImageBatch
 from xmatch.data.items import ImageItem, Pair, RegionImage
 
 
@@ -105,14 +106,14 @@ class ImageTextDataset(Dataset[Pair]):
 
         Example:
             >>> for b in ds.image_loader(64, num_workers=4):  # needs a dataset and a model  # doctest: +SKIP
-            ...     embs = model.encode_images(b["regions"], b["boxes"], b["region_mask"])
+            ...     embs = model.encode_images(b.images)
         """
         return DataLoader(
             self.images, batch_size=batch_size, shuffle=False, num_workers=num_workers,
             collate_fn=collate_images, **kwargs,
         )
 
-    def image_batches(self, batch_size: int) -> Iterator[dict[str, Any]]:
+    def image_batches(self, batch_size: int) -> Iterator[ImageBatch]:
         """Image batches in order (the interface :func:`xmatch.eval.evaluate` reads)."""
         return iter(self.image_loader(batch_size))
 

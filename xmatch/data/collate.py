@@ -1,7 +1,10 @@
-"""Collate functions: dataset items -> the batch dict :meth:`xmatch.MatchingModel.forward` takes.
+"""Collate functions: dataset items -> the typed batches :meth:`xmatch.MatchingModel.forward`
+and evaluation read (:class:`~xmatch.inputs.PairBatch`, :class:`~xmatch.inputs.ImageBatch`).
 
 Region sets of different sizes are zero-padded to the largest in the batch and carry a
-boolean ``region_mask`` (True = real region); raw images stay a list of PIL images.
+boolean mask (True = real region) in a :class:`~xmatch.inputs.RegionInputs`, checked here on
+the CPU (so a training step on a GPU never waits for the checks); raw images stay a list of
+PIL images in a :class:`~xmatch.inputs.PixelInputs`.
 """
 
 from __future__ import annotations
@@ -13,57 +16,63 @@ import torch
 
 from xmatch.data.errors import DataError
 from xmatch.data.items import ImageItem, Pair, RegionImage
+from xmatch.inputs import ImageBatch, ImageInputs, PairBatch, PixelInputs, RegionInputs
 from xmatch.masks import pad_stack
 
 
-def collate(pairs: Sequence[Pair]) -> dict[str, Any]:
+def collate(pairs: Sequence[Pair]) -> PairBatch:
     """Batch (image, caption) pairs for training.
 
-    Returns a dict with ``regions [B, R, F]`` float32 (zero-padded), ``boxes [B, R, 4]``
-    normalised to [0, 1] (zero-padded), ``region_mask [B, R]`` bool (True = real region) -- or
-    ``images`` (list of PIL images) for raw-image datasets -- and ``texts`` (list of str),
-    ``image_ids`` (LongTensor ``[B]``, the image index: same id = same image) and ``indices``
-    (LongTensor ``[B]``, the caption index).
+    Returns a :class:`~xmatch.inputs.PairBatch`: ``images`` are :class:`RegionInputs`
+    (``regions [B, R, F]`` float32 and ``boxes [B, R, 4]`` normalised to [0, 1], both
+    zero-padded, ``mask [B, R]`` bool, True = real region) -- or :class:`PixelInputs` (PIL
+    images) for raw-image datasets --, ``texts`` (list of str), ``image_ids`` (LongTensor
+    ``[B]``, the image index: same id = same image) and ``indices`` (LongTensor ``[B]``, the
+    caption index).
+
+    Raises:
+        DataError: items of different feature extractors, or mixed regions and pictures.
+        ValueError: no items, or region values no encoder reads (NaN, boxes outside [0, 1]).
 
     Example:
         >>> pairs = [Pair(RegionImage(np.ones((r, 8), np.float32), np.zeros((r, 4), np.float32)), f"caption {r}", r, r)
         ...          for r in (2, 3)]
         >>> batch = collate(pairs)  # DataLoader(dataset, batch_size=40, collate_fn=collate) calls it
-        >>> batch["regions"].shape, batch["region_mask"].tolist(), batch["texts"]
+        >>> batch.images.regions.shape, batch.images.mask.tolist(), batch.texts
         (torch.Size([2, 3, 8]), [[True, True, False], [True, True, True]], ['caption 2', 'caption 3'])
     """
     if not pairs:
         raise ValueError("collate needs at least one item.")
-    batch = _image_batch([p.image for p in pairs], [f"caption {p.index} (image {p.image_index})" for p in pairs])
-    batch["texts"] = [p.text for p in pairs]
-    batch["image_ids"] = torch.tensor([p.image_index for p in pairs], dtype=torch.long)
-    batch["indices"] = torch.tensor([p.index for p in pairs], dtype=torch.long)
-    return batch
+    return PairBatch(
+        _image_inputs([p.image for p in pairs], [f"caption {p.index} (image {p.image_index})" for p in pairs]),
+        [p.text for p in pairs],
+        image_ids=torch.tensor([p.image_index for p in pairs], dtype=torch.long),
+        indices=torch.tensor([p.index for p in pairs], dtype=torch.long),
+    )
 
 
-def collate_images(items: Sequence[ImageItem]) -> dict[str, Any]:
+def collate_images(items: Sequence[ImageItem]) -> ImageBatch:
     """Batch images alone (evaluation encodes each image once).
 
-    Returns ``regions``, ``boxes``, ``region_mask`` (or ``images``) as :func:`collate` does,
+    Returns an :class:`~xmatch.inputs.ImageBatch`: ``images`` as :func:`collate` makes them
     and ``image_ids`` (LongTensor ``[B]``, the image indices).
 
     Example:
         >>> items = [ImageItem(RegionImage(np.ones((36, 8), np.float32), np.zeros((36, 4), np.float32)), k) for k in (4, 7)]
         >>> batch = collate_images(items)  # dataset.image_loader(64) calls it on dataset.images
-        >>> batch["region_mask"].shape, batch["image_ids"].tolist()
+        >>> batch.images.mask.shape, batch.image_ids.tolist()
         (torch.Size([2, 36]), [4, 7])
     """
     if not items:
         raise ValueError("collate_images needs at least one item.")
-    batch = _image_batch([it.image for it in items], [f"image {it.image_index}" for it in items])
-    batch["image_ids"] = torch.tensor([it.image_index for it in items], dtype=torch.long)
-    return batch
+    images = _image_inputs([it.image for it in items], [f"image {it.image_index}" for it in items])
+    return ImageBatch(images, torch.tensor([it.image_index for it in items], dtype=torch.long))
 
 
-def _image_batch(images: list[Any], labels: list[str]) -> dict[str, Any]:
+def _image_inputs(images: list[Any], labels: list[str]) -> ImageInputs:
     is_regions = [isinstance(im, RegionImage) for im in images]
     if not any(is_regions):
-        return {"images": list(images)}
+        return PixelInputs(list(images))
     if not all(is_regions):
         raise DataError("a batch mixes precomputed regions and raw images; use items of one dataset.")
     widths = [im.regions.shape[1] for im in images]
@@ -78,4 +87,4 @@ def _image_batch(images: list[Any], labels: list[str]) -> dict[str, Any]:
             raise DataError(f"{label}: boxes {im.boxes.shape} do not match its {im.regions.shape[0]} regions.")
     regions, mask = pad_stack([torch.as_tensor(im.regions, dtype=torch.float32) for im in images])
     boxes, _ = pad_stack([torch.as_tensor(im.boxes, dtype=torch.float32) for im in images])
-    return {"regions": regions, "boxes": boxes, "region_mask": mask}
+    return RegionInputs(regions, boxes, mask)

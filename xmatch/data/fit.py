@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from xmatch.data.items import RegionImage
+from xmatch.inputs import PixelInputs, input_type_of
 
 
 def check_images_fit(model: Any, dataset: Any, role: str) -> None:
@@ -29,8 +30,9 @@ def check_images_fit(model: Any, dataset: Any, role: str) -> None:
     image = dataset[0].image
     encoder = model.image_encoder
     name = type(encoder).__name__
+    reads = input_type_of(encoder)
     if isinstance(image, RegionImage):
-        if encoder.takes_pixels:
+        if reads is PixelInputs:
             raise ValueError(
                 f"the {role} set gives precomputed region features but the image encoder {name} takes "
                 "pixels; use an image-captions dataset (for the scenes benchmark: --data-option "
@@ -48,7 +50,7 @@ def check_images_fit(model: Any, dataset: Any, role: str) -> None:
                 "(--model-set image_encoder.feature_dim=...) or use features of the matching extractor"
                 + (f" ({made})." if made else ".")
             )
-    elif not encoder.takes_pixels:
+    elif reads is not PixelInputs:
         raise ValueError(
             f"the {role} set gives raw images but the image encoder {name} takes precomputed regions; "
             "use a pixel image encoder (e.g. 'timm-grid') or a dataset of region features (for the "

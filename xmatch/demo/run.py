@@ -39,6 +39,7 @@ from xmatch.eval import (
     score_blocks,
 )
 from xmatch.eval.groups import score_groups
+from xmatch.inputs import PixelInputs, input_type_of
 from xmatch.model import MatchingModel
 
 DEFAULT_MODEL = "teran-mrsw-scenes"
@@ -168,7 +169,7 @@ def scenes_layout(model: str | Mapping[str, Any] | MatchingModel) -> str:
     from xmatch.registry import RegistryError, image_encoders
 
     if isinstance(model, MatchingModel):
-        return "images" if model.image_encoder.takes_pixels else "regions"
+        return "images" if input_type_of(model.image_encoder) is PixelInputs else "regions"
     if isinstance(model, str):
         try:
             spec = xmatch.info(model).spec
@@ -177,7 +178,7 @@ def scenes_layout(model: str | Mapping[str, Any] | MatchingModel) -> str:
     else:
         spec = model
     encoder = image_encoders.get(spec["image_encoder"]["name"])
-    return "images" if getattr(encoder, "takes_pixels", False) else "regions"
+    return "images" if input_type_of(encoder) is PixelInputs else "regions"
 
 
 def load_trained_model(model: str) -> MatchingModel:
@@ -576,11 +577,14 @@ def _write_alignment(
         matrix = net.alignment(img, encoded.captions[caption]).float().cpu().numpy()
     # Token t of the image is region t (padding, if any, comes last): keep the real ones' boxes.
     real = img.mask[0].cpu().numpy()
+    carried = None if img.boxes is None else img.boxes[0].float().cpu().numpy()
     words = token_labels(net, test.captions[caption])
-    grid = net.image_encoder.takes_pixels
+    grid = input_type_of(net.image_encoder) is PixelInputs
     with Image.open(_image_file(test, image)) as picture:
         if grid:  # grid cells, drawn where they lie in the original image
             boxes = net.image_encoder.image_boxes(*picture.size).numpy()[: len(real)][real]
+        elif carried is not None:  # the regions' boxes, carried by the embeddings
+            boxes = carried[real]
         else:
             boxes = test.image(image).boxes[: len(real)][real]
         pooler = type(net.pooler).__name__.removesuffix("Pooler")

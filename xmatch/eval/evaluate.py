@@ -22,6 +22,7 @@ from xmatch.buckets import BucketedEmbeddings
 from xmatch.data.base import ImageTextDataset
 from xmatch.data.fit import check_images_fit
 from xmatch.eval.protocol import EvalResult, evaluate_blocks, fold_layout
+from xmatch.inputs import ImageBatch, image_inputs_of
 from xmatch.memory import release_free_memory
 from xmatch.model import MatchingModel
 from xmatch.progress import progress_bar
@@ -31,14 +32,15 @@ class RetrievalSet(Protocol):
     """What evaluation reads from a dataset (every dataset of :mod:`xmatch.data` provides it).
 
     ``captions`` are ordered image by image, ``captions_per_image`` of each;
-    ``image_batches(batch_size)`` yields, in image order, batch dicts with ``regions``,
-    ``boxes`` and ``region_mask`` (precomputed features) or ``images`` (pixels).
+    ``image_batches(batch_size)`` yields, in image order, :class:`~xmatch.inputs.ImageBatch`
+    records (:func:`xmatch.data.collate_images` makes them; batch dicts with ``regions``,
+    ``boxes`` and ``region_mask`` or ``images`` still work, with a DeprecationWarning).
     """
 
     captions: Sequence[str]
     captions_per_image: int
 
-    def image_batches(self, batch_size: int) -> Iterator[Mapping[str, Any]]: ...
+    def image_batches(self, batch_size: int) -> Iterator[ImageBatch | Mapping[str, Any]]: ...
 
 
 @dataclass
@@ -73,10 +75,7 @@ def encode_dataset(
     n_images = len(dataset.captions) // dataset.captions_per_image
     with progress_bar(total=n_images, desc="encode images", unit="img", show=progress) as bar:
         for batch in dataset.image_batches(image_batch_size):
-            if "images" in batch:
-                parts.append(model.encode_images(images=batch["images"]))
-            else:
-                parts.append(model.encode_images(batch["regions"], batch["boxes"], batch.get("region_mask")))
+            parts.append(model.encode_images(image_inputs_of(batch)))
             release_free_memory()  # the batch's activations: growing batches never fit old heap holes
             bar.update(len(parts[-1]))
     if not parts:

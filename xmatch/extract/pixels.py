@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from xmatch.extract.manifest import ManifestError, manifest_path, read_manifest
+from xmatch.inputs import PixelInputs, input_type_of
 
 #: the manifest's pipeline keys that rebuild the extraction (the rest is what they resolved to)
 PIPELINE_ARGS = ("proposer", "backbone", "weights", "pretrained", "image_size", "max_size", "resize",
@@ -54,7 +55,7 @@ def on_pixels(model: Any, features: str | os.PathLike) -> Any:
     from xmatch.spec import check_component, instantiate
 
     encoder = model.image_encoder
-    if encoder.takes_pixels:
+    if input_type_of(encoder) is PixelInputs:
         raise ValueError(f"the model's image encoder {type(encoder).__name__} already takes pixels.")
     manifest = read_manifest(features)
     width = getattr(encoder, "feature_dim", None)

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Subset
 from xmatch.data.collate import collate_images
 from xmatch.embeddings import Embeddings
 from xmatch.index.search import SearchIndex
+from xmatch.inputs import PixelInputs
 from xmatch.progress import progress_bar
 
 
@@ -88,14 +89,13 @@ def _encoded(index: SearchIndex, dataset: Any, todo: list[int], batch_size: int)
         return
     loader = DataLoader(Subset(dataset.images, todo), batch_size=batch_size, shuffle=False, collate_fn=collate_images)
     for batch in loader:
-        rows = batch["image_ids"].tolist()
+        rows = batch.image_ids.tolist()
         with torch.inference_mode():
-            if "images" in batch:
-                e = model.encode_images(images=batch["images"])
-                boxes = index._pixel_boxes(batch["images"], e)
+            e = model.encode_images(batch.images)
+            if isinstance(batch.images, PixelInputs):
+                boxes = index._pixel_boxes(batch.images.images, e)
             else:
-                e = model.encode_images(batch["regions"], batch["boxes"], batch.get("region_mask"))
-                boxes = index._token_boxes(batch["boxes"], e)
+                boxes = index._token_boxes(batch.images.boxes, e)
         yield e, boxes, rows
 
 

@@ -83,6 +83,7 @@ def run_index(args: argparse.Namespace) -> int:
     from xmatch.index import open as open_index
     from xmatch.index.build import copy_index, index_dataset
     from xmatch.index.store import MANIFEST
+    from xmatch.inputs import PixelInputs, input_type_of
     from xmatch.model_arg import load_model_arg
 
     progress = not args.no_progress
@@ -113,7 +114,7 @@ def run_index(args: argparse.Namespace) -> int:
         options = dict(kv.split("=", 1) for kv in args.data_option or [])
         if args.dataset.lower() == "scenes":
             options.setdefault("progress", str(progress))
-            if index.model.image_encoder.takes_pixels:
+            if input_type_of(index.model.image_encoder) is PixelInputs:
                 options.setdefault("layout", "images")
         dataset = open_dataset(args.dataset, args.data, split=args.split, **options)
         added = index_dataset(index, dataset, batch_size=args.batch_size, shard_size=args.shard_size,
@@ -158,7 +159,9 @@ def run_search(args: argparse.Namespace) -> int:
 def _search_image_files(searcher: Any, index: Any, paths: list[Path], k: int, options: dict[str, Any]) -> list:
     from PIL import Image
 
-    if not index.model.image_encoder.takes_pixels:
+    from xmatch.inputs import PixelInputs, input_type_of
+
+    if input_type_of(index.model.image_encoder) is not PixelInputs:
         raise ValueError(
             f"the model of {index.root} reads precomputed region features, not image files; search from Python "
             "with index.search_images(regions=..., boxes=...)."

@@ -24,6 +24,7 @@ from torch import nn
 from xmatch.components.base import LossOutput
 from xmatch.devices import resolve_device
 from xmatch.embeddings import Embeddings
+from xmatch.inputs import PairBatch
 
 
 @dataclass
@@ -145,9 +146,9 @@ class TrainStep(nn.Module):
         #: what the loss is multiplied by before backward (DDP averages gradients)
         self.loss_scale = ctx.world_size if self.gather else 1
 
-    def forward(self, batch: dict[str, Any]) -> LossOutput:
+    def forward(self, batch: PairBatch) -> LossOutput:
         img, txt = self.model.encode_batch(batch)
-        ids = batch.get("image_ids")
+        ids = batch.image_ids
         if not self.gather:
             return self.model.batch_loss(img, txt, ids)
         img, txt = gather_embeddings(img, self.ctx), gather_embeddings(txt, self.ctx)

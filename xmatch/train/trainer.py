@@ -22,6 +22,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from xmatch.data.base import ImageTextDataset
 from xmatch.data.collate import collate
 from xmatch.data.fit import check_images_fit
+from xmatch.inputs import PairBatch
 from xmatch.model import MatchingModel
 from xmatch.progress import ProgressBar, progress_bar
 from xmatch.train import checkpoint as ckpt
@@ -427,8 +428,8 @@ class Trainer:
             logs = self._micro_step(batch, state, group_len, last_in_group)
             for k, v in logs.items():
                 window.setdefault(k, []).append(v)
-            window_pairs += len(batch["texts"]) * self.ctx.world_size
-            step_pairs += len(batch["texts"]) * self.ctx.world_size
+            window_pairs += len(batch) * self.ctx.world_size
+            step_pairs += len(batch) * self.ctx.world_size
             state["batch"] += 1
             if not last_in_group:
                 continue
@@ -459,8 +460,8 @@ class Trainer:
                 break
         return last_loss
 
-    def _micro_step(self, batch: dict[str, Any], state: dict[str, Any], group_len: int, last: bool) -> dict[str, float]:
-        batch = _to_device(batch, self.ctx.device)
+    def _micro_step(self, batch: PairBatch, state: dict[str, Any], group_len: int, last: bool) -> dict[str, float]:
+        batch = batch.to(self.ctx.device, non_blocking=True)
         sync = contextlib.nullcontext() if last or not self.ctx.distributed else self.step_module.no_sync()
         try:
             with sync:
@@ -478,7 +479,7 @@ class Trainer:
                 )]).tolist()
                 finite = math.isfinite(values[0])
                 if self.ctx.any(not finite):
-                    indices = batch["indices"].tolist() if "indices" in batch else []
+                    indices = batch.indices.tolist() if batch.indices is not None else []
                     raise NonFiniteLossError(
                         f"the loss is {values[0]} at step {state['step'] + 1} (epoch {state['epoch'] + 1}, "
                         f"process {self.ctx.rank}'s caption indices {indices}); nothing of this step was "
@@ -488,7 +489,7 @@ class Trainer:
                     )
         except torch.OutOfMemoryError as exc:
             raise TrainingError(
-                f"out of memory at step {state['step'] + 1} with a batch of {len(batch['texts'])} pairs on "
+                f"out of memory at step {state['step'] + 1} with a batch of {len(batch)} pairs on "
                 f"{self.ctx.device}: lower train.batch_size and raise train.accumulate, use amp = 'bf16' "
                 "or 'fp16' on a GPU, or freeze the text encoder (finetune = false)."
             ) from exc
@@ -583,10 +584,6 @@ class Trainer:
             self.tb.close()
 
 
-def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
 def _flat(figures: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"rsum": figures["rsum"]}
     for direction in ("i2t", "t2i"):
@@ -601,6 +598,8 @@ def _check_model(model: Any) -> None:
         model.spec
     except AttributeError:
         raise TypeError("Trainer needs a model built from a spec (xmatch.build); its checkpoints store the spec.") from None
+    if model.loss is None:
+        raise TypeError("Trainer needs a model with a loss; this one is an inference build (loss=None): build it with a [loss] table.")
 
 
 def check_data_fits(model: MatchingModel, dataset: Any, role: str, *, allow_unknown_words: bool = False) -> None:

@@ -61,8 +61,8 @@ def test_every_entry_trains_in_miniature(name, sampling):
     model = xmatch.build(name, loss={"intra_sampling": sampling}, **TINY)
     g = torch.Generator().manual_seed(0)
     mask = torch.arange(5)[None] < torch.tensor([[5], [3], [4], [1]])
-    out = model({"regions": torch.rand(4, 5, 12, generator=g), "boxes": torch.zeros(4, 5, 4),
-                 "region_mask": mask, "texts": CAPTIONS})
+    images = xmatch.RegionInputs(torch.rand(4, 5, 12, generator=g), torch.zeros(4, 5, 4), mask)
+    out = model(xmatch.PairBatch(images, CAPTIONS))
     assert out.loss.dim() == 0 and torch.isfinite(out.loss) and out.loss > 0
     assert {"inter_sum", "intra_image_sum", "intra_text_sum"} <= set(out.logs)
     out.loss.backward()
@@ -92,4 +92,4 @@ def test_loss_without_the_intra_poolers_names_the_fix():
     spec.pop("extra_poolers")
     model = xmatch.build(spec, **TINY)
     with pytest.raises(KeyError, match="oan-intra-image"):
-        model({"regions": torch.rand(2, 3, 12), "boxes": torch.zeros(2, 3, 4), "texts": ["a dog", "cat"]})
+        model(xmatch.PairBatch(xmatch.RegionInputs(torch.rand(2, 3, 12), torch.zeros(2, 3, 4)), ["a dog", "cat"]))

@@ -37,7 +37,7 @@ def test_training_lifts_recall_far_above_chance(sampling):
     )
     before = retrieval_r1(model, regions, captions)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    batch = {"regions": regions, "boxes": torch.zeros(*regions.shape[:2], 4), "texts": captions}
+    batch = xmatch.PairBatch(xmatch.RegionInputs(regions, torch.zeros(*regions.shape[:2], 4)), captions)
     for _ in range(100):
         optimizer.zero_grad()
         out = model(batch)

@@ -46,7 +46,7 @@ def test_model_scores_and_loss_are_the_original_pipeline_before_and_after_traini
     torch.manual_seed(0)
     model = xmatch.build(name, **TINY).double()
     regions, boxes = inputs()
-    batch = {"regions": regions, "boxes": boxes, "texts": CAPTIONS[:4]}
+    batch = xmatch.PairBatch(xmatch.RegionInputs(regions, boxes), CAPTIONS[:4])
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     for step in range(2):
         # step 0: as built (no init_like_original needed); step 1: after an Adam step moved
@@ -123,7 +123,7 @@ class TinyRetrievalSet:
 
     def image_batches(self, batch_size):
         for i in range(0, 5, batch_size):
-            yield {"regions": self.regions[i : i + batch_size], "boxes": self.boxes[i : i + batch_size]}
+            yield xmatch.ImageBatch(xmatch.RegionInputs(self.regions[i : i + batch_size], self.boxes[i : i + batch_size]))
 
 
 def test_t2i_plus_i2t_ensemble_averages_the_two_models_scores():

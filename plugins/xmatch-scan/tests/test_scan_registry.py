@@ -130,7 +130,7 @@ def test_every_entry_trains_in_miniature(name):
     regions = torch.randn(4, 5, 12, generator=g)
     mask = torch.arange(5)[None] < torch.tensor([[5], [3], [1], [4]])
     boxes = torch.tensor([0.0, 0.0, 1.0, 1.0]).expand(4, 5, 4)
-    out = model({"regions": regions, "boxes": boxes, "region_mask": mask, "texts": CAPTIONS})
+    out = model(xmatch.PairBatch(xmatch.RegionInputs(regions, boxes, mask), CAPTIONS))
     assert out.loss.dim() == 0 and torch.isfinite(out.loss) and out.loss > 0
     assert set(out.logs) == {"main_sum", "main_mean"}
     out.loss.backward()

@@ -39,8 +39,8 @@ def make_split(n_images: int, vectors: np.ndarray, rng: random.Random) -> list[P
 
 def recall_at_1(model, pairs: list[Pair]) -> tuple[float, float]:
     images = collate([pairs[k] for k in range(0, len(pairs), CAPTIONS_PER_IMAGE)])
-    return retrieval_r1(model, images["regions"], [p.text for p in pairs], boxes=images["boxes"],
-                        mask=images["region_mask"], captions_per_image=CAPTIONS_PER_IMAGE)
+    return retrieval_r1(model, images.images.regions, [p.text for p in pairs], boxes=images.images.boxes,
+                        mask=images.images.mask, captions_per_image=CAPTIONS_PER_IMAGE)
 
 
 @pytest.mark.parametrize("name", ["scan-t2i-lse-f30k", "scan-i2t-avg-coco"])

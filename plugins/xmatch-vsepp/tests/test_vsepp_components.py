@@ -238,7 +238,7 @@ def test_whole_model_is_the_original_pipeline_before_and_after_training():
                          text_encoder={"vocab": WORDS, "word_dim": 4, "hidden_dim": 6}).double()
     regions = torch.rand(4, 1, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     captions = ["a dog on the bench", "a cat", "the dog", "cat on a bench"]
-    batch = {"regions": regions, "boxes": torch.zeros(4, 1, 4, dtype=torch.float64), "texts": captions}
+    batch = xmatch.PairBatch(xmatch.RegionInputs(regions, torch.zeros(4, 1, 4, dtype=torch.float64)), captions)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     gru_before = model.text_encoder.rnn.weight_hh_l0.detach().clone()
     for step in range(2):
@@ -246,7 +246,7 @@ def test_whole_model_is_the_original_pipeline_before_and_after_training():
         # VSE++ does not have (a caption projection) would make visible
         with torch.no_grad():
             expected, expected_loss = original_scores_and_loss(model, regions, captions)
-            scores = model.similarity(model.encode_images(regions, batch["boxes"]), model.encode_texts(captions))
+            scores = model.similarity(model.encode_images(regions, batch.images.boxes), model.encode_texts(captions))
         torch.testing.assert_close(scores, expected, rtol=1e-12, atol=1e-12)
         loss = model(batch).loss
         torch.testing.assert_close(loss, expected_loss, rtol=1e-12, atol=1e-12)

@@ -32,11 +32,11 @@ def tiny(entry: str) -> dict:
     }
 
 
-def batch_for(model: xmatch.MatchingModel) -> dict:
+def batch_for(model: xmatch.MatchingModel) -> xmatch.PairBatch:
     g = torch.Generator().manual_seed(0)
-    if model.image_encoder.takes_pixels:
-        return {"images": torch.randn(4, 3, 32, 32, generator=g), "texts": CAPTIONS}
-    return {"regions": torch.rand(4, 1, 12, generator=g), "boxes": torch.zeros(4, 1, 4), "texts": CAPTIONS}
+    if model.image_encoder.input_type is xmatch.PixelInputs:
+        return xmatch.PairBatch(xmatch.PixelInputs(torch.randn(4, 3, 32, 32, generator=g)), CAPTIONS)
+    return xmatch.PairBatch(xmatch.RegionInputs(torch.rand(4, 1, 12, generator=g), torch.zeros(4, 1, 4)), CAPTIONS)
 
 
 def test_components_come_from_the_plugin():

@@ -33,7 +33,7 @@ def test_training_lifts_recall_far_above_chance(entry):
                          text_encoder={"vocab": ["a", "next", "to", *CONCEPTS], "word_dim": 16, "hidden_dim": 32})
     before = retrieval_r1(model, features, captions)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    batch = {"regions": features, "boxes": torch.zeros(len(features), 1, 4), "texts": captions}
+    batch = xmatch.PairBatch(xmatch.RegionInputs(features, torch.zeros(len(features), 1, 4)), captions)
     for _ in range(100):
         optimizer.zero_grad()
         out = model(batch)

@@ -21,7 +21,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from xmatch.plugin import EncoderOutput, ImageEncoder, load_backbone_weights, RegionFeaturesImageEncoder, renamed_names
+from xmatch.plugin import (
+    EncoderOutput,
+    ImageEncoder,
+    PixelInputs,
+    RegionFeaturesImageEncoder,
+    RegionInputs,
+    load_backbone_weights,
+    renamed_names,
+)
 
 
 class VSEPPImageEncoder(ImageEncoder):
@@ -50,7 +58,7 @@ class VSEPPImageEncoder(ImageEncoder):
         torch.Size([2, 1, 1280])
     """
 
-    takes_pixels = True
+    input_type = PixelInputs
     renamed_arguments = {"checkpoint": "weights"}
 
     def __init__(
@@ -147,11 +155,11 @@ class VSEPPPrecompImageEncoder(RegionFeaturesImageEncoder):
         super().__init__(feature_dim)
 
     def forward(
-        self, regions: torch.Tensor, boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None
+        self, regions: torch.Tensor | RegionInputs, boxes: torch.Tensor | None = None, mask: torch.Tensor | None = None
     ) -> EncoderOutput:
         # padded rows are zeros, so they add nothing to the sum
         summed, mask = self.real_regions(regions, boxes, mask)
-        return EncoderOutput.global_vector(summed.sum(dim=1) / mask.sum(dim=1, keepdim=True).to(regions.dtype))
+        return EncoderOutput.global_vector(summed.sum(dim=1) / mask.sum(dim=1, keepdim=True).to(summed.dtype))
 
 
 # the class names before they followed <Name><Kind>
