@@ -75,7 +75,7 @@ def bare_loop(model, data, steps: int, warmup: int, batch_size: int, device: str
         if k == warmup:
             _sync(device)
             start = time.perf_counter()
-        batch = {key: v.to(device) if isinstance(v, torch.Tensor) else v for key, v in batch.items()}
+        batch = batch.to(device, non_blocking=True)
         with torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype is not None):
             loss = model(batch).loss
         loss.backward()
@@ -83,7 +83,7 @@ def bare_loop(model, data, steps: int, warmup: int, batch_size: int, device: str
         opt.step()
         opt.zero_grad(set_to_none=True)
         if k >= warmup:
-            done += len(batch["texts"])
+            done += len(batch)
         if k + 1 == warmup + steps:
             break
     _sync(device)
