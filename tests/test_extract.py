@@ -284,7 +284,7 @@ def test_clear_errors_name_the_file(photos, tmp_path):
         extract(photos, tmp_path / "o", PIPE, progress=False)
     bad = tmp_path / "bad.csv"
     bad.write_text("picture,text\nx.png,hello\n")
-    with pytest.raises(CaptionsError, match=r"bad.csv: the first line must be a header with 'image' and 'caption'"):
+    with pytest.raises(CaptionsError, match=r"bad.csv: the first line must be a header with columns 'image' and 'caption'"):
         extract(photos, tmp_path / "o", PIPE, captions=bad, progress=False)
     junk = tmp_path / "junk"
     junk.mkdir()

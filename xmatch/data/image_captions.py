@@ -99,21 +99,15 @@ class ImageCaptionsDataset(ImageTextDataset):
 
     @staticmethod
     def _read_rows(path: Path) -> list[tuple[str, str]]:
-        try:
-            with path.open("r", encoding="utf-8-sig", newline="") as f:
-                rows = _csv_rows(f, path) if FORMATS[path.suffix] == "csv" else _jsonl_rows(f, path)
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{path} is not UTF-8 text: {exc}") from None
-        except csv.Error as exc:
-            raise DataError(f"{path} is not a valid CSV file: {exc}") from None
+        rows = read_caption_rows(path)
         if not rows:
             raise DataError(f"{path} has no rows (image, caption).")
-        for image, caption, where in rows:
+        for image, caption, _, where in rows:
             if not image.strip():
                 raise DataError(f"{where}: empty image path.")
             if not caption.strip():
                 raise DataError(f"{where}: empty caption for image {image!r}.")
-        return [(image.strip(), caption.strip()) for image, caption, _ in rows]
+        return [(image.strip(), caption.strip()) for image, caption, _, _ in rows]
 
     def image(self, index: int) -> Image:
         """Image ``index`` as an RGB ``PIL.Image.Image`` (read from disk now)."""
@@ -129,18 +123,41 @@ class ImageCaptionsDataset(ImageTextDataset):
             raise DataError(f"{path} is not a readable image: {exc!r}") from None
 
 
-def _csv_rows(f: TextIO, path: Path) -> list[tuple[str, str, str]]:
-    """``(image, caption, "file:line")`` of each CSV row after the header."""
+def read_caption_rows(path: Path, error: type[Exception] = DataError) -> list[tuple[str, str, str | None, str]]:
+    """``(image, caption, split or None, "file:line")`` of each row of a captions file: a CSV
+    whose header names ``image`` and ``caption`` (and optionally ``split``), or JSON lines
+    ``{"image": ..., "caption": ...}`` (an optional ``"split"``; blank lines are skipped).
+    Values are as written; problems raise ``error`` naming the file and the line.
+
+    The one reader of captions files: the ``image-captions`` dataset and ``xmatch extract``
+    both use it.
+
+    Example:
+        >>> _ = Path("captions.jsonl").write_text('{"image": "a.jpg", "caption": "a dog"}\\n', encoding="utf-8")
+        >>> read_caption_rows(Path("captions.jsonl"))
+        [('a.jpg', 'a dog', None, 'captions.jsonl:1')]
+    """
+    try:
+        with path.open("r", encoding="utf-8-sig", newline="") as f:
+            return _csv_rows(f, path, error) if path.suffix == ".csv" else _jsonl_rows(f, path, error)
+    except UnicodeDecodeError as exc:
+        raise error(f"{path} is not UTF-8 text: {exc}") from None
+    except csv.Error as exc:
+        raise error(f"{path} is not a valid CSV file: {exc}") from None
+
+
+def _csv_rows(f: TextIO, path: Path, error: type[Exception]) -> list[tuple[str, str, str | None, str]]:
     reader = csv.DictReader(f)
     if not reader.fieldnames or not set(COLUMNS) <= set(reader.fieldnames):
-        raise DataError(
-            f"{path}: the first line must be a header with columns 'image' and 'caption', got {reader.fieldnames}."
+        raise error(
+            f"{path}: the first line must be a header with columns 'image' and 'caption' (and optionally "
+            f"'split'), got {reader.fieldnames}."
         )
-    return [(row["image"] or "", row["caption"] or "", f"{path}:{reader.line_num}") for row in reader]
+    return [(row["image"] or "", row["caption"] or "", row.get("split") or None, f"{path}:{reader.line_num}")
+            for row in reader]
 
 
-def _jsonl_rows(f: TextIO, path: Path) -> list[tuple[str, str, str]]:
-    """``(image, caption, "file:line")`` of each non-blank JSON line."""
+def _jsonl_rows(f: TextIO, path: Path, error: type[Exception]) -> list[tuple[str, str, str | None, str]]:
     rows = []
     for n, line in enumerate(f, 1):
         if not line.strip():
@@ -148,8 +165,8 @@ def _jsonl_rows(f: TextIO, path: Path) -> list[tuple[str, str, str]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{n}: not a JSON object: {exc}") from None
+            raise error(f"{path}:{n}: not a JSON object: {exc}") from None
         if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in COLUMNS):
-            raise DataError(f'{path}:{n}: expected {{"image": str, "caption": str}}, got {line.strip()[:80]}')
-        rows.append((record["image"], record["caption"], f"{path}:{n}"))
+            raise error(f'{path}:{n}: expected {{"image": str, "caption": str}}, got {line.strip()[:80]}')
+        rows.append((record["image"], record["caption"], record.get("split"), f"{path}:{n}"))
     return rows

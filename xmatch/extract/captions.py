@@ -17,13 +17,13 @@ The captions come from ``--captions FILE`` or, without it, from the image folder
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xmatch.data.image_captions import read_caption_rows
 from xmatch.errors import XmatchError
 from xmatch.extract.images import find_images
 
@@ -183,30 +183,7 @@ def _rows(path: Path) -> list[tuple[str, str, str | None, str]]:
     """``(image, caption, split or None, "file:line")`` of a CSV / JSONL captions file."""
     if path.suffix not in CAPTION_SUFFIXES:
         raise CaptionsError(f"{path}: a captions file is a .csv, .jsonl or a Karpathy / COCO .json file.")
-    rows: list[tuple[str, str, str | None, str]] = []
-    try:
-        with path.open("r", encoding="utf-8-sig", newline="") as f:
-            if path.suffix == ".csv":
-                reader = csv.DictReader(f)
-                if not reader.fieldnames or not {"image", "caption"} <= set(reader.fieldnames):
-                    raise CaptionsError(f"{path}: the first line must be a header with 'image' and 'caption' (and optionally 'split').")
-                for row in reader:
-                    rows.append((row["image"] or "", row["caption"] or "", row.get("split") or None, f"{path}:{reader.line_num}"))
-            else:
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise CaptionsError(f"{path}:{n}: not a JSON object: {exc}") from None
-                    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("image", "caption")):
-                        raise CaptionsError(f'{path}:{n}: expected {{"image": str, "caption": str}}, got {line.strip()[:80]}')
-                    rows.append((record["image"], record["caption"], record.get("split"), f"{path}:{n}"))
-    except UnicodeDecodeError as exc:
-        raise CaptionsError(f"{path} is not UTF-8 text: {exc}") from None
-    except csv.Error as exc:
-        raise CaptionsError(f"{path} is not a valid CSV file: {exc}") from None
+    rows = read_caption_rows(path, CaptionsError)
     for image, caption, _, where in rows:
         if not image.strip() or not caption.strip():
             raise CaptionsError(f"{where}: empty image path or caption.")
