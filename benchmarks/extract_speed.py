@@ -34,7 +34,7 @@ ROWS = {
     # random weights (nothing is downloaded here): the network runs in full, but hardly any box
     # passes the 0.2 threshold, so the per-class NMS of a trained detector's boxes is not timed
     "detector-mobilenet": (
-        {"proposer": {"name": "torchvision-detector", "model": "fasterrcnn_mobilenet_v3_large_fpn", "weights": None}},
+        {"proposer": {"name": "torchvision-detector", "backbone": "fasterrcnn_mobilenet_v3_large_fpn", "weights": None}},
         "Faster R-CNN MobileNetV3-FPN (800 px, random weights) + EfficientNet-Lite0",
     ),
 }

@@ -18,7 +18,7 @@ from xmatch.registry import get_registry
 from xmatch.spec import SpecError
 
 SIZES = [(64, 48), (37, 90), (200, 200)]
-DETECTOR = {"model": "fasterrcnn_mobilenet_v3_large_320_fpn", "weights": None, "score_threshold": 0.0, "min_size": 64, "max_size": 128}
+DETECTOR = {"backbone": "fasterrcnn_mobilenet_v3_large_320_fpn", "weights": None, "score_threshold": 0.0, "min_size": 64, "max_size": 128}
 
 
 def pictures() -> list[ImageInfo]:
@@ -231,3 +231,16 @@ def test_a_registered_proposer_drives_the_extraction(tmp_path):
     regions = pipe.regions_of([pictures()[0].image])[0]
     assert regions.boxes.tolist() == [[16, 12, 48, 36]] and regions.features.shape == (1, pipe.feature_dim)
     assert pipe.settings()["proposer"] == {"name": name, "regions": 1}
+
+
+def test_the_detector_argument_is_backbone_and_old_specs_still_build():
+    from xmatch.extract.pipeline import proposer_table
+    from xmatch.spec import current_argument_names
+
+    with pytest.warns(DeprecationWarning, match="'model' is now called 'backbone'"):
+        table = proposer_table({**{k: v for k, v in DETECTOR.items() if k != "backbone"},
+                                "name": "torchvision-detector", "model": DETECTOR["backbone"]})
+    assert table["backbone"] == DETECTOR["backbone"] and "model" not in table
+    # a manifest written before the rename compares equal to today's table
+    old = {"name": "torchvision-detector", "model": DETECTOR["backbone"]}
+    assert current_argument_names(old, "proposers") == {"name": "torchvision-detector", "backbone": DETECTOR["backbone"]}

@@ -185,16 +185,25 @@ def with_current_argument_names(spec: Mapping[str, Any]) -> dict[str, Any]:
         {'text_encoder': {'name': 'bert', 'backbone': 'bert-base-uncased'}}
     """
     out = dict(spec)
-    tables = [(key, kind, spec.get(key)) for key, kind in COMPONENTS.items()]
-    for key, kind, table in tables:
-        if not isinstance(table, Mapping) or "name" not in table:
-            continue
-        try:
-            renames: Mapping[str, str] = getattr(get_registry(kind).get(table["name"]), "renamed_arguments", {})
-        except RegistryError:
-            continue
-        out[key] = {renames.get(k, k) if renames.get(k) not in table else k: v for k, v in table.items()}
+    for key, kind in COMPONENTS.items():
+        if isinstance(spec.get(key), Mapping):
+            out[key] = current_argument_names(spec[key], kind)
     return out
+
+
+def current_argument_names(table: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """One component table (of the registry ``kind``) with its renamed arguments under their
+    current names, silently (see :func:`with_current_argument_names`).
+
+    Example:
+        >>> current_argument_names({"name": "torchvision-detector", "model": "fcos_resnet50_fpn"}, "proposers")
+        {'name': 'torchvision-detector', 'backbone': 'fcos_resnet50_fpn'}
+    """
+    try:
+        renames: Mapping[str, str] = getattr(get_registry(kind).get(table["name"]), "renamed_arguments", {})
+    except (KeyError, RegistryError):
+        return dict(table)
+    return {renames.get(k, k) if renames.get(k) not in table else k: v for k, v in table.items()}
 
 
 def check_component(table: Any, kind: str, path: str, injected: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -13,6 +13,7 @@ torchvision's hash check, read with ``weights_only=True``), or from a local file
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ import torch
 
 from xmatch.errors import XmatchError
 from xmatch.extract.proposals import ImageInfo, Proposals, Proposer, check_counts, select_and_pad
+
+#: weight sources that xmatch.hub fetches (besides local files)
+HUB_SOURCES = ("hf-hub:", "https://", "http://", "file://", "package:")
 
 
 class DetectorWeightsError(XmatchError, OSError):
@@ -43,12 +47,13 @@ class TorchvisionDetector(Proposer):
     """Boxes from a torchvision detection model, bottom-up style.
 
     Args:
-        model: a torchvision detection model name (:func:`detection_models`), e.g.
+        backbone: a torchvision detection model name (:func:`detection_models`), e.g.
             ``fasterrcnn_resnet50_fpn_v2``, ``fasterrcnn_mobilenet_v3_large_fpn`` (fast on a
             CPU), ``retinanet_resnet50_fpn_v2``, ``fcos_resnet50_fpn``.
         weights: ``"DEFAULT"`` or a weight tag of that model (``"COCO_V1"``): downloaded once by
             torch's hub into ``$TORCH_HOME`` and checked against torchvision's hash; a local
-            ``.pth`` / ``.safetensors`` state dict (strict load); or None: random
+            ``.pth`` / ``.safetensors`` state dict, or any :mod:`xmatch.hub` weight source, fetched
+            and checked as zoo weights are (strict load); or None: random
             initialisation, seeded (tests only: its boxes mean nothing).
         regions: at most this many boxes per image (36 in the fixed bottom-up set, 100 in the
             variable one).
@@ -70,10 +75,11 @@ class TorchvisionDetector(Proposer):
     """
 
     needs_pixels = True
+    renamed_arguments = {"model": "backbone"}
 
     def __init__(
         self,
-        model: str = "fasterrcnn_resnet50_fpn_v2",
+        backbone: str = "fasterrcnn_resnet50_fpn_v2",
         weights: str | None = "DEFAULT",
         regions: int = 36,
         min_regions: int | None = None,
@@ -93,8 +99,8 @@ class TorchvisionDetector(Proposer):
             raise ValueError(f"nms_iou must be in (0, 1], got {nms_iou}.")
         self.score_threshold = float(score_threshold)
         self.nms_iou = float(nms_iou)
-        self.model_name = model
-        self.net = _build_detector(model, weights, num_classes, seed)
+        self.model_name = backbone
+        self.net = _build_detector(backbone, weights, num_classes, seed)
         # The detector's own filters must let through everything this proposer may keep.
         _set_detector_limits(self.net, score_threshold, max(regions, 100))
         if min_size is not None:
@@ -154,9 +160,10 @@ def _build_detector(model: str, weights: str | None, num_classes: int | None, se
     if enum is not None:
         state = _download(enum, model)
     elif weights is not None:
+        from xmatch import hub
         from xmatch.components.backbone_weights import read_state_dict
 
-        state = read_state_dict(Path(weights).expanduser())
+        state = read_state_dict(hub.fetch(os.path.expanduser(weights), local_pickle=True))
     else:
         return net
     try:
@@ -182,11 +189,11 @@ def _weights_enum(model: str, weights: str | None) -> Any:
         return table.DEFAULT
     if weights in tags:
         return table[weights]
-    if Path(weights).expanduser().is_file():
+    if Path(weights).expanduser().is_file() or weights.startswith(HUB_SOURCES):
         return None
     raise ValueError(
         f"detector weights '{weights}' are neither a weight tag of {model} (DEFAULT, {', '.join(tags)}) "
-        "nor an existing file."
+        "nor an existing file or weight source (hf-hub:, https://, package:)."
     )
 
 

@@ -38,6 +38,7 @@ from xmatch.extract.writers import (
     write_precomp,
     write_teran,
 )
+from xmatch.spec import current_argument_names
 
 logger = logging.getLogger(__name__)
 
@@ -298,7 +299,12 @@ def _prepare(out: Path, manifest: dict[str, Any], resume: bool, overwrite: bool,
             return (f"error:{out} already holds an extraction ({path}); pass --resume to continue it or "
                     "--overwrite to start again.")
         else:
-            differences = settings_differences({k: old.get(k) for k in COMPARED}, {k: manifest[k] for k in COMPARED})
+            recorded = {k: old.get(k) for k in COMPARED}
+            pipeline = recorded.get("pipeline")
+            if isinstance(pipeline, dict) and isinstance(pipeline.get("proposer"), dict):
+                # a folder extracted before a proposer argument was renamed resumes all the same
+                recorded["pipeline"] = {**pipeline, "proposer": current_argument_names(pipeline["proposer"], "proposers")}
+            differences = settings_differences(recorded, {k: manifest[k] for k in COMPARED})
             if differences:
                 return (f"error:--resume: {path} was made with other settings ({'; '.join(differences[:6])}); "
                         "use the same ones, or --overwrite / another --out.")
