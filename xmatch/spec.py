@@ -203,7 +203,8 @@ def current_argument_names(table: Mapping[str, Any], kind: str) -> dict[str, Any
         renames: Mapping[str, str] = getattr(get_registry(kind).get(table["name"]), "renamed_arguments", {})
     except (KeyError, RegistryError):
         return dict(table)
-    return {renames.get(k, k) if renames.get(k) not in table else k: v for k, v in table.items()}
+    # an old key is kept as it is when its new name is given too (building then reports both)
+    return {(renames[k] if k in renames and renames[k] not in table else k): v for k, v in table.items()}
 
 
 def check_component(table: Any, kind: str, path: str, injected: tuple[str, ...] = ()) -> dict[str, Any]:
