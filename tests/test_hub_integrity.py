@@ -254,7 +254,9 @@ def test_a_trickling_server_is_given_up_and_the_partial_resumes(server, bundle, 
     assert 0 < kept < 10 and f"{kept} of {len(body)} bytes are kept" in str(error)
     assert server.gets(PATH)[1] is not None and server.gets(PATH)[1].startswith("bytes="), "the retry resumed"
     err = capsys.readouterr().err
-    assert "model.safetensors" in err and re.search(rf"\| {kept}\.00/\d+k \[", err), "the progress bar moved"
+    # tqdm skips redraws closer than its refresh interval, so the last count drawn may lag the file
+    drawn = [int(n) for n in re.findall(r"\| (\d+)\.00/\d+k \[", err)]
+    assert "model.safetensors" in err and drawn and 0 < max(drawn) <= kept, "the progress bar moved"
 
     server.files[PATH].trickle = 0.0  # the server recovers: the next call resumes from the partial
     assert hub.fetch(source, progress=False).read_bytes() == body
