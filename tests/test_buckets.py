@@ -154,3 +154,19 @@ def test_a_slice_shares_the_parts_it_holds_whole():
     assert all(torch.equal(x, y) for x, y in zip(whole.positions, b.positions))
     half = b[100:200]
     assert len(half) == 100 and torch.equal(half.to_embeddings().tokens, b.to_embeddings().tokens[100:200])
+
+
+def test_a_slice_of_items_kept_in_corpus_order_is_a_view():
+    """Images are encoded and kept in corpus order: the evaluation loop's per-step slice of them
+    must not copy the step's tokens (at COCO-5K size, 38 MB a step)."""
+    images = corpus(64, 36, min_len=36)
+    b = BucketedEmbeddings.from_parts([images[:32], images[32:]], consume=False)
+    step = b[10:50]
+    assert len(step) == 40 and torch.equal(step.to_embeddings().tokens, images.tokens[10:50])
+    storages = {p.tokens.untyped_storage().data_ptr() for p in b.parts}
+    assert all(p.tokens.untyped_storage().data_ptr() in storages for p in step.parts), "a copy was made"
+    shuffled = BucketedEmbeddings.from_embeddings(corpus(64, 30, seed=2))  # length order, not corpus order
+    piece, every = shuffled[10:50].to_embeddings(), shuffled.to_embeddings()[10:50]
+    width = piece.tokens.shape[1]
+    assert torch.equal(piece.mask, every.mask[:, :width]) and not every.mask[:, width:].any()
+    assert torch.equal(piece.tokens[piece.mask], every.tokens[every.mask])

@@ -133,7 +133,7 @@ def test_automatic_blocks_are_balanced_and_bounded():
     img, txt = random_sets(5000, 36, 4, 0), random_sets(25000, 12, 4, 1)
     pooler = MrSwPooler()
     ic, tc = pooler.chunk_sizes(img, txt)
-    assert ic * 36 * tc * 12 <= pooler.block_elements
+    assert ic * 36 * tc * 12 <= pooler.elements_per_block("cpu") == 1 << 23
     assert 0.25 < (ic * 36) / (tc * 12) < 4  # square-ish matmul blocks stay compute-bound
     assert pooler.chunk_sizes(img, txt[:3]) == (5000, 3)  # few texts: the image side widens
     assert pooler.chunk_sizes(img, txt, image_chunk=7)[0] == 7

@@ -182,7 +182,10 @@ class BucketedEmbeddings:
                 parts.append(part.trimmed())
                 positions.append(pos - start)
             elif len(keep):
-                parts.append(part[keep.to(part.tokens.device)].trimmed())
+                first, last = int(keep[0]), int(keep[-1])
+                # a run of neighbouring items (images kept in corpus order) is a view too
+                rows = slice(first, last + 1) if last - first + 1 == len(keep) else keep.to(part.tokens.device)
+                parts.append(part[rows].trimmed())
                 positions.append(pos[keep] - start)
         if not parts:
             raise IndexError(f"empty slice {start}:{stop} of {n} items")

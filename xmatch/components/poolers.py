@@ -34,6 +34,10 @@ def _flat_alignment(img_tokens: torch.Tensor, txt_tokens: torch.Tensor) -> torch
 def _pad_with_a_real_token(e: Embeddings) -> torch.Tensor:
     """Tokens where every padded slot repeats the item's first real token: the padding then
     never changes a max, so the large alignment matrix needs no masking pass."""
+    if e.tokens.device.type == "cpu" and bool(e.mask.all()):
+        # nothing to fill (image regions usually): no copy. On a GPU the check would be a
+        # wait for the device, dearer than the copy.
+        return e.tokens
     first_real = e.mask.to(torch.uint8).argmax(dim=1)
     first = e.tokens[torch.arange(len(e), device=e.tokens.device), first_real]
     return torch.where(e.mask[..., None], e.tokens, first[:, None])

@@ -36,6 +36,42 @@ def _orders(scores: np.ndarray) -> np.ndarray:
     return np.argsort(scores, axis=1)[:, ::-1]
 
 
+def _top_orders(scores: np.ndarray, k: int) -> np.ndarray:
+    """The first ``k`` columns of :func:`_orders` without sorting whole rows.
+
+    Where a row's ``k + 1`` largest scores are distinct, its first ``k`` are those scores in
+    descending order whatever the sort, so a partition and a sort of ``k + 1`` values per row
+    give them. A row with a tie there takes the full argsort, whose tie order (numpy's, the
+    original code's) no shortcut can reproduce.
+    """
+    n = scores.shape[1]
+    if k + 1 >= n:
+        return _orders(scores)[:, :k]
+    top = np.argpartition(scores, n - k - 1, axis=1)[:, n - k - 1 :]
+    values = np.take_along_axis(scores, top, axis=1)
+    descending = np.argsort(values, axis=1)[:, ::-1]
+    top, values = np.take_along_axis(top, descending, axis=1), np.take_along_axis(values, descending, axis=1)
+    tied = (values[:, 1:] == values[:, :-1]).any(axis=1)
+    if tied.any():
+        top[tied] = _orders(scores[tied])[:, : k + 1]
+    return top[:, :k]
+
+
+def _own_positions(scores: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """``_positions(_orders(scores))`` at columns ``own [Q, m]``: where a row's own score has no
+    equal in that row, its position is the number of higher scores; rows with an own score
+    tied take the full argsort (numpy's tie order, as the original)."""
+    positions = np.empty(own.shape, dtype=np.int64)
+    tied = np.zeros(len(scores), dtype=bool)
+    for j in range(own.shape[1]):
+        mine = np.take_along_axis(scores, own[:, j : j + 1], axis=1)
+        positions[:, j] = np.count_nonzero(scores > mine, axis=1)
+        tied |= np.count_nonzero(scores == mine, axis=1) > 1
+    if tied.any():
+        positions[tied] = np.take_along_axis(_positions(_orders(scores[tied])), own[tied], axis=1)
+    return positions
+
+
 def _positions(order: np.ndarray) -> np.ndarray:
     positions = np.empty_like(order)
     rows = np.arange(order.shape[0])[:, None]
@@ -45,18 +81,29 @@ def _positions(order: np.ndarray) -> np.ndarray:
 
 def dcg_at(relevance: np.ndarray, ranking: np.ndarray) -> np.ndarray:
     """DCG of each row's ``ranking`` (indices into that row of ``relevance``)."""
+    return _dcg_of_gains(np.take_along_axis(relevance, ranking, axis=1))
+
+
+def _dcg_of_gains(rel: np.ndarray) -> np.ndarray:
     # gains in the relevance's own dtype (float32 for the original files), as the original
     # ``2 ** rel - 1``; the discounts and the sum in float64
-    rel = np.take_along_axis(relevance, ranking, axis=1)
     gains = np.power(rel.dtype.type(2), rel) - rel.dtype.type(1)
-    discounts = np.log2(np.arange(ranking.shape[1]) + 2.0)
+    discounts = np.log2(np.arange(rel.shape[1]) + 2.0)
     return (gains / discounts).sum(axis=1)
+
+
+def ideal_dcg_at(relevance: np.ndarray, k: int) -> np.ndarray:
+    """DCG of each row's ideal order (its ``k`` largest relevances, descending). Equal values
+    give equal gains, so this is the DCG of the original's argsort order without the sort."""
+    n = relevance.shape[1]
+    k = min(k, n)
+    largest = np.partition(relevance, n - k, axis=1)[:, n - k :]
+    return _dcg_of_gains(np.ascontiguousarray(np.sort(largest, axis=1)[:, ::-1]))
 
 
 def ndcg_at(relevance: np.ndarray, ranking: np.ndarray) -> np.ndarray:
     """NDCG of each row: DCG of the ranking over DCG of the ideal order (0 where that is 0)."""
-    k = ranking.shape[1]
-    ideal = dcg_at(relevance, _orders(relevance)[:, :k])
+    ideal = ideal_dcg_at(relevance, ranking.shape[1])
     dcg = dcg_at(relevance, ranking)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(ideal > 0, dcg / np.where(ideal > 0, ideal, 1.0), 0.0)
@@ -99,9 +146,10 @@ def image_to_text(
     ndcg = {name: np.empty(n_img) for name in relevance or {}}
     for start in range(0, n_img, QUERY_BLOCK):
         rows = np.arange(start, min(start + QUERY_BLOCK, n_img))
-        order = _orders(np.asarray(scores[rows]))
+        block = np.asarray(scores[rows])
+        order = _top_orders(block, max(top.shape[1], ndcg_k if relevance else 0))
         own = rows[:, None] * c + np.arange(c)[None]
-        ranks[rows] = np.take_along_axis(_positions(order), own, axis=1).min(axis=1)
+        ranks[rows] = _own_positions(block, own).min(axis=1)
         top[rows] = order[:, : top.shape[1]]
         for name, rel in (relevance or {}).items():
             ndcg[name][rows] = ndcg_at(np.asarray(rel[:, rows]).T, order[:, :ndcg_k])
@@ -127,8 +175,9 @@ def text_to_image(
     ndcg = {name: np.empty(n_cap) for name in relevance or {}}
     for start in range(0, n_cap, QUERY_BLOCK):
         cols = np.arange(start, min(start + QUERY_BLOCK, n_cap))
-        order = _orders(np.ascontiguousarray(np.asarray(scores[:, cols]).T))
-        ranks[cols] = _positions(order)[np.arange(len(cols)), cols // captions_per_image]
+        block = np.ascontiguousarray(np.asarray(scores[:, cols]).T)
+        order = _top_orders(block, max(top.shape[1], ndcg_k if relevance else 0))
+        ranks[cols] = _own_positions(block, (cols // captions_per_image)[:, None])[:, 0]
         top[cols] = order[:, : top.shape[1]]
         for name, rel in (relevance or {}).items():
             ndcg[name][cols] = ndcg_at(np.asarray(rel[cols]), order[:, :ndcg_k])

@@ -39,7 +39,7 @@ class OrderPooler(Pooler):
         self, img: Embeddings, txt: Embeddings, image_chunk: int | None = None, text_chunk: int | None = None
     ) -> tuple[int, int]:
         # Every pair materialises a D-wide difference, so a block holds block_elements / D pairs.
-        pairs = max(1, self.block_elements // max(1, img.dim))
+        pairs = max(1, self.elements_per_block(img.tokens.device) // max(1, img.dim))
         if image_chunk is None and text_chunk is None:
             image_chunk = max(1, min(len(img), math.isqrt(pairs)))
         if image_chunk is None:
