@@ -137,3 +137,6 @@ def test_automatic_blocks_are_balanced_and_bounded():
     assert 0.25 < (ic * 36) / (tc * 12) < 4  # square-ish matmul blocks stay compute-bound
     assert pooler.chunk_sizes(img, txt[:3]) == (5000, 3)  # few texts: the image side widens
     assert pooler.chunk_sizes(img, txt, image_chunk=7)[0] == 7
+    assert pooler.chunk_sizes(img, txt, image_chunk=300)[0] == 300  # an explicit size is kept
+    ic, _ = pooler.chunk_sizes(img[:256], txt)
+    assert ic == 64, "256 images in equal chunks (80 + 80 + 80 + 16 would make a thin last block)"

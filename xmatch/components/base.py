@@ -217,6 +217,7 @@ class Pooler(nn.Module):
         rows_img = img.tokens.shape[1] if self.uses_tokens else 1
         rows_txt = txt.tokens.shape[1] if self.uses_tokens else 1
         elements = self.elements_per_block(img.tokens.device)
+        given_image, given_text = image_chunk is not None, text_chunk is not None
         side = int(elements**0.5)
         per_pair = rows_img * rows_txt
         if image_chunk is None and text_chunk is None:
@@ -226,7 +227,12 @@ class Pooler(nn.Module):
             image_chunk = max(1, min(n_img, elements // (text_chunk * per_pair)))
         if text_chunk is None:
             text_chunk = max(1, min(n_txt, elements // (image_chunk * per_pair)))
-        return image_chunk, text_chunk
+        # equal chunks: 256 images in blocks of 80 would leave a thin last block of 16, whose
+        # matmul runs well below the rate of the others
+        return (
+            image_chunk if given_image else _even(n_img, image_chunk),
+            text_chunk if given_text else _even(n_txt, text_chunk),
+        )
 
     def forward(
         self,
@@ -294,6 +300,11 @@ class Pooler(nn.Module):
                 else:
                     out[rows[:, None], tpos.to(out.device)[None, :]] = block
         return out
+
+
+def _even(n: int, chunk: int) -> int:
+    """The smallest chunk that cuts ``n`` items into as many chunks as ``chunk`` does."""
+    return -(-n // -(-n // chunk))
 
 
 def _parts(e: Embeddings | BucketedEmbeddings) -> list[tuple[Embeddings, torch.Tensor | None]]:
