@@ -9,6 +9,7 @@ medr = floor(median(rank)) + 1, meanr = mean(rank) + 1, NDCG uses exponential ga
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,8 +110,18 @@ def ndcg_at(relevance: np.ndarray, ranking: np.ndarray) -> np.ndarray:
         return np.where(ideal > 0, dcg / np.where(ideal > 0, ideal, 1.0), 0.0)
 
 
-#: queries ranked at once; bounds the ranking's temporary memory (block x gallery int64).
+#: the most queries ranked at once
 QUERY_BLOCK = 512
+#: queries x gallery items ranked at once: bounds the ranking's temporaries (a partition's int64
+#: indices, 16 MB) to a small share of the score matrix at COCO 5K (83 image queries x 25,000
+#: captions, where 512 queries took 0.2 GB)
+QUERY_ELEMENTS = 2**21
+
+
+def _query_blocks(n_queries: int, n_gallery: int) -> Iterator[slice]:
+    rows = max(1, min(QUERY_BLOCK, QUERY_ELEMENTS // n_gallery))
+    for start in range(0, n_queries, rows):
+        yield slice(start, min(start + rows, n_queries))
 
 
 def _check_shape(scores: np.ndarray, captions_per_image: int) -> tuple[int, int]:
@@ -134,7 +145,7 @@ def image_to_text(
 
     ``relevance[name]`` is ``[cN, N]`` (caption, image), the original layout; the relevance of
     caption q for image n is ``relevance[q, n]``. Queries are ranked in blocks of
-    ``QUERY_BLOCK`` rows, so memory stays bounded for COCO 5K.
+    at most ``QUERY_ELEMENTS`` scores, so memory stays bounded for COCO 5K.
 
     Example:
         >>> image_to_text(np.eye(2).repeat(2, axis=1), captions_per_image=2).ranks
@@ -144,9 +155,9 @@ def image_to_text(
     c = captions_per_image
     ranks, top = np.empty(n_img), np.empty((n_img, min(keep_top, n_cap)), dtype=np.int64)
     ndcg = {name: np.empty(n_img) for name in relevance or {}}
-    for start in range(0, n_img, QUERY_BLOCK):
-        rows = np.arange(start, min(start + QUERY_BLOCK, n_img))
-        block = np.asarray(scores[rows])
+    for block_rows in _query_blocks(n_img, n_cap):
+        rows = np.arange(block_rows.start, block_rows.stop)
+        block = np.asarray(scores[block_rows])
         order = _top_orders(block, max(top.shape[1], ndcg_k if relevance else 0))
         own = rows[:, None] * c + np.arange(c)[None]
         ranks[rows] = _own_positions(block, own).min(axis=1)
@@ -173,9 +184,9 @@ def text_to_image(
     ranks = np.empty(n_cap)
     top = np.empty((n_cap, min(keep_top, n_img)), dtype=np.int64)
     ndcg = {name: np.empty(n_cap) for name in relevance or {}}
-    for start in range(0, n_cap, QUERY_BLOCK):
-        cols = np.arange(start, min(start + QUERY_BLOCK, n_cap))
-        block = np.ascontiguousarray(np.asarray(scores[:, cols]).T)
+    for block_cols in _query_blocks(n_cap, n_img):
+        cols = np.arange(block_cols.start, block_cols.stop)
+        block = np.ascontiguousarray(np.asarray(scores[:, block_cols]).T)
         order = _top_orders(block, max(top.shape[1], ndcg_k if relevance else 0))
         ranks[cols] = _own_positions(block, (cols // captions_per_image)[:, None])[:, 0]
         top[cols] = order[:, : top.shape[1]]
