@@ -80,3 +80,18 @@ def test_ranking_temporaries_stay_a_small_share_of_the_score_matrix():
     finally:
         tracemalloc.stop()
     assert peak < 12 * metrics.QUERY_ELEMENTS + 2**20, f"{peak / 2**20:.1f} MiB of temporaries"
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_scores_are_found_without_a_copy_of_the_matrix(bad):
+    scores = np.random.default_rng(0).random((400, 20_000), dtype=np.float32)
+    assert metrics.all_finite(scores) and metrics.all_finite(np.empty((0, 5)))
+    tracemalloc.start()
+    try:
+        metrics.all_finite(scores)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, "np.isfinite(scores).all() made an 8 MB boolean copy"
+    scores[123, 4567] = bad
+    assert not metrics.all_finite(scores)

@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from xmatch.eval.metrics import all_finite
+
 #: queries ranked at once; bounds the temporary [block, gallery] arrays
 QUERY_BLOCK = 512
 PMRP_FILES = ("pm_image_to_caption.json", "pm_caption_to_image.json")
@@ -251,7 +253,7 @@ def _check_scores(scores: Any, ids: CocoIds) -> np.ndarray:
         raise ValueError(
             f"scores must be [images, captions] = {list(expected)} over the whole split, got {list(scores.shape)}."
         )
-    if not np.isfinite(scores).all():
+    if not all_finite(scores):
         raise ValueError("scores contain NaN or inf; check the embeddings.")
     return scores
 

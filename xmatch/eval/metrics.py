@@ -118,6 +118,17 @@ QUERY_BLOCK = 512
 QUERY_ELEMENTS = 2**21
 
 
+def all_finite(values: np.ndarray) -> bool:
+    """True where no value is NaN or infinite, without a boolean copy of ``values`` (a NaN
+    makes the minimum and maximum NaN, an infinity makes one of them infinite).
+
+    Example:
+        >>> all_finite(np.array([[0.5, 1.0]])), all_finite(np.array([[0.5, np.nan]]))
+        (True, False)
+    """
+    return values.size == 0 or bool(np.isfinite(values.min()) and np.isfinite(values.max()))
+
+
 def _query_blocks(n_queries: int, n_gallery: int) -> Iterator[slice]:
     rows = max(1, min(QUERY_BLOCK, QUERY_ELEMENTS // n_gallery))
     for start in range(0, n_queries, rows):

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from xmatch.eval.metrics import DirectionResult, image_to_text, summarize, text_to_image
+from xmatch.eval.metrics import DirectionResult, all_finite, image_to_text, summarize, text_to_image
 
 PROTOCOLS: dict[str, int | None] = {"coco-1k": 1000, "coco-5k": None, "f30k-1k": None, "full": None}
 
@@ -97,7 +97,7 @@ def _as_scores(block: Any, captions_per_image: int, check_finite: bool = True) -
             f"captions per image), got {block.shape}; order the captions image by image or "
             "pass captions_per_image."
         )
-    if check_finite and not np.isfinite(block).all():
+    if check_finite and not all_finite(block):
         raise ValueError("scores contain NaN or inf; check the embeddings.")
     return block
 
