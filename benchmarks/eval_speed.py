@@ -61,6 +61,7 @@ import torch.nn.functional as F
 
 import xmatch
 from xmatch.buckets import BucketedEmbeddings
+from xmatch.components.poolers import OUTPUT_COLUMNS_MULTIPLE
 from xmatch.embeddings import Embeddings
 from xmatch.eval import Encoded
 from xmatch.eval.protocol import evaluate_scores
@@ -184,6 +185,9 @@ def interleaved_rates(model: xmatch.MatchingModel, img: BucketedEmbeddings, txt:
     ic, tc = model.pooler.chunk_sizes(ip, bucket)
     a_img, a_txt = ip[:ic], bucket[:tc]
     rows_a, rows_b, dim = ic * ip.tokens.shape[1], tc * bucket.tokens.shape[1], ip.dim
+    # the reference at its best: BLAS is far slower when its output columns are not a multiple
+    # of 16 (the pooler pads its products to such a width on a CPU, see poolers.py)
+    rows_b += -rows_b % OUTPUT_COLUMNS_MULTIPLE
     a, b = torch.randn(rows_a, dim, device=device), torch.randn(dim, rows_b, device=device)
     real = 2 * int(a_img.mask.sum()) * int(a_txt.mask.sum()) * dim
     pooled_t, matmul_t = [], []

@@ -25,10 +25,24 @@ from xmatch.embeddings import Embeddings
 Compat = Literal["clean", "original"]
 
 
+#: a CPU matmul's output columns are padded to a multiple of this: on an AVX-512 CPU,
+#: [2304 x 1024] @ [1024 x N] ran at 117-130 GFLOP/s for odd N and at 184-194 for N % 16 == 0
+#: (2 threads, 2026-11-26); the padded columns' scores equal the unpadded ones bit for bit
+OUTPUT_COLUMNS_MULTIPLE = 16
+
+
 def _flat_alignment(img_tokens: torch.Tensor, txt_tokens: torch.Tensor) -> torch.Tensor:
     # One large matmul instead of an einsum keeps BLAS at full speed: [i r, t w].
     d = img_tokens.shape[-1]
-    return img_tokens.reshape(-1, d) @ txt_tokens.reshape(-1, d).T
+    words = txt_tokens.reshape(-1, d)
+    n = words.shape[0]
+    extra = -n % OUTPUT_COLUMNS_MULTIPLE
+    if extra and words.device.type == "cpu":
+        # zero rows make whole-width products; slicing them off leaves a view that splits
+        # into [i, r, t, w] like the unpadded product
+        words = torch.cat([words, words.new_zeros(extra, d)])
+        return (img_tokens.reshape(-1, d) @ words.T)[:, :n]
+    return img_tokens.reshape(-1, d) @ words.T
 
 
 def _pad_with_a_real_token(e: Embeddings) -> torch.Tensor:
