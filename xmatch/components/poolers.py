@@ -36,13 +36,12 @@ def _flat_alignment(img_tokens: torch.Tensor, txt_tokens: torch.Tensor) -> torch
     d = img_tokens.shape[-1]
     words = txt_tokens.reshape(-1, d)
     n = words.shape[0]
-    extra = -n % OUTPUT_COLUMNS_MULTIPLE
-    if extra and words.device.type == "cpu":
+    extra = -n % OUTPUT_COLUMNS_MULTIPLE if words.device.type == "cpu" else 0
+    if extra:
         # zero rows make whole-width products; slicing them off leaves a view that splits
         # into [i, r, t, w] like the unpadded product
         words = torch.cat([words, words.new_zeros(extra, d)])
-        return (img_tokens.reshape(-1, d) @ words.T)[:, :n]
-    return img_tokens.reshape(-1, d) @ words.T
+    return (img_tokens.reshape(-1, d) @ words.T)[:, :n]
 
 
 def _pad_with_a_real_token(e: Embeddings) -> torch.Tensor:
