@@ -227,6 +227,8 @@ def main() -> None:
         fastest = min(steps.values())
         print(f"bare-loop steps alternated, fused Adam, minimum of {args.alternate}: {shown} "
               f"({steps['none'] / fastest:.2f}x float32's step)")
+    elif args.alternate:
+        print("alternated steps skipped: no lower precision among --amp to alternate with float32")
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f}")
 
