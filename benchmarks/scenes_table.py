@@ -36,7 +36,7 @@ from pathlib import Path
 
 BERT_SCRATCH = [
     "text_encoder.name=bert",
-    "text_encoder.backbone=package:xmatch.zoo/weights/tern-scenes/text_encoder",
+    "text_encoder.backbone=zoo:weights/tern-scenes/text_encoder",
     "text_encoder.layers=2",
     "text_encoder.pretrained=false",
 ]
@@ -81,7 +81,7 @@ ROWS = [
 
 
 def default_data() -> Path:
-    from xmatch.hub import cache_dir
+    from xmatch.io.hub import cache_dir
 
     return cache_dir() / "datasets" / "scenes"
 

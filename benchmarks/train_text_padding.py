@@ -22,7 +22,7 @@ import torch
 from eval_speed import caption_lengths
 from train_speed import MINILM, WORDS, SyntheticRegions, build_model
 
-from xmatch.parameter_counts import write_bert_base_dir
+from xmatch.model.parameter_counts import write_bert_base_dir
 
 #: a group's padding slots may be at most this share of its slots, as in evaluation's buckets
 MAX_PADDING = 0.125

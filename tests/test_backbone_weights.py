@@ -1,5 +1,5 @@
 """Backbone weights take the one weight path of zoo weights: the timm encoders' ``weights=``
-and VSE++'s ``weights=`` are located and checked by ``xmatch.hub.fetch`` (its sources, size
+and VSE++'s ``weights=`` are located and checked by ``xmatch.io.hub.fetch`` (its sources, size
 and sha256 checks, cache) and read by one loader."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from xmatch import hub
-from xmatch.components import backbone_weights
-from xmatch.components.backbone_weights import WeightsMismatchError
-from xmatch.components.image_timm import TimmGridImageEncoder
-from xmatch.components.timm_backbone import create_timm_model
+from xmatch.io import hub
+from xmatch.components.image import backbone_weights
+from xmatch.components.image.backbone_weights import WeightsMismatchError
+from xmatch.components.image.timm_grid import TimmGridImageEncoder
+from xmatch.components.image.backbone import create_timm_model
 
 timm = pytest.importorskip("timm")
 

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import xmatch
-from xmatch.buckets import BucketedEmbeddings
+from xmatch.model.buckets import BucketedEmbeddings
 from xmatch.components.poolers import GlobalCosinePooler, MrAvgwPooler, MrSwPooler, MwSrPooler, SymmPooler
-from xmatch.embeddings import Embeddings
+from xmatch.model.embeddings import Embeddings
 
 from conftest import random_regions, tiny_spec
 
@@ -56,7 +56,7 @@ def test_consuming_releases_each_batch_once_it_is_bucketed(monkeypatch):
     those of a non-consuming call."""
     import weakref
 
-    from xmatch import buckets
+    from xmatch.model import buckets
 
     for equal_lengths in (False, True):
         whole = corpus(600, 30, min_len=30 if equal_lengths else 1, seed=5)

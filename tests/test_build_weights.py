@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import xmatch
-from xmatch import hub
-from xmatch.registry import models
-from xmatch.spec import SpecError
+from xmatch.io import hub
+from xmatch.core.registry import models
+from xmatch.core.spec import SpecError
 
 from conftest import tiny_spec
 
@@ -117,7 +117,7 @@ def test_a_weights_file_given_with_a_bundle_name_is_loaded(trained, fixture_bert
     (1, TypeError, "pretrained must be True, False, 'bundle' or a path"),
 ])
 def test_bad_pretrained_values_are_refused_before_anything_is_built(value, error, message, monkeypatch):
-    monkeypatch.setattr(xmatch._factory, "model_from_spec", lambda spec: pytest.fail("built"))
+    monkeypatch.setattr(xmatch.model.factory, "model_from_spec", lambda spec: pytest.fail("built"))
     with pytest.raises(error, match=message):
         xmatch.build("teran-mrsw-coco", pretrained=value)
 

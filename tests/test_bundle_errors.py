@@ -18,9 +18,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import xmatch
-from xmatch._bundle import BundleError
-from xmatch._optional import MissingDependencyError, require
-from xmatch._safe_load import CheckpointReadError, load_torch_file
+from xmatch.io.bundle import BundleError
+from xmatch.core.optional import MissingDependencyError, require
+from xmatch.io.safe_load import CheckpointReadError, load_torch_file
 
 from conftest import tiny_spec
 
@@ -169,7 +169,7 @@ KINDS = ["foreign-object", "truncated", "garbage", "empty"]
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_bad_backbone_weight_file_is_a_clear_error(tmp_path, kind):
-    from xmatch.components.backbone_weights import read_state_dict
+    from xmatch.components.image.backbone_weights import read_state_dict
 
     path = bad_torch_file(tmp_path / "backbone.pth", kind)
     with pytest.raises(CheckpointReadError) as info:
@@ -243,7 +243,7 @@ def test_scenes_region_pooling_without_torchvision(monkeypatch):
 
 
 def test_glove_without_pyarrow(monkeypatch, tmp_path):
-    from xmatch.components.text_rnn import load_glove
+    from xmatch.components.text.rnn import load_glove
 
     np.save(tmp_path / "glove_emb.npy", np.zeros((1, 2), dtype=np.float32))
     (tmp_path / "glove_index.parquet").write_bytes(b"")

@@ -7,8 +7,8 @@ import tomllib
 import pytest
 
 import xmatch
-from xmatch.cli import main
-from xmatch.spec import load_spec
+from xmatch.cli.main import main
+from xmatch.core.spec import load_spec
 
 
 def test_models_and_info(capsys):

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xmatch.cli import main
+from xmatch.cli.main import main
 from xmatch.eval.relevance import save_original_relevance
 
 from conftest import NDCG_RTOL

@@ -11,8 +11,8 @@ import warnings
 import pytest
 
 import xmatch
-from xmatch.registry import get_registry
-from xmatch.spec import SpecError, check_component, signature_of
+from xmatch.core.registry import get_registry
+from xmatch.core.spec import SpecError, check_component, signature_of
 
 #: (registry kind, component name) -> {old argument: new argument}
 RENAMED = {
@@ -45,9 +45,9 @@ def test_new_names_build_without_warnings():
 def test_bundles_saved_before_the_renames_load_silently_under_the_new_names(entry):
     """The shipped bundles' specs were written with ``source`` / ``model``: xmatch wrote them, so
     reading them warns nobody; the spec comes back with the current names."""
-    from importlib.resources import files
+    from xmatch.core.sources import zoo_folder
 
-    bundle = files("xmatch.zoo") / "weights" / entry
+    bundle = zoo_folder() / "weights" / entry
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         model = xmatch.build(f"local-dir:{bundle}", pretrained=True)
@@ -99,9 +99,9 @@ def test_component_classes_are_named_name_then_kind():
 @pytest.mark.parametrize("module, old, new", [
     ("xmatch.components.poolers", "MrSw", "MrSwPooler"),
     ("xmatch.components.poolers", "GlobalCosine", "GlobalCosinePooler"),
-    ("xmatch.components.image_bottomup", "BottomUpEncoder", "BottomUpImageEncoder"),
-    ("xmatch.components.image_timm", "TimmGridEncoder", "TimmGridImageEncoder"),
-    ("xmatch.components.image_regions_pixels", "PixelRegionsEncoder", "PixelRegionsImageEncoder"),
+    ("xmatch.components.image.bottomup", "BottomUpEncoder", "BottomUpImageEncoder"),
+    ("xmatch.components.image.timm_grid", "TimmGridEncoder", "TimmGridImageEncoder"),
+    ("xmatch.regions.image_encoder", "PixelRegionsEncoder", "PixelRegionsImageEncoder"),
     ("xmatch_scan", "ScanT2I", "ScanT2IPooler"),
     ("xmatch_vsepp", "VSEPPPrecompEncoder", "VSEPPPrecompImageEncoder"),
     ("xmatch_oan", "OANTextCNN", "OANCNNTextEncoder"),

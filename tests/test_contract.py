@@ -16,8 +16,8 @@ from PIL import Image
 
 import xmatch
 from xmatch import Embeddings
-from xmatch.registry import get_registry
-from xmatch.inputs import PairBatch, PixelInputs, RegionInputs, input_type_of
+from xmatch.core.registry import get_registry
+from xmatch.model.inputs import PairBatch, PixelInputs, RegionInputs, input_type_of
 
 from conftest import random_regions
 
@@ -221,7 +221,7 @@ TINY = {
 
 
 # xmatch's own entries; each plugin in plugins/ tests its entries with its own components
-BUILTIN_ENTRIES = [n for n in xmatch.list_models() if xmatch.registry.models.origin(n) == "xmatch"]
+BUILTIN_ENTRIES = [n for n in xmatch.list_models() if xmatch.core.registry.models.origin(n) == "xmatch"]
 
 
 @pytest.mark.parametrize("entry", BUILTIN_ENTRIES)

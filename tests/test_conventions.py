@@ -17,13 +17,13 @@ import pytest
 
 import xmatch
 from xmatch import ZooEntry, zoo_entries_from_toml
-from xmatch._zoo import as_entry
+from xmatch.core.zoo import as_entry
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("xmatch", "xmatch_scan", "xmatch_vsepp", "xmatch_oan")
 #: where printing is the job: command-line front ends, and developer tools run as ``python -m``
 #: (their ``main``); the demo writes its report to the stream it is given
-PRINTING_MODULES = {"xmatch.cli", "xmatch.index.cli", "xmatch.extract.command", "xmatch.demo.run"}
+PRINTING_MODULES = {"xmatch.cli.main", "xmatch.cli.index", "xmatch.cli.extract", "xmatch.demo.run"}
 
 
 def library_modules() -> list[str]:
@@ -50,14 +50,14 @@ def test_every_error_class_is_an_xmatch_error_and_keeps_its_builtin_base():
     builtin = {n: cls for n, cls in errors.items() if cls is not xmatch.XmatchError}
     assert [n for n, cls in builtin.items() if not any(
         base.__module__ == "builtins" and base is not Exception for base in cls.__mro__[1:])] == []
-    assert issubclass(errors["xmatch.spec.SpecError"], ValueError)
-    assert issubclass(errors["xmatch.registry.RegistryError"], KeyError)
-    assert issubclass(errors["xmatch.hub.OfflineError"], FileNotFoundError)
+    assert issubclass(errors["xmatch.core.spec.SpecError"], ValueError)
+    assert issubclass(errors["xmatch.core.registry.RegistryError"], KeyError)
+    assert issubclass(errors["xmatch.io.hub.OfflineError"], FileNotFoundError)
     assert issubclass(errors["xmatch.train.errors.TrainingError"], RuntimeError)
 
 
 def test_xmatch_error_is_exported():
-    assert "XmatchError" in xmatch.__all__ and xmatch.XmatchError.__module__ == "xmatch.errors"
+    assert "XmatchError" in xmatch.__all__ and xmatch.XmatchError.__module__ == "xmatch.core.errors"
 
 
 def _print_calls(path: Path) -> list[tuple[int, str]]:

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import xmatch
-from xmatch.cli import main
-from xmatch.convert import original_family, spec_from_original_config
-from xmatch.spec import check_model_spec
+from xmatch.cli.main import main
+from xmatch.model.convert import original_family, spec_from_original_config
+from xmatch.core.spec import check_model_spec
 
 TERN_SMALL = Path(__file__).resolve().parent / "fixtures" / "tern-original" / "tern-small"
 

@@ -17,7 +17,7 @@ import torch
 
 import xmatch
 from xmatch.data import open_dataset
-from xmatch.embeddings import Embeddings
+from xmatch.model.embeddings import Embeddings
 from xmatch.eval import evaluate
 from xmatch.train import TrainConfig, Trainer
 

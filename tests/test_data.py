@@ -27,9 +27,9 @@ from xmatch.data import (
     collate_images,
     open_dataset,
 )
-from xmatch.inputs import ImageBatch, PairBatch, PixelInputs, RegionInputs
-from xmatch.registry import RegistryError, get_registry
-from xmatch.spec import SpecError
+from xmatch.model.inputs import ImageBatch, PairBatch, PixelInputs, RegionInputs
+from xmatch.core.registry import RegistryError, get_registry
+from xmatch.core.spec import SpecError
 
 from conftest import tiny_spec
 

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from xmatch.data import ImageTextDataset, Pair, RegionImage, open_dataset
-from xmatch.registry import get_registry
+from xmatch.core.registry import get_registry
 
 from learnable import write_learnable_precomp
 

@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 import xmatch
-from xmatch import hub
-from xmatch.cli import build_parser
+from xmatch.io import hub
+from xmatch.cli.main import build_parser
 from xmatch.demo.run import (
     RECIPES,
     figures_table,

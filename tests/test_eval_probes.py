@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import xmatch
-from xmatch.components.base import EncoderOutput
-from xmatch.components.text_rnn import BiGRUTextEncoder
+from xmatch.model.interfaces import EncoderOutput
+from xmatch.components.text.rnn import BiGRUTextEncoder
 from xmatch.eval.probes import (
     DropWords,
     PerturbedCaptions,
@@ -30,7 +30,7 @@ from xmatch.eval.probes import (
     scenes_tagger,
     split_words,
 )
-from xmatch.registry import text_encoders
+from xmatch.core.registry import text_encoders
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
 FAST = {"backbone": "test_efficientnet", "weights": "random"}

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 import xmatch
-from xmatch.cli import main
+from xmatch.cli.main import main
 from xmatch.eval import evaluate_scores
 from xmatch.eval.report import comparison_tables, rank_histogram, recall_curve
 from xmatch.eval.suite import load_records, parse_protocols, run_protocols

@@ -11,7 +11,7 @@ import torch
 
 import xmatch
 from xmatch.eval import encode_dataset, evaluate, evaluate_scores
-from xmatch.inputs import ImageBatch, RegionInputs
+from xmatch.model.inputs import ImageBatch, RegionInputs
 
 from conftest import random_regions, tiny_spec
 

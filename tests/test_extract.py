@@ -19,11 +19,12 @@ from PIL import Image
 
 import xmatch
 import xmatch.eval
-from xmatch.cli import main as cli
+from xmatch.cli.main import main as cli
 from xmatch.data import open_dataset
-from xmatch.extract import RegionPipeline, RoIFeatureExtractor, extract, fingerprint, read_manifest, roi_features
+from xmatch.extract import extract
+from xmatch.regions import RegionPipeline, RoIFeatureExtractor, fingerprint, read_manifest, roi_features
 from xmatch.extract.captions import CaptionsError
-from xmatch.extract.features import InputSize, resolve_weights
+from xmatch.regions.features import InputSize, resolve_weights
 from xmatch.extract.run import ExtractError
 from xmatch.extract.writers import npz_bytes
 

@@ -14,9 +14,10 @@ import torch
 import xmatch
 from xmatch import Embeddings
 from xmatch.data import open_dataset
-from xmatch.extract import extract, on_pixels
-from xmatch.extract.manifest import ManifestError
-from xmatch.inputs import PixelInputs, RegionInputs
+from xmatch.extract import extract
+from xmatch.regions import on_pixels
+from xmatch.regions.manifest import ManifestError
+from xmatch.model.inputs import PixelInputs, RegionInputs
 
 from test_extract import PIPE, make_photos
 

@@ -21,9 +21,9 @@ import pytest
 import torch
 
 import xmatch
-from xmatch import hub
-from xmatch.cli import main
-from xmatch.registry import models
+from xmatch.io import hub
+from xmatch.cli.main import main
+from xmatch.core.registry import models
 
 from conftest import tiny_spec
 
@@ -236,7 +236,7 @@ def test_offline_mode_uses_only_the_cache(server, bundle, home, monkeypatch, swi
 WORKER = """
 import sys, time
 from pathlib import Path
-from xmatch import hub
+from xmatch.io import hub
 url, go, ready, sha, size = sys.argv[1:]
 Path(ready).touch()
 while not Path(go).exists():

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import xmatch
-from xmatch import hub
+from xmatch.io import hub
 
 from conftest import random_regions
 from test_hub import (  # noqa: F401 (server, bundle, home and zoo_entry are fixtures)
@@ -82,7 +82,7 @@ def test_a_damaged_cached_file_is_downloaded_again_online(server, bundle, home, 
     source, path = downloaded(server, body)
     rewrite(path, DAMAGES[damage](body))
     hub._DIGESTS.clear()  # a new process
-    with caplog.at_level(logging.WARNING, logger="xmatch.hub"):
+    with caplog.at_level(logging.WARNING, logger="xmatch.io.hub"):
         assert hub.fetch(source, progress=False) == path
     assert path.read_bytes() == body
     assert server.gets(PATH) == [None, None], "downloaded again, from the start"

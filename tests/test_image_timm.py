@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import xmatch
-from xmatch.components.backbone_weights import WeightsMismatchError, load_by_position
-from xmatch.components.image_timm import TimmGridImageEncoder, grid_boxes
-from xmatch.components.timm_backbone import TimmBackbone, create_timm_model
-from xmatch.registry import image_encoders
-from xmatch.inputs import PairBatch, PixelInputs
+from xmatch.components.image.backbone_weights import WeightsMismatchError, load_by_position
+from xmatch.components.image.timm_grid import TimmGridImageEncoder, grid_boxes
+from xmatch.components.image.backbone import TimmBackbone, create_timm_model
+from xmatch.core.registry import image_encoders
+from xmatch.model.inputs import PairBatch, PixelInputs
 
 from conftest import tiny_spec
 

@@ -11,18 +11,18 @@ from PIL import Image
 
 import xmatch
 from conftest import random_regions, tiny_spec
-from xmatch.components import image_bottomup
-from xmatch.components.base import EncoderOutput, ImageEncoder
+from xmatch.components.image import bottomup as image_bottomup
+from xmatch.model.interfaces import EncoderOutput, ImageEncoder
 from xmatch.data import collate, collate_images
 from xmatch.data.items import ImageItem, Pair, RegionImage
-from xmatch.inputs import (
+from xmatch.model.inputs import (
     ImageBatch,
     PairBatch,
     PixelInputs,
     RegionInputs,
     input_type_of,
 )
-from xmatch.registry import get_registry
+from xmatch.core.registry import get_registry
 
 BOX = torch.tensor([0.1, 0.2, 0.5, 0.9])
 
@@ -186,7 +186,7 @@ def test_model_reads_records_and_dicts_alike(fixture_bert):
 
 
 def test_evaluation_reads_dict_batches_with_a_warning(fixture_bert):
-    from xmatch.inputs import image_inputs_of
+    from xmatch.model.inputs import image_inputs_of
 
     regions, boxes, mask = random_regions(2, 4, 12)
     with pytest.warns(DeprecationWarning, match="ImageBatch"):

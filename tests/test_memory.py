@@ -7,7 +7,7 @@ import platform
 import pytest
 import torch
 
-from xmatch.memory import release_free_memory
+from xmatch.core.memory import release_free_memory
 
 
 def resident_kib() -> int:

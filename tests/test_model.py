@@ -9,7 +9,7 @@ import torch
 
 import xmatch
 from xmatch import Embeddings
-from xmatch.inputs import PairBatch, RegionInputs
+from xmatch.model.inputs import PairBatch, RegionInputs
 
 from conftest import MINILM, random_regions, tiny_spec
 

@@ -17,12 +17,12 @@ MOVED = [
     ("xmatch.demo_draw", "xmatch.demo.draw", "draw_alignment"),
     ("xmatch.demo", "xmatch.demo.run", "token_labels"),
     ("xmatch.demo", "xmatch.demo.run", "prepare_scenes"),
-    ("xmatch.zoo_params", "xmatch.parameter_counts", "count_parameters"),
-    ("xmatch.zoo_params", "xmatch.parameter_counts", "write_bert_base_dir"),
-    ("xmatch.components.image_timm", "xmatch.components.backbone_weights", "PACKAGED_WEIGHTS"),
-    ("xmatch.components.image_timm", "xmatch.components.backbone_weights", "load_backbone_weights"),
-    ("xmatch.components.image_timm", "xmatch.components.timm_backbone", "create_timm_model"),
-    ("xmatch.components.image_timm", "xmatch.components.timm_backbone", "to_pil"),
+    ("xmatch.zoo_params", "xmatch.model.parameter_counts", "count_parameters"),
+    ("xmatch.zoo_params", "xmatch.model.parameter_counts", "write_bert_base_dir"),
+    ("xmatch.components.image.timm_grid", "xmatch.components.image.backbone_weights", "PACKAGED_WEIGHTS"),
+    ("xmatch.components.image.timm_grid", "xmatch.components.image.backbone_weights", "load_backbone_weights"),
+    ("xmatch.components.image.timm_grid", "xmatch.components.image.backbone", "create_timm_model"),
+    ("xmatch.components.image.timm_grid", "xmatch.components.image.backbone", "to_pil"),
 ]
 
 
@@ -55,14 +55,14 @@ def test_an_unknown_name_on_an_old_path_is_an_attribute_error():
 
 
 def test_a_module_with_moved_and_renamed_names_serves_both():
-    import xmatch.components.image_timm as old
+    import xmatch.components.image.timm_grid as old
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert old.TimmGridEncoder is old.TimmGridImageEncoder  # renamed, not moved
-        assert old.TimmBackbone.__module__ == "xmatch.components.timm_backbone"  # used there: no warning
+        assert old.TimmBackbone.__module__ == "xmatch.components.image.backbone"  # used there: no warning
     assert [str(w.message).split(";")[0] for w in caught] == [
-        "xmatch.components.image_timm.TimmGridEncoder is now called TimmGridImageEncoder"
+        "xmatch.components.image.timm_grid.TimmGridEncoder is now called TimmGridImageEncoder"
     ]
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         old.no_such_name  # noqa: B018

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import xmatch
-from xmatch.cli import build_parser
+from xmatch.cli.main import build_parser
 from xmatch.data import DataError, TeranDataset
 from xmatch.train import recipe_names
 

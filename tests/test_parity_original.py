@@ -10,8 +10,8 @@ import torch
 
 import xmatch
 from xmatch.components.losses import hinge_triplet
-from xmatch.masks import lengths_to_mask
-from xmatch.inputs import PairBatch, RegionInputs
+from xmatch.model.masks import lengths_to_mask
+from xmatch.model.inputs import PairBatch, RegionInputs
 
 ORIGINAL_NAMES = {"MrSw": "MrSw", "MwSr": "MwSr", "Symm": "symm", "MrAvgw": "MrAVGw"}
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -69,7 +69,7 @@ def test_word_embeddings_match(encoded, mrsw_io):
 @pytest.mark.parametrize("pooler", sorted(ORIGINAL_NAMES))
 def test_evaluation_similarities_match(encoded, mrsw_io, pooler):
     img, txt = encoded
-    scores = xmatch.registry.poolers.get(pooler)(compat="original")(img, txt)
+    scores = xmatch.core.registry.poolers.get(pooler)(compat="original")(img, txt)
     np.testing.assert_allclose(scores.numpy(), mrsw_io[f"sim_{ORIGINAL_NAMES[pooler]}"], **TOL)
 
 
@@ -82,7 +82,7 @@ def test_model_similarity_uses_its_pooler(converted, encoded, mrsw_io):
 def test_training_layout_similarities_and_losses_match(encoded, mrsw_io, pooler):
     img, txt = encoded
     pairs = txt[torch.arange(0, 20, 5)]  # caption 5i with image i, as the fixture's batch
-    scores = xmatch.registry.poolers.get(pooler)(compat="original")(img, pairs, batch_layout=True)
+    scores = xmatch.core.registry.poolers.get(pooler)(compat="original")(img, pairs, batch_layout=True)
     name = ORIGINAL_NAMES[pooler]
     np.testing.assert_allclose(scores.numpy(), mrsw_io[f"train_sim_{name}"], **TOL)
     loss, _ = hinge_triplet(scores, margin=0.2, max_violation=True)
@@ -94,7 +94,7 @@ def test_training_layout_similarities_and_losses_match(encoded, mrsw_io, pooler)
 
 def test_clean_mode_differs_where_original_zero_fills(encoded, mrsw_io):
     img, txt = encoded
-    clean = xmatch.registry.poolers.get("MrSw")()(img, txt).numpy()
+    clean = xmatch.core.registry.poolers.get("MrSw")()(img, txt).numpy()
     original = mrsw_io["sim_MrSw"]
     # image 2 has 28 of 36 regions: only its row may differ, and only upwards (max(x, 0) >= x)
     changed = ~np.isclose(clean, original, atol=1e-5)

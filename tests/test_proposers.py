@@ -11,11 +11,11 @@ import torch
 from PIL import Image
 
 import xmatch
-from xmatch.extract import ImageInfo, Proposals, build_proposer, pyramid_boxes, select_and_pad
-from xmatch.extract.proposer_boxes import BoxesError
-from xmatch.extract.proposer_detector import TorchvisionDetector
-from xmatch.registry import get_registry
-from xmatch.spec import SpecError
+from xmatch.regions import ImageInfo, Proposals, build_proposer, pyramid_boxes, select_and_pad
+from xmatch.regions.proposer_boxes import BoxesError
+from xmatch.regions.proposer_detector import TorchvisionDetector
+from xmatch.core.registry import get_registry
+from xmatch.core.spec import SpecError
 
 SIZES = [(64, 48), (37, 90), (200, 200)]
 DETECTOR = {"backbone": "fasterrcnn_mobilenet_v3_large_320_fpn", "weights": None, "score_threshold": 0.0, "min_size": 64, "max_size": 128}
@@ -210,8 +210,8 @@ def test_detector_weights_from_a_local_file(tmp_path):
 
 
 def test_a_registered_proposer_drives_the_extraction(tmp_path):
-    from xmatch.extract import Proposer, RegionPipeline
-    from xmatch.registry import proposers
+    from xmatch.regions import Proposer, RegionPipeline
+    from xmatch.core.registry import proposers
 
     class Centre(Proposer):
         """The central half of the picture."""
@@ -226,7 +226,7 @@ def test_a_registered_proposer_drives_the_extraction(tmp_path):
 
     name = "test-centre"
     if name not in proposers:
-        xmatch.registry.register_proposer(name)(Centre)
+        xmatch.core.registry.register_proposer(name)(Centre)
     pipe = RegionPipeline(name, backbone="test_efficientnet", weights="random", image_size=64)
     regions = pipe.regions_of([pictures()[0].image])[0]
     assert regions.boxes.tolist() == [[16, 12, 48, 36]] and regions.features.shape == (1, pipe.feature_dim)
@@ -234,8 +234,8 @@ def test_a_registered_proposer_drives_the_extraction(tmp_path):
 
 
 def test_the_detector_argument_is_backbone_and_old_specs_still_build():
-    from xmatch.extract.pipeline import proposer_table
-    from xmatch.spec import current_argument_names
+    from xmatch.regions.pipeline import proposer_table
+    from xmatch.core.spec import current_argument_names
 
     with pytest.warns(DeprecationWarning, match="'model' is now called 'backbone'"):
         table = proposer_table({**{k: v for k, v in DETECTOR.items() if k != "backbone"},

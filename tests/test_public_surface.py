@@ -1,7 +1,7 @@
 """Plugins, the tutorial and the tests use xmatch's public surface only.
 
-A name that starts with ``_`` (a private module such as ``xmatch._zoo``, or a private name of a
-public module such as ``xmatch.hub._sha256``) may change in any release, so nothing outside
+A name that starts with ``_`` (a private module such as ``xmatch.data._io``, or a private name of a
+public module such as ``xmatch.io.hub._sha256``) may change in any release, so nothing outside
 the library may reach it. Everything a plugin needs is in :mod:`xmatch.plugin`. The checker
 reads the code (AST), so a private import fails here before a plugin breaks on a user's machine.
 
@@ -34,26 +34,11 @@ PRIVATE_PATH = re.compile(r"^xmatch(\.\w+)*\._\w+")
 
 #: tests of xmatch's own private helpers: file -> {private dotted name: why it is tested directly}
 INTERNAL_TESTS: dict[str, dict[str, str]] = {
-    "tests/test_bundle_errors.py": {
-        "xmatch._bundle": "the bundle reader's error paths (BundleError) are the subject of the test",
-        "xmatch._optional": "the optional-dependency helper (require, MissingDependencyError) is the subject",
-        "xmatch._safe_load": "the safe torch.load wrapper (load_torch_file, CheckpointReadError) is the subject",
-    },
     "tests/test_zoo.py": {
-        "xmatch._zoo": "what an entry inherits from its base (_resolve) is checked on raw tables",
-        "xmatch._zoo._resolve": "as above",
-    },
-    "tests/test_build_weights.py": {
-        "xmatch._factory": "the builder is replaced to prove that a bad pretrained value is refused before anything is built",
-    },
-    "tests/test_conventions.py": {
-        "xmatch._zoo": "the converter of raw zoo tables (as_entry) is where the old 'licence' key is read",
-    },
-    "tests/test_packaging.py": {
-        "xmatch._files": "the file-mode helpers of atomic writes are the subject of the test",
+        "xmatch.core.zoo._resolve": "what an entry inherits from its base is checked on raw tables",
     },
     "tests/test_scenes_table.py": {
-        "xmatch.cli._nested": "the table's rows are built with the CLI's own --model-set parser",
+        "xmatch.cli.main._nested": "the table's rows are built with the CLI's own --model-set parser",
     },
 }
 
@@ -91,11 +76,11 @@ def private_uses(source: str, where: str) -> list[PrivateUse]:
     Found: ``import xmatch._mod``, ``from xmatch._mod import ...``, ``from xmatch.mod import
     _name``, ``xmatch._attr`` / ``module._attr`` on an imported xmatch module,
     ``setattr(module, "_name", ...)`` (``monkeypatch.setattr`` too) and dotted strings such
-    as ``"xmatch.hub._sha256"``. Dunder names (``__version__``) are public.
+    as ``"xmatch.io.hub._sha256"``. Dunder names (``__version__``) are public.
 
     Example:
-        >>> [u.name for u in private_uses("from xmatch._zoo import as_entry", "x.py")]
-        ['xmatch._zoo']
+        >>> [u.name for u in private_uses("from xmatch.data._io import load_json", "x.py")]
+        ['xmatch.data._io']
     """
     tree = ast.parse(source, filename=where)
     modules: dict[str, str] = {}  # local name -> dotted xmatch name it stands for
@@ -201,16 +186,16 @@ def test_the_plugins_import_xmatch_only_through_public_modules():
 
 
 @pytest.mark.parametrize("code, names", [
-    ("import xmatch._zoo", ["xmatch._zoo"]),
+    ("import xmatch.core.zoo", []),  # a library module: public
     ("import xmatch.data._io as io", ["xmatch.data._io"]),
-    ("from xmatch._factory import build", ["xmatch._factory"]),
-    ("from xmatch.cli import _nested", ["xmatch.cli._nested"]),
-    ("import xmatch\nxmatch._zoo.as_entry('a', {})", ["xmatch._zoo"]),
-    ("from xmatch import hub\nhub._sha256", ["xmatch.hub._sha256"]),
+    ("from xmatch.data._io import load_json", ["xmatch.data._io"]),
+    ("from xmatch.cli.main import _nested", ["xmatch.cli.main._nested"]),
+    ("import xmatch\nxmatch.data._io.load_json('a', 'b')", ["xmatch.data._io"]),
+    ("from xmatch.io import hub\nhub._sha256", ["xmatch.io.hub._sha256"]),
     ("from xmatch.eval import spice\ndef t(m):\n    m.setattr(spice, '_java_major', 8)", ["xmatch.eval.spice._java_major"]),
-    ("def t(m):\n    m.setattr('xmatch.hub._DIGESTS', {})", ["xmatch.hub._DIGESTS"]),
+    ("def t(m):\n    m.setattr('xmatch.io.hub._DIGESTS', {})", ["xmatch.io.hub._DIGESTS"]),
     ("import xmatch\nxmatch.__version__", []),
-    ("from xmatch.registry import poolers\npoolers._names", []),  # an object's attribute, not a module's
+    ("from xmatch.core.registry import poolers\npoolers._names", []),  # an object's attribute, not a module's
     ("from xmatch.plugin import Pooler, lengths_to_mask", []),
     ("import os._x", []),
 ])
@@ -219,11 +204,11 @@ def test_the_checker_finds_every_kind_of_private_use(code, names):
 
 
 def test_xmatch_tests_may_swap_private_values_of_public_modules_but_not_import_them():
-    swap = private_uses("from xmatch import hub\ndef t(m):\n    m.setattr(hub, '_DIGESTS', {})", "tests/test_x.py")
+    swap = private_uses("from xmatch.io import hub\ndef t(m):\n    m.setattr(hub, '_DIGESTS', {})", "tests/test_x.py")
     assert [forbidden(u) for u in swap] == [False]
-    assert [forbidden(u) for u in private_uses("from xmatch.hub import _DIGESTS", "tests/test_x.py")] == [True]
-    assert [forbidden(u) for u in private_uses("import xmatch\nxmatch._zoo.as_entry", "tests/test_x.py")] == [True]
-    assert [forbidden(u) for u in private_uses("from xmatch import hub\nhub._x", "plugins/p/a.py")] == [True]
+    assert [forbidden(u) for u in private_uses("from xmatch.io.hub import _DIGESTS", "tests/test_x.py")] == [True]
+    assert [forbidden(u) for u in private_uses("import xmatch\nxmatch.data._io.load_json", "tests/test_x.py")] == [True]
+    assert [forbidden(u) for u in private_uses("from xmatch.io import hub\nhub._x", "plugins/p/a.py")] == [True]
 
 
 def test_every_name_of_xmatch_plugin_exists_and_is_documented():

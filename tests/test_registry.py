@@ -9,21 +9,21 @@ import textwrap
 import pytest
 
 import xmatch
-from xmatch.registry import Registry, RegistryError, get_registry
+from xmatch.core.registry import Registry, RegistryError, get_registry
 
 
 def test_every_kind_has_a_registry_and_decorator():
     for kind in ("image_encoders", "text_encoders", "reasoners", "poolers", "losses", "models", "datasets"):
         assert get_registry(kind).entry_point_group == f"xmatch_{kind}"
     # installed plugins (plugins/) add their own poolers: look at xmatch's
-    builtin = [n for n in xmatch.list_components("poolers") if xmatch.registry.poolers.origin(n) == "xmatch"]
+    builtin = [n for n in xmatch.list_components("poolers") if xmatch.core.registry.poolers.origin(n) == "xmatch"]
     assert builtin == ["global-cosine", "MrAvgw", "MrSw", "MwSr", "Symm"]
     assert {"bert", "bigru", "bilstm"} <= set(xmatch.list_components("text_encoders"))
 
 
 def test_lookup_is_case_insensitive():
-    assert xmatch.registry.poolers.get("mrsw") is xmatch.registry.poolers.get("MrSw")
-    assert xmatch.registry.poolers.canonical("SYMM") == "Symm"
+    assert xmatch.core.registry.poolers.get("mrsw") is xmatch.core.registry.poolers.get("MrSw")
+    assert xmatch.core.registry.poolers.canonical("SYMM") == "Symm"
 
 
 def test_duplicates_raise():
@@ -37,12 +37,12 @@ def test_duplicates_raise():
 
 def test_unknown_name_lists_close_matches_and_plugin_hint():
     with pytest.raises(RegistryError) as err:
-        xmatch.registry.poolers.get("MrSW2")
+        xmatch.core.registry.poolers.get("MrSW2")
     assert "Did you mean: 'MrSw'" in str(err.value) and "Available:" in str(err.value)
     with pytest.raises(RegistryError, match="pip install xmatch-scan"):
-        xmatch.registry.poolers.get("scan-nothing")
+        xmatch.core.registry.poolers.get("scan-nothing")
     with pytest.raises(RegistryError, match="entry-point group xmatch_poolers"):
-        xmatch.registry.poolers.get("nothing-like-it")
+        xmatch.core.registry.poolers.get("nothing-like-it")
 
 
 def test_decorator_registers_a_pooler_class():
@@ -53,14 +53,14 @@ def test_decorator_registers_a_pooler_class():
         def pairwise(self, img, txt, **_):
             return img.tokens[:, 0] @ txt.tokens[:, 0].T
 
-    assert xmatch.registry.poolers.get("TEST-DOT-FIRST") is DotFirst
+    assert xmatch.core.registry.poolers.get("TEST-DOT-FIRST") is DotFirst
     assert "test-dot-first" in xmatch.list_components("poolers")
 
 
 @pytest.fixture
 def isolated(monkeypatch):
     """The pooler and model registries, restored after the test (entry points looked up again)."""
-    registries = (xmatch.registry.poolers, xmatch.registry.models)
+    registries = (xmatch.core.registry.poolers, xmatch.core.registry.models)
     for reg in registries:
         for attribute in ("_names", "_origin", "_broken"):
             monkeypatch.setattr(reg, attribute, dict(getattr(reg, attribute)))
@@ -121,7 +121,7 @@ def test_a_plugin_that_fails_to_import_is_reported_and_hides_no_other(tmp_path, 
     monkeypatch.syspath_prepend(str(tmp_path))
     poolers, _ = isolated
     try:
-        with caplog.at_level(logging.WARNING, logger="xmatch.registry"):
+        with caplog.at_level(logging.WARNING, logger="xmatch.core.registry"):
             assert poolers.get("healthy-pooler").__name__ == "MrSwPooler"  # loaded although its neighbour fails
         assert "MrSw" in poolers.names() and "healthy-pooler" in poolers.names()
         assert "broken-pooler" not in poolers.names()

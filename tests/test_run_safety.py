@@ -15,15 +15,15 @@ import pytest
 import torch
 
 import xmatch
-from xmatch.cli import main
+from xmatch.cli.main import main
 from xmatch.data import open_dataset
 from xmatch.data.fit import check_images_fit
 from xmatch.data.layouts import guess_layouts
-from xmatch.devices import DeviceError, resolve_device
+from xmatch.core.devices import DeviceError, resolve_device
 from xmatch.train import ConfigError, TrainConfig, Trainer, TrainingError
 from xmatch.train import checkpoint as ckpt
-from xmatch.train.errors import RunFolderError
-from xmatch.train.run_folder import resume_changes
+from xmatch.io.run_folder import RunFolderError
+from xmatch.io.run_folder import resume_changes
 
 from conftest import random_regions, tiny_spec
 from learnable import FEATURE_DIM, write_learnable

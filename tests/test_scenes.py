@@ -24,8 +24,8 @@ from xmatch.scenes.dataset import (
 from xmatch.scenes.captions import describe
 from xmatch.scenes.features import RegionFeatureExtractor, pool_regions, proposal_boxes
 from xmatch.scenes.render import COLOURS, INVERSE, Scene, render, sample_group
-from xmatch.registry import datasets
-from xmatch.spec import SpecError
+from xmatch.core.registry import datasets
+from xmatch.core.spec import SpecError
 
 pytest.importorskip("sklearn")
 timm = pytest.importorskip("timm")

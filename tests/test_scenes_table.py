@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import xmatch
-from xmatch.cli import _nested, build_parser
-from xmatch.inputs import PixelInputs
+from xmatch.cli.main import _nested, build_parser
+from xmatch.model.inputs import PixelInputs
 
 pytest.importorskip("timm")
 

@@ -319,7 +319,7 @@ def test_qdrant_local_mode_returns_the_same_exact_top_k(tmp_path, index, model):
 
 def test_cli_index_search_and_append(tmp_path, capsys, model):
     pytest.importorskip("sklearn")
-    from xmatch.cli import main
+    from xmatch.cli.main import main
 
     bundle = tmp_path / "tiny-model"
     spec = scoring_model("MrSw", 256)
@@ -348,7 +348,7 @@ def test_cli_index_search_and_append(tmp_path, capsys, model):
 def test_the_readme_commands_on_the_scenes_test_split(tmp_path, capsys):
     """What a newcomer runs after `xmatch demo` (generates the small scenes set if needed); the
     shipped model's proven two-stage top-10 of every test caption is the exhaustive one."""
-    from xmatch.cli import main
+    from xmatch.cli.main import main
     from xmatch.demo.run import prepare_scenes
 
     out = tmp_path / "idx"

@@ -8,7 +8,7 @@ import torch
 
 import xmatch
 from xmatch import SpecError
-from xmatch.spec import merge
+from xmatch.core.spec import merge
 
 from conftest import tiny_spec
 
@@ -45,7 +45,7 @@ def test_wrong_type_and_missing_tables(fixture_bert):
 
 def test_nothing_is_built_when_a_later_table_is_wrong(fixture_bert, monkeypatch):
     built = []
-    monkeypatch.setattr(xmatch.spec, "instantiate", lambda *a, **k: built.append(a))
+    monkeypatch.setattr(xmatch.core.spec, "instantiate", lambda *a, **k: built.append(a))
     spec = tiny_spec(fixture_bert)
     spec["loss"]["bogus"] = 1
     with pytest.raises(SpecError):

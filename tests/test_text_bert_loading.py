@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel
 
-from xmatch.components.text_bert import BertTextEncoder
+from xmatch.components.text.bert import BertTextEncoder
 
 from conftest import MINILM
 
@@ -34,6 +34,6 @@ def test_missing_weights_are_named_in_a_warning(fixture_bert, tmp_path, caplog):
     save_file({k: v for k, v in weights.items() if k != dropped}, directory / "model.safetensors", {"format": "pt"})
     with caplog.at_level(logging.WARNING, logger="xmatch"):
         BertTextEncoder(str(directory), layers=None)
-    warned = [r.getMessage() for r in caplog.records if r.name == "xmatch.components.text_bert"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "xmatch.components.text.bert"]
     assert len(warned) == 1 and "1 tensors" in warned[0] and "start random" in warned[0], warned
     assert "encoder.layer.0.attention.self.query.weight" in warned[0]

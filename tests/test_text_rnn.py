@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from xmatch.components.text_rnn import (
+from xmatch.components.text.rnn import (
     BiGRUTextEncoder,
     BiLSTMTextEncoder,
     RNNTextEncoder,

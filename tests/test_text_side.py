@@ -1,4 +1,4 @@
-"""The text side on new captions (xmatch.vocab): unknown-token coverage through every kind of
+"""The text side on new captions (xmatch.data.vocab): unknown-token coverage through every kind of
 text encoder, building a vocabulary / word-level BERT tokenizer from captions, the run
 folder's text side, and the checks before training and evaluation."""
 
@@ -13,14 +13,14 @@ import pytest
 import torch
 
 import xmatch
-from xmatch import vocab
-from xmatch.cli import main
-from xmatch.components.text_bert import BertTextEncoder
-from xmatch.components.text_rnn import BiGRUTextEncoder, Vocabulary, build_vocabulary
-from xmatch.components.text_side import TextSide, TokenCoverage
+from xmatch.data import vocab
+from xmatch.cli.main import main
+from xmatch.components.text.bert import BertTextEncoder
+from xmatch.components.text.rnn import BiGRUTextEncoder, Vocabulary, build_vocabulary
+from xmatch.components.text.side import TextSide, TokenCoverage
 from xmatch.data import PrecompDataset
 from xmatch.train import TrainConfig, Trainer, check_data_fits
-from xmatch.train.errors import RunFolderError
+from xmatch.io.run_folder import RunFolderError
 
 from conftest import tiny_spec
 from learnable import CONCEPTS, write_learnable_precomp
@@ -175,8 +175,8 @@ def test_a_pretrained_bert_keeps_its_own_vocabulary(tmp_path, fixture_bert):
 
 
 def test_an_encoder_without_a_vocabulary_argument_has_nothing_to_build(tmp_path, monkeypatch):
-    from xmatch.components.base import TextEncoder
-    from xmatch.registry import text_encoders
+    from xmatch.model.interfaces import TextEncoder
+    from xmatch.core.registry import text_encoders
 
     class Chars(TextEncoder):
         def __init__(self, width: int = 4) -> None:

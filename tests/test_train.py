@@ -217,7 +217,7 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns(fixture_bert, data_root, 
 def test_the_batch_loss_is_computed_in_float32_under_bf16_autocast(fixture_bert):
     """Encoders may run in bfloat16; the scores and the hinge do not (their resolution would be
     coarser than the margin)."""
-    from xmatch.embeddings import Embeddings
+    from xmatch.model.embeddings import Embeddings
 
     model = learnable_model(fixture_bert)
     g = torch.Generator().manual_seed(0)

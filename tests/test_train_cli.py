@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from xmatch.cli import main
+from xmatch.cli.main import main
 
 from conftest import FIXTURES
 from learnable import FEATURE_DIM, write_learnable

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from xmatch.registry import KINDS
+from xmatch.core.registry import KINDS
 
 TUTORIAL = Path(__file__).resolve().parents[1] / "docs" / "tutorial-plugin.md"
 DISTRIBUTION = "xmatch-maxsim-demo"

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import xmatch
-from xmatch._zoo import _resolve
-from xmatch.parameter_counts import BERT_BASE_UNCASED_CONFIG, count_parameters, write_bert_base_dir
-from xmatch.spec import check_model_spec
+from xmatch.core.zoo import _resolve
+from xmatch.model.parameter_counts import BERT_BASE_UNCASED_CONFIG, count_parameters, write_bert_base_dir
+from xmatch.core.spec import check_model_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools"

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import xmatch
-from xmatch._zoo import ZooEntry, format_params
+from xmatch.core.zoo import ZooEntry, format_params
 
 
 def render() -> str:
     """The page, from the entries registered by xmatch itself (not by plugins)."""
-    return zoo_markdown([xmatch.info(name) for name in xmatch.list_models() if xmatch.registry.models.origin(name) == "xmatch"])
+    return zoo_markdown([xmatch.info(name) for name in xmatch.list_models() if xmatch.core.registry.models.origin(name) == "xmatch"])
 
 
 def zoo_markdown(entries: list[ZooEntry]) -> str:

@@ -1,6 +1,6 @@
 """Parameter counts of the built-in zoo entries (``zoo/*.toml``): print the stated and
 recomputed counts, or write the recomputed ones into the TOML files. A developer tool of the
-repository; the counting itself is :mod:`xmatch.parameter_counts`.
+repository; the counting itself is :mod:`xmatch.model.parameter_counts`.
 
     python tools/zoo_params.py
     python tools/zoo_params.py --write
@@ -9,7 +9,6 @@ repository; the counting itself is :mod:`xmatch.parameter_counts`.
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import os
 import re
 import sys
@@ -18,12 +17,13 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from xmatch._zoo import builtin_entries  # the entries shipped in xmatch.zoo, not the plugins'
-from xmatch.parameter_counts import BERT_BASE, count_parameters, write_bert_base_dir
+from xmatch.core.zoo import builtin_entries  # the entries of xmatch's zoo folder, not the plugins'
+from xmatch.core.sources import zoo_folder
+from xmatch.model.parameter_counts import BERT_BASE, count_parameters, write_bert_base_dir
 
 
 def builtin_counts(bert_dir: str | os.PathLike) -> dict[str, tuple[int | None, int]]:
-    """``{entry: (stated params, recomputed params)}`` for the entries shipped in ``xmatch.zoo``."""
+    """``{entry: (stated params, recomputed params)}`` for the entries shipped in xmatch's zoo folder."""
     return {e.name: (e.params, count_parameters(e, bert_dir)) for e in builtin_entries()}
 
 
@@ -32,9 +32,8 @@ _PARAMS = re.compile(r"^params\s*=")
 
 
 def zoo_files() -> list[Path]:
-    """The TOML files of the entries shipped in ``xmatch.zoo`` (``zoo/*.toml`` in a checkout)."""
-    files = importlib.resources.files("xmatch.zoo").iterdir()
-    return sorted(Path(os.fspath(r)) for r in files if r.name.endswith(".toml"))
+    """The TOML files of the entries shipped in xmatch's zoo folder (``zoo/*.toml`` in a checkout)."""
+    return sorted(zoo_folder().glob("*.toml"))
 
 
 def write_counts(counts: Mapping[str, int], paths: Iterable[Path] | None = None) -> list[Path]:

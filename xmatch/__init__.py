@@ -8,12 +8,12 @@ Example:
 
 from __future__ import annotations
 
-from xmatch._builtins import register_builtins
-from xmatch._bundle import save_pretrained
-from xmatch._factory import build, convert_original, model_from_spec
-from xmatch._version import __version__ as __version__
-from xmatch._zoo import ZooEntry, info, list_models, zoo_entries_from_toml
-from xmatch.components.base import (
+from xmatch.core.builtins import register_builtins
+from xmatch.io.bundle import save_pretrained
+from xmatch.model.factory import build, convert_original, model_from_spec
+from xmatch.core.version import __version__ as __version__
+from xmatch.core.zoo import ZooEntry, info, list_models, zoo_entries_from_toml
+from xmatch.model.interfaces import (
     EncoderOutput,
     ImageEncoder,
     Loss,
@@ -23,12 +23,12 @@ from xmatch.components.base import (
     TextEncoder,
     TokenBatch,
 )
-from xmatch.components.image_bottomup import normalize_boxes
-from xmatch.embeddings import Embeddings
-from xmatch.errors import XmatchError
-from xmatch.inputs import ImageBatch, PairBatch, PixelInputs, RegionInputs
-from xmatch.model import MatchingModel
-from xmatch.registry import (
+from xmatch.components.image.bottomup import normalize_boxes
+from xmatch.model.embeddings import Embeddings
+from xmatch.core.errors import XmatchError
+from xmatch.model.inputs import ImageBatch, PairBatch, PixelInputs, RegionInputs
+from xmatch.model.model import MatchingModel
+from xmatch.core.registry import (
     register_dataset,
     register_image_encoder,
     register_loss,
@@ -38,7 +38,7 @@ from xmatch.registry import (
     register_reasoner,
     register_text_encoder,
 )
-from xmatch.spec import SpecError
+from xmatch.core.spec import SpecError
 
 register_builtins()
 
@@ -51,7 +51,7 @@ def list_components(kind: str) -> list[str]:
         >>> xmatch.list_components("poolers")  # and those of the installed plugins
         ['global-cosine', 'MrAvgw', 'MrSw', 'MwSr', ...'Symm'...]
     """
-    from xmatch.registry import get_registry
+    from xmatch.core.registry import get_registry
 
     return get_registry(kind).names()
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from xmatch.cli import main
+from xmatch.cli.main import main
 
 sys.exit(main())

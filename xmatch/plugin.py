@@ -2,7 +2,7 @@
 
 A plugin distribution (``plugins/xmatch-scan``, ``xmatch-vsepp``, ``xmatch-oan``, the one
 ``docs/tutorial-plugin.md`` writes) imports from here, from ``xmatch`` itself and from the
-public modules it names (``xmatch.registry``, ``xmatch.spec``, ``xmatch.eval``, ``xmatch.data``),
+public modules it names (``xmatch.core.registry``, ``xmatch.core.spec``, ``xmatch.eval``, ``xmatch.data``),
 never a name that starts with ``_`` nor a module ``xmatch._*``: those may change in any release.
 ``tests/test_public_surface.py`` holds the plugins in this repository to that.
 
@@ -46,7 +46,7 @@ Helpers:
   :func:`register_text_encoder`, :func:`register_reasoner`, :func:`register_pooler`,
   :func:`register_loss`, :func:`register_model`, :func:`register_dataset`,
   :func:`register_proposer` (region proposers for ``xmatch extract``);
-- backbone weights: :func:`load_backbone_weights` (a weights file or any :mod:`xmatch.hub`
+- backbone weights: :func:`load_backbone_weights` (a weights file or any :mod:`xmatch.io.hub`
   source, fetched and checked like zoo weights, loaded into a timm network);
 - errors: :class:`XmatchError` (derive a plugin's own errors from it), :class:`SpecError` (a
   spec that cannot be built);
@@ -93,12 +93,12 @@ from xmatch import Embeddings, EncoderOutput, ImageEncoder, Loss, LossOutput, Ma
 from xmatch import SpecError, TextEncoder, XmatchError, TokenBatch, ZooEntry, normalize_boxes, zoo_entries_from_toml
 from xmatch import register_dataset, register_image_encoder, register_loss, register_model, register_pooler
 from xmatch import register_proposer, register_reasoner, register_text_encoder
-from xmatch.components.image_bottomup import RegionFeaturesImageEncoder, check_region_inputs
-from xmatch.components.backbone_weights import load_backbone_weights
+from xmatch.components.image.bottomup import RegionFeaturesImageEncoder, check_region_inputs
+from xmatch.components.image.backbone_weights import load_backbone_weights
 from xmatch.components.losses import hinge_triplet
-from xmatch.components.text_rnn import BiGRUTextEncoder, BiLSTMTextEncoder, RNNTextEncoder
-from xmatch.components.text_side import TokenCoverage
-from xmatch.components.text_words import (
+from xmatch.components.text.rnn import BiGRUTextEncoder, BiLSTMTextEncoder, RNNTextEncoder
+from xmatch.components.text.side import TokenCoverage
+from xmatch.components.text.words import (
     END,
     START,
     VOCAB_FILE,
@@ -112,10 +112,10 @@ from xmatch.components.text_words import (
     with_markers,
 )
 from xmatch.deprecation import renamed_names
-from xmatch.inputs import ImageInputs, PixelInputs, RegionInputs, input_type_of
-from xmatch.masks import last_true_mask, lengths_to_mask, pad_stack
-from xmatch.projection_init import init_projection_like_original
-from xmatch.spec import merge
+from xmatch.model.inputs import ImageInputs, PixelInputs, RegionInputs, input_type_of
+from xmatch.model.masks import last_true_mask, lengths_to_mask, pad_stack
+from xmatch.components.projection_init import init_projection_like_original
+from xmatch.core.spec import merge
 
 __all__ = [
     "BiGRUTextEncoder", "BiLSTMTextEncoder", "END", "Embeddings", "EncoderOutput", "ImageEncoder", "ImageInputs", "Loss",

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from xmatch.eval.protocol import evaluate_scores
-from xmatch.model import MatchingModel
+from xmatch.model.model import MatchingModel
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

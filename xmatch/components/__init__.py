@@ -1,1 +1,1 @@
-"""Built-in components. Registration happens in :mod:`xmatch._builtins`, in one place."""
+"""Built-in components. Registration happens in :mod:`xmatch.core.builtins`, in one place."""

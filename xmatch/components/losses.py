@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from xmatch.components.base import Loss, LossOutput
+from xmatch.model.interfaces import Loss, LossOutput
 
 
 def hinge_triplet(

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 import torch
 
-from xmatch.components.base import Pooler
+from xmatch.model.interfaces import Pooler
 from xmatch.deprecation import renamed_names
-from xmatch.embeddings import Embeddings
+from xmatch.model.embeddings import Embeddings
 
 Compat = Literal["clean", "original"]
 

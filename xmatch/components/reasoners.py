@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from xmatch.components.base import Reasoner
+from xmatch.model.interfaces import Reasoner
 
 
 class TransformerReasoner(Reasoner):

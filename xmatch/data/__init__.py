@@ -37,8 +37,8 @@ from xmatch.data.image_captions import ImageCaptionsDataset
 from xmatch.data.items import ImageItem, Pair, RegionImage
 from xmatch.data.precomp import PrecompDataset
 from xmatch.data.teran import TeranDataset
-from xmatch.registry import get_registry
-from xmatch.spec import check_component, instantiate
+from xmatch.core.registry import get_registry
+from xmatch.core.spec import check_component, instantiate
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -58,7 +58,7 @@ def open_dataset(name: str, root: str | os.PathLike, split: str | None = None, *
         **options: the layout's keyword arguments.
 
     Raises:
-        xmatch.registry.RegistryError: unknown name.
+        xmatch.core.registry.RegistryError: unknown name.
         xmatch.SpecError: unknown option or a value of the wrong type.
 
     Example:

@@ -12,7 +12,7 @@ import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
 from xmatch.data.collate import collate, collate_images
-from xmatch.inputs import ImageBatch
+from xmatch.model.inputs import ImageBatch
 from xmatch.data.items import ImageItem, Pair, RegionImage
 
 

@@ -1,10 +1,10 @@
 """Collate functions: dataset items -> the typed batches :meth:`xmatch.MatchingModel.forward`
-and evaluation read (:class:`~xmatch.inputs.PairBatch`, :class:`~xmatch.inputs.ImageBatch`).
+and evaluation read (:class:`~xmatch.model.inputs.PairBatch`, :class:`~xmatch.model.inputs.ImageBatch`).
 
 Region sets of different sizes are zero-padded to the largest in the batch and carry a
-boolean mask (True = real region) in a :class:`~xmatch.inputs.RegionInputs`, checked here on
+boolean mask (True = real region) in a :class:`~xmatch.model.inputs.RegionInputs`, checked here on
 the CPU (so a training step on a GPU never waits for the checks); raw images stay a list of
-PIL images in a :class:`~xmatch.inputs.PixelInputs`.
+PIL images in a :class:`~xmatch.model.inputs.PixelInputs`.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import torch
 
 from xmatch.data.errors import DataError
 from xmatch.data.items import ImageItem, Pair, RegionImage
-from xmatch.inputs import ImageBatch, ImageInputs, PairBatch, PixelInputs, RegionInputs
-from xmatch.masks import pad_stack
+from xmatch.model.inputs import ImageBatch, ImageInputs, PairBatch, PixelInputs, RegionInputs
+from xmatch.model.masks import pad_stack
 
 
 def collate(pairs: Sequence[Pair]) -> PairBatch:
     """Batch (image, caption) pairs for training.
 
-    Returns a :class:`~xmatch.inputs.PairBatch`: ``images`` are :class:`RegionInputs`
+    Returns a :class:`~xmatch.model.inputs.PairBatch`: ``images`` are :class:`RegionInputs`
     (``regions [B, R, F]`` float32 and ``boxes [B, R, 4]`` normalised to [0, 1], both
     zero-padded, ``mask [B, R]`` bool, True = real region) -- or :class:`PixelInputs` (PIL
     images) for raw-image datasets --, ``texts`` (list of str), ``image_ids`` (LongTensor
@@ -54,7 +54,7 @@ def collate(pairs: Sequence[Pair]) -> PairBatch:
 def collate_images(items: Sequence[ImageItem]) -> ImageBatch:
     """Batch images alone (evaluation encodes each image once).
 
-    Returns an :class:`~xmatch.inputs.ImageBatch`: ``images`` as :func:`collate` makes them
+    Returns an :class:`~xmatch.model.inputs.ImageBatch`: ``images`` as :func:`collate` makes them
     and ``image_ids`` (LongTensor ``[B]``, the image indices).
 
     Example:

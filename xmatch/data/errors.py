@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xmatch.errors import XmatchError
+from xmatch.core.errors import XmatchError
 
 
 class DataError(XmatchError, ValueError):

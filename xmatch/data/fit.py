@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from xmatch.data.items import RegionImage
-from xmatch.inputs import PixelInputs, input_type_of
+from xmatch.model.inputs import PixelInputs, input_type_of
 
 
 def check_images_fit(model: Any, dataset: Any, role: str) -> None:
@@ -41,7 +41,7 @@ def check_images_fit(model: Any, dataset: Any, role: str) -> None:
         expected = getattr(encoder, "feature_dim", None)
         width = int(image.regions.shape[1])
         if expected is not None and width != expected:
-            from xmatch.extract.manifest import describe_features
+            from xmatch.regions.manifest import describe_features
 
             made = describe_features(getattr(dataset, "root", None))  # features of xmatch extract say how
             raise ValueError(

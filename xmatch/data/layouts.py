@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from xmatch.registry import get_registry
+from xmatch.core.registry import get_registry
 
 
 def _teran(root: Path) -> bool:

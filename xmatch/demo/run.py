@@ -39,8 +39,8 @@ from xmatch.eval import (
     score_blocks,
 )
 from xmatch.eval.groups import score_groups
-from xmatch.inputs import PixelInputs, input_type_of
-from xmatch.model import MatchingModel
+from xmatch.model.inputs import PixelInputs, input_type_of
+from xmatch.model.model import MatchingModel
 
 DEFAULT_MODEL = "teran-mrsw-scenes"
 DEFAULT_RECIPE = "scenes-teran"
@@ -166,7 +166,7 @@ def scenes_layout(model: str | Mapping[str, Any] | MatchingModel) -> str:
         'images'
     """
     import xmatch
-    from xmatch.registry import RegistryError, image_encoders
+    from xmatch.core.registry import RegistryError, image_encoders
 
     if isinstance(model, MatchingModel):
         return "images" if input_type_of(model.image_encoder) is PixelInputs else "regions"
@@ -193,7 +193,7 @@ def load_trained_model(model: str) -> MatchingModel:
         >>> net = load_trained_model("local-dir:my-model")  # needs a bundle of yours  # doctest: +SKIP
     """
     import xmatch
-    from xmatch.registry import RegistryError
+    from xmatch.core.registry import RegistryError
 
     try:
         weights = bool(xmatch.info(model).weights)
@@ -472,7 +472,7 @@ def run_demo(
         PosixPath('demo-out/retrieval.png')
     """
     from xmatch.eval.relevance import relevance_matrix
-    from xmatch.hub import cache_dir
+    from xmatch.io.hub import cache_dir
 
     stream = stream or sys.stdout
     out = Path(out)

@@ -18,21 +18,21 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from xmatch.buckets import BucketedEmbeddings
+from xmatch.model.buckets import BucketedEmbeddings
 from xmatch.data.base import ImageTextDataset
 from xmatch.data.fit import check_images_fit
 from xmatch.eval.protocol import EvalResult, evaluate_blocks, fold_layout
-from xmatch.inputs import ImageBatch, image_inputs_of
-from xmatch.memory import release_free_memory
-from xmatch.model import MatchingModel
-from xmatch.progress import progress_bar
+from xmatch.model.inputs import ImageBatch, image_inputs_of
+from xmatch.core.memory import release_free_memory
+from xmatch.model.model import MatchingModel
+from xmatch.core.progress import progress_bar
 
 
 class RetrievalSet(Protocol):
     """What evaluation reads from a dataset (every dataset of :mod:`xmatch.data` provides it).
 
     ``captions`` are ordered image by image, ``captions_per_image`` of each;
-    ``image_batches(batch_size)`` yields, in image order, :class:`~xmatch.inputs.ImageBatch`
+    ``image_batches(batch_size)`` yields, in image order, :class:`~xmatch.model.inputs.ImageBatch`
     records (:func:`xmatch.data.collate_images` makes them; batch dicts with ``regions``,
     ``boxes`` and ``region_mask`` or ``images`` still work, with a DeprecationWarning).
     """
@@ -46,7 +46,7 @@ class RetrievalSet(Protocol):
 @dataclass
 class Encoded:
     """A dataset encoded by one model: image and caption embeddings in length buckets
-    (:class:`~xmatch.buckets.BucketedEmbeddings`), indexed in dataset order."""
+    (:class:`~xmatch.model.buckets.BucketedEmbeddings`), indexed in dataset order."""
 
     images: BucketedEmbeddings
     captions: BucketedEmbeddings

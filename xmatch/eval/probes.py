@@ -448,7 +448,7 @@ def probe_figures(
         seed: seed of the perturbations.
         progress: a progress bar over the probes.
     """
-    from xmatch.progress import progress_bar
+    from xmatch.core.progress import progress_bar
 
     names = [p.name for p in perturbations]
     if len(set(names)) != len(names):

@@ -37,11 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from xmatch._files import move_into_place
-from xmatch._optional import require
+from xmatch.io.files import move_into_place
+from xmatch.core.optional import require
 from xmatch.eval.captions import check_captions
 from xmatch.eval.spice import spice_relevance
-from xmatch.progress import progress_bar
+from xmatch.core.progress import progress_bar
 
 EVAL_EXTRA = "xmatch-zoo[eval]"
 ORIGINAL_METHODS = {"rougel": "rougeL", "spice": "spice"}

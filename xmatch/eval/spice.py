@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from xmatch.errors import XmatchError
+from xmatch.core.errors import XmatchError
 from xmatch.eval.captions import check_captions
-from xmatch.progress import progress_bar
+from xmatch.core.progress import progress_bar
 
 SPICE_JAR_ENV = "XMATCH_SPICE_JAR"
 SPICE_JAVA_ENV = "XMATCH_SPICE_JAVA"

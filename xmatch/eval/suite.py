@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from xmatch.buckets import BucketedEmbeddings
+from xmatch.model.buckets import BucketedEmbeddings
 from xmatch.eval.evaluate import Encoded, RetrievalSet, ensemble_blocks, score_blocks
 from xmatch.eval.protocol import PROTOCOLS, EvalResult, evaluate_blocks, fold_layout
-from xmatch.model import MatchingModel
+from xmatch.model.model import MatchingModel
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def dataset_fingerprint(dataset: Any) -> str:
         >>> dataset_fingerprint(open_dataset("scenes", None, split="test"))  # generates the scenes benchmark (minutes)  # doctest: +SKIP
         '5d0c43a1e2b7'
     """
-    from xmatch.train.run_folder import data_fingerprint
+    from xmatch.io.run_folder import data_fingerprint
 
     return _short_hash(data_fingerprint(dataset))
 
@@ -196,7 +196,7 @@ def model_fingerprint(model: MatchingModel) -> str:
 
 def _provenance(models: Sequence[MatchingModel], names: Sequence[str], dataset: Any, dataset_name: str,
                 recall: str, extras: Sequence[str]) -> dict[str, Any]:
-    from xmatch._version import __version__
+    from xmatch.core.version import __version__
 
     return {
         "protocol": "+".join([recall, *extras]),

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from xmatch.data.image_captions import read_caption_rows
-from xmatch.errors import XmatchError
-from xmatch.extract.images import find_images
+from xmatch.core.errors import XmatchError
+from xmatch.regions.images import find_images
 
 CAPTION_SUFFIXES = (".csv", ".jsonl")
 #: split files recognised in an image folder, in this order
@@ -89,7 +89,7 @@ def read_records(images: str | os.PathLike, captions: str | os.PathLike | None, 
     if not files:
         names = find_images(root)
         if not names:
-            from xmatch.extract.images import IMAGE_SUFFIXES
+            from xmatch.regions.images import IMAGE_SUFFIXES
 
             raise FileNotFoundError(
                 f"no images in {root} (looked recursively for {', '.join(IMAGE_SUFFIXES)}); is it the right folder?"

@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from xmatch.errors import XmatchError
+from xmatch.core.errors import XmatchError
 from xmatch.extract.captions import ImageRecord, read_records
-from xmatch.extract.images import UnreadableImageError
-from xmatch.extract.manifest import FORMAT, MANIFEST, ManifestError, read_manifest, settings_differences
-from xmatch.extract.pipeline import PictureLoader, Prepared, RegionPipeline
+from xmatch.regions.images import UnreadableImageError
+from xmatch.regions.manifest import FORMAT, MANIFEST, ManifestError, read_manifest, settings_differences
+from xmatch.regions.pipeline import PictureLoader, Prepared, RegionPipeline
 from xmatch.extract.writers import (
     DATASET_FILE,
     LAYOUTS,
@@ -38,7 +38,7 @@ from xmatch.extract.writers import (
     write_precomp,
     write_teran,
 )
-from xmatch.spec import current_argument_names
+from xmatch.core.spec import current_argument_names
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ def _run_chunks(
     skipped: int,
     total: int,
 ) -> int:
-    from xmatch.progress import progress_bar
+    from xmatch.core.progress import progress_bar
 
     loader = torch.utils.data.DataLoader(
         _ChunkSet(chunks, todo, pipe.loader()), batch_size=None, shuffle=False,
@@ -262,7 +262,7 @@ def _manifest(
     layout: str, dtype: str, batch_size: int, pipe: RegionPipeline, records: Sequence[ImageRecord],
     images: str | os.PathLike, source: str,
 ) -> dict[str, Any]:
-    from xmatch._version import __version__
+    from xmatch.core.version import __version__
 
     digest = hashlib.sha256("\n".join(f"{r.key}\t{r.name}" for r in records).encode()).hexdigest()
     proposer = pipe.proposer
@@ -391,7 +391,7 @@ class Processes:
     def join(cls, device: str | torch.device | None) -> Processes:
         import torch.distributed as dist
 
-        from xmatch.devices import resolve_device
+        from xmatch.core.devices import resolve_device
 
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))

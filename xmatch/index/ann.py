@@ -25,7 +25,7 @@ PER_ITEM_FLAT_LIMIT = 1_000_000
 
 
 def faiss() -> Any:
-    from xmatch._optional import require
+    from xmatch.core.optional import require
 
     return require("faiss", "xmatch-zoo[index]", "the embedded search index (FAISS)")
 

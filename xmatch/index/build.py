@@ -14,10 +14,10 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from xmatch.data.collate import collate_images
-from xmatch.embeddings import Embeddings
+from xmatch.model.embeddings import Embeddings
 from xmatch.index.search import SearchIndex
-from xmatch.inputs import PixelInputs
-from xmatch.progress import progress_bar
+from xmatch.model.inputs import PixelInputs
+from xmatch.core.progress import progress_bar
 
 
 def caption_ids(dataset: Any) -> list[str]:

@@ -30,14 +30,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from xmatch.embeddings import Embeddings
+from xmatch.model.embeddings import Embeddings
 from xmatch.index import ann
 from xmatch.index.ann import VectorIndex
 from xmatch.index.centroids import CentroidLists, list_count
 from xmatch.index.fde import FixedEncoder
 from xmatch.index.interaction import Interaction
 from xmatch.index.store import ShardStore
-from xmatch.progress import progress_bar
+from xmatch.core.progress import progress_bar
 
 #: token ids are ``row * SLOTS + position``: an item holds at most this many tokens
 SLOTS = 1024

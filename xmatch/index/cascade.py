@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from xmatch.embeddings import Embeddings
+from xmatch.model.embeddings import Embeddings
 from xmatch.index import rerank
 from xmatch.index.errors import SearchIndexError
 from xmatch.index.results import SearchResult

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from xmatch.embeddings import Embeddings
+from xmatch.model.embeddings import Embeddings
 
 
 class FixedEncoder:

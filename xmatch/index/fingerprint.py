@@ -15,7 +15,7 @@ import json
 import tempfile
 from typing import Any
 
-from xmatch.model import MatchingModel
+from xmatch.model.model import MatchingModel
 
 #: spec keys and top-level modules that do not change the embeddings
 SCORING_PARTS = ("pooler", "loss", "extra_poolers")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xmatch.components.base import Pooler
+from xmatch.model.interfaces import Pooler
 from xmatch.components.poolers import (
     AlignmentPooler,
     GlobalCosinePooler,

@@ -25,20 +25,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from xmatch.embeddings import Embeddings
+from xmatch.model.embeddings import Embeddings
 from xmatch.index.candidates import Candidates
 from xmatch.index.errors import DamagedIndexError, SearchIndexError
 from xmatch.index.interaction import Interaction
 from xmatch.index.shards import STORED_DTYPES
 from xmatch.index.store import write_manifest
-from xmatch.masks import pad_stack
+from xmatch.model.masks import pad_stack
 
 #: points per upsert request
 UPSERT_BATCH = 256
 
 
 def qdrant() -> Any:
-    from xmatch._optional import require
+    from xmatch.core.optional import require
 
     return require("qdrant_client", "xmatch-zoo[index]", "the Qdrant engine")
 

@@ -6,8 +6,8 @@ from typing import Protocol
 
 import torch
 
-from xmatch.embeddings import Embeddings
-from xmatch.model import MatchingModel
+from xmatch.model.embeddings import Embeddings
+from xmatch.model.model import MatchingModel
 
 
 class TokenSource(Protocol):

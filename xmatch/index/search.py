@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from xmatch.embeddings import Embeddings
+from xmatch.model.embeddings import Embeddings
 from xmatch.index import ann, rerank
 from xmatch.index.candidates import GENERATORS, FaissGenerator, FdeGenerator, PooledGenerator, TokenGenerator
 from xmatch.index.errors import EmptyIndexError, ModelMismatchError, SearchIndexError, WrongSideError
@@ -27,7 +27,7 @@ from xmatch.index.interaction import interaction, pooled_is_exact
 from xmatch.index.results import Hit, SearchResult
 from xmatch.index.shards import STORED_DTYPES
 from xmatch.index.store import FORMAT, MANIFEST, ShardStore, check_side, read_manifest, write_manifest
-from xmatch.model import MatchingModel
+from xmatch.model.model import MatchingModel
 
 ENGINES = ("faiss", "qdrant")
 MODEL_FOLDER = "model"
@@ -500,7 +500,7 @@ def create(
     if root.exists() and any(root.iterdir()):
         raise SearchIndexError(f"{root} exists and is not an empty folder; choose another --out.")
     root.mkdir(parents=True, exist_ok=True)
-    from xmatch._version import __version__
+    from xmatch.core.version import __version__
 
     if model_ref is not None and model_ref.startswith("local-dir:"):
         model_ref = "local-dir:" + str(Path(model_ref[len("local-dir:") :]).resolve())

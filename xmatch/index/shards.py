@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from xmatch._files import move_into_place
-from xmatch.embeddings import _FORMAT as EMBEDDINGS_FORMAT
-from xmatch.embeddings import Embeddings
+from xmatch.io.files import move_into_place
+from xmatch.model.embeddings import _FORMAT as EMBEDDINGS_FORMAT
+from xmatch.model.embeddings import Embeddings
 from xmatch.index.errors import DamagedIndexError
 
 #: safetensors dtype names this reader maps (the ones an index writes)
@@ -77,7 +77,7 @@ def write_shard(
     """Write one shard atomically and return its record (``file`` is ``path.name``)."""
     from safetensors.torch import save_file
 
-    from xmatch.hub import _sha256
+    from xmatch.io.hub import _sha256
 
     tensors = {"tokens": embeddings.tokens.detach().to("cpu", dtype).contiguous(), "mask": embeddings.mask.cpu().contiguous()}
     if embeddings.pooled is not None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from xmatch.embeddings import Embeddings
+from xmatch.model.embeddings import Embeddings
 from xmatch.index.errors import DamagedIndexError, SearchIndexError
 from xmatch.index.shards import STORED_DTYPES, Shard, ShardInfo, fsync_dir, write_shard
 
@@ -220,7 +220,7 @@ class ShardStore:
         Raises:
             DamagedIndexError: naming the first shard whose content changed.
         """
-        from xmatch.hub import _sha256
+        from xmatch.io.hub import _sha256
 
         for shard in self.shards:
             if _sha256(shard.path) != shard.info.sha256:

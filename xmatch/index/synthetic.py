@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from xmatch.embeddings import Embeddings
-from xmatch.model import MatchingModel
+from xmatch.model.embeddings import Embeddings
+from xmatch.model.model import MatchingModel
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def scoring_model(pooler: str = "MrSw", dim: int = 256) -> MatchingModel:
     return xmatch.build({
         "embed_dim": dim,
         "image_encoder": {"name": "bottomup", "feature_dim": dim, "layers": 0, "box_hidden_dim": 16},
-        "text_encoder": {"name": "bigru", "vocab": "package:xmatch.zoo/weights/teran-mrsw-scenes/vocab.json",
+        "text_encoder": {"name": "bigru", "vocab": "zoo:weights/teran-mrsw-scenes/vocab.json",
                          "word_dim": 16, "hidden_dim": 8},
         "image_reasoner": {"name": "identity"},
         "text_reasoner": {"name": "identity"},

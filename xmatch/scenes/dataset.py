@@ -73,7 +73,7 @@ def open_scenes(
 
     Args:
         root: the cache folder (default ``<XMATCH_HOME>/datasets/scenes``, see
-            :func:`xmatch.hub.cache_dir`); each parameter set gets its own subfolder.
+            :func:`xmatch.io.hub.cache_dir`); each parameter set gets its own subfolder.
         split: ``"train"``, ``"val"`` or ``"test"``.
         size: a preset of :data:`PRESETS`: ``tiny`` (12 images), ``small`` (1,000, the
             default: about a minute on 2 CPU cores), ``large`` (22,000).
@@ -85,7 +85,7 @@ def open_scenes(
         canvas: image side in pixels; also the backbone's input side.
         backbone: timm model whose last feature map is pooled (EfficientNet-Lite0: 1280
             channels, stride 32).
-        weights: backbone weights (see :class:`xmatch.components.timm_backbone.TimmBackbone`);
+        weights: backbone weights (see :class:`xmatch.components.image.backbone.TimmBackbone`);
             the default is the offline ImageNet EfficientNet-Lite0; ``"random"`` = random init
             seeded by ``seed`` (only for tests: such features carry no meaning).
         batch_size: images per backbone forward during generation.
@@ -177,7 +177,7 @@ def _check_may_generate(base: Path, folder: Path, generate: bool | None, explici
 
 
 def _default_root() -> Path:
-    from xmatch.hub import cache_dir
+    from xmatch.io.hub import cache_dir
 
     return cache_dir() / "datasets" / "scenes"
 
@@ -227,7 +227,7 @@ def write_scenes(folder: Path, size: str, seed: int, canvas: int, progress: bool
     """Render a scene set into ``folder``: ``images/<id>.png``, the Karpathy split file, the
     sizes file, ``<split>.csv`` captions and ``scenes.json`` (every object, box and twin)."""
     from PIL import Image
-    from xmatch.progress import progress_bar
+    from xmatch.core.progress import progress_bar
 
     counts = PRESETS[size]
     split_of = [s for s, n in zip(SPLITS, counts) for _ in range(n)]
@@ -306,7 +306,7 @@ def write_features(
     ``bu_att/<id>.npz`` (``feat [regions, C]`` float16, as compact as the original's stored
     features are float32) and ``bu_box/<id>.npy`` (``[regions, 4]`` float32 pixel boxes)."""
     from PIL import Image
-    from xmatch.progress import progress_bar
+    from xmatch.core.progress import progress_bar
 
     from xmatch.scenes.features import RegionFeatureExtractor, proposal_boxes
 

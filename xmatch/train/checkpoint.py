@@ -26,9 +26,9 @@ import numpy as np
 import safetensors
 import torch
 
-from xmatch._bundle import WEIGHTS_FILE, load_weights, save_pretrained
-from xmatch._safe_load import CheckpointReadError, load_torch_file
-from xmatch.errors import XmatchError
+from xmatch.io.bundle import WEIGHTS_FILE, load_weights, save_pretrained
+from xmatch.io.safe_load import CheckpointReadError, load_torch_file
+from xmatch.core.errors import XmatchError
 from xmatch.train.errors import TrainingError
 
 STATE_FILE = "trainer_state.pt"

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from xmatch.errors import XmatchError
+from xmatch.core.errors import XmatchError
 
 OptimizerName = Literal["adam", "adamw", "sgd"]
 SchedulerName = Literal["step", "cosine", "constant"]
@@ -92,7 +92,7 @@ class TrainConfig:
             another setting is not bit-identical (the scenes recipes pin ``false``: they
             reproduce the shipped demo weights).
         build_text_side: ``xmatch train`` builds the word vocabulary / word-level tokenizer
-            from the training captions into ``<run>/text_side`` (:mod:`xmatch.vocab`).
+            from the training captions into ``<run>/text_side`` (:mod:`xmatch.data.vocab`).
         text_min_count: with ``build_text_side``, keep words seen this often (None: the text
             encoder's ``min_count``).
         allow_unknown_words: train even when more than 20 % of the caption tokens are unknown

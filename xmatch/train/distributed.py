@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from xmatch.components.base import LossOutput
-from xmatch.devices import resolve_device
-from xmatch.embeddings import Embeddings
-from xmatch.inputs import PairBatch
+from xmatch.model.interfaces import LossOutput
+from xmatch.core.devices import resolve_device
+from xmatch.model.embeddings import Embeddings
+from xmatch.model.inputs import PairBatch
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xmatch.errors import XmatchError
+from xmatch.core.errors import XmatchError
 
 
 class TrainingError(XmatchError, RuntimeError):
@@ -21,7 +21,3 @@ class NonFiniteLossError(TrainingError):
     def __init__(self, message: str, step: int, epoch: int, caption_indices: list[int]) -> None:
         super().__init__(message)
         self.step, self.epoch, self.caption_indices = step, epoch, caption_indices
-
-
-class RunFolderError(TrainingError):
-    """The run folder holds another run, or a resume would change what the run was."""

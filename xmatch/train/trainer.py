@@ -22,17 +22,18 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from xmatch.data.base import ImageTextDataset
 from xmatch.data.collate import collate
 from xmatch.data.fit import check_images_fit
-from xmatch.inputs import PairBatch
-from xmatch.model import MatchingModel
-from xmatch.progress import ProgressBar, progress_bar
+from xmatch.model.inputs import PairBatch
+from xmatch.model.model import MatchingModel
+from xmatch.core.progress import ProgressBar, progress_bar
 from xmatch.train import checkpoint as ckpt
 from xmatch.train.config import ConfigError, TrainConfig
 from xmatch.train.distributed import Context, TrainStep, setup
-from xmatch.train.errors import NonFiniteLossError, RunFolderError, TrainingError
+from xmatch.train.errors import NonFiniteLossError, TrainingError
 from xmatch.train.logs import CsvLog, TensorBoardLog, tensorboard_available
 from xmatch.train.optim import build_optimizer, build_scheduler, plan_groups
-from xmatch.train.run_folder import (
+from xmatch.io.run_folder import (
     RUN_FILE,
+    RunFolderError,
     claim_for_new_run,
     data_fingerprint,
     new_run_record,
@@ -42,7 +43,7 @@ from xmatch.train.run_folder import (
 )
 from xmatch.train.sampler import EpochBatches, epoch_sampler
 from xmatch.train.selection import check_metric_name, metric_value, minimised
-from xmatch.vocab import check_captions
+from xmatch.data.vocab import check_captions
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class Trainer:
         resume: continue from the run folder's latest checkpoint. The recipe and data are
             compared with the run's record (``run.json``): a change that would alter the data
             order, the learning-rate trajectory or the selection metric is refused with the
-            list of changes (:data:`xmatch.train.run_folder.SAFE_ON_RESUME` may change).
+            list of changes (:data:`xmatch.io.run_folder.SAFE_ON_RESUME` may change).
         overwrite: start a new run in a folder that holds one, removing the old run's files.
             Without it (and without ``resume``) a non-empty run folder is refused.
         force: resume even with recipe or data changes that are not safe (they are recorded
@@ -605,7 +606,7 @@ def _check_model(model: Any) -> None:
 def check_data_fits(model: MatchingModel, dataset: Any, role: str, *, allow_unknown_words: bool = False) -> None:
     """Fail before training when the dataset's images do not fit the image encoder
     (precomputed regions vs pixels, region feature width), or when too many caption tokens are
-    unknown to the text encoder (:func:`xmatch.vocab.check_captions`: a warning above 5 %, an
+    unknown to the text encoder (:func:`xmatch.data.vocab.check_captions`: a warning above 5 %, an
     error above 20 % unless ``allow_unknown_words``)."""
     if len(dataset) == 0:
         raise ValueError(f"the {role} set is empty.")

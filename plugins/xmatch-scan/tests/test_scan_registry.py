@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 import xmatch
-from xmatch.spec import check_model_spec
-from xmatch.parameter_counts import count_parameters
+from xmatch.core.spec import check_model_spec
+from xmatch.model.parameter_counts import count_parameters
 
 import xmatch_scan
 from xmatch_scan import ScanBiGRUTextEncoder, ScanI2TPooler, ScanPrecompImageEncoder, ScanT2IPooler, SumMaxI2TPooler, SumMaxT2IPooler
@@ -46,7 +46,7 @@ def test_components_come_from_this_distribution():
         "poolers": {"scan-t2i": ScanT2IPooler, "scan-i2t": ScanI2TPooler, "scan-sum-max-t2i": SumMaxT2IPooler, "scan-sum-max-i2t": SumMaxI2TPooler},
     }
     for kind, components in expected.items():
-        registry = xmatch.registry.get_registry(kind)
+        registry = xmatch.core.registry.get_registry(kind)
         for name, cls in components.items():
             assert name in xmatch.list_components(kind)
             assert registry.get(name) is cls and registry.origin(name) == DIST
@@ -56,7 +56,7 @@ def test_zoo_entries_are_listed_and_match_the_entry_points():
     assert xmatch.list_models("scan-*") == sorted(ENTRIES)
     declared = {ep.name for ep in importlib.metadata.entry_points(group="xmatch_models") if ep.dist.name == DIST}
     assert declared == set(ENTRIES) == set(xmatch_scan.entry_names())
-    assert all(xmatch.registry.models.origin(name) == DIST for name in ENTRIES)
+    assert all(xmatch.core.registry.models.origin(name) == DIST for name in ENTRIES)
 
 
 def test_data_file_is_package_data():

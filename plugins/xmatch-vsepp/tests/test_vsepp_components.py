@@ -289,14 +289,14 @@ def test_caption_width_must_be_the_embedding_width():
 def test_cosine_and_hinge_are_vsepp_on_global_vectors():
     s = 2**-0.5
     img, txt = pooled([[1.0, 0.0], [0.0, 1.0]]), pooled([[s, s], [0.6, 0.8]])
-    scores = xmatch.registry.poolers.get("global-cosine")()(img, txt)
+    scores = xmatch.core.registry.poolers.get("global-cosine")()(img, txt)
     torch.testing.assert_close(scores, torch.tensor([[s, 0.6], [s, 0.8]]))
     # VSE++ (hardest negative, margin 0.2), positives s and 0.8 on the diagonal:
     # image rows 0.2 + 0.6 - s = 0.0929 and 0.2 + s - 0.8 = 0.1071; caption columns
     # 0.2 + s - s = 0.2 and 0.2 + 0.6 - 0.8 = 0 -> 0.4 in all.
     loss, _ = hinge_triplet(scores, 0.2, True)
     torch.testing.assert_close(loss, torch.tensor(0.4))
-    model_loss = xmatch.registry.losses.get("hinge")(margin=0.2, max_violation=True)({"main": scores})
+    model_loss = xmatch.core.registry.losses.get("hinge")(margin=0.2, max_violation=True)({"main": scores})
     torch.testing.assert_close(model_loss.loss, torch.tensor(0.4))
 
 

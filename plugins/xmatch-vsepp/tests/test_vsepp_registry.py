@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import xmatch
-from xmatch.registry import get_registry
-from xmatch.parameter_counts import count_parameters
+from xmatch.core.registry import get_registry
+from xmatch.model.parameter_counts import count_parameters
 from xmatch.testing import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
 WORDS = ["a", "dog", "on", "the", "bench", "cat", "red", "car"]

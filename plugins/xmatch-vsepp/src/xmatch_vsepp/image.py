@@ -45,7 +45,7 @@ class VSEPPImageEncoder(ImageEncoder):
             ``"resnet152"``, 2048-d average pool).
         pretrained: load timm's ImageNet weights for ``backbone`` (timm's hub mechanism).
         weights: instead of ``pretrained``, a weights file in timm's key layout for ``backbone``,
-            any weight source of :mod:`xmatch.hub` (a local ``.safetensors`` / ``.pth`` file,
+            any weight source of :mod:`xmatch.io.hub` (a local ``.safetensors`` / ``.pth`` file,
             ``hf-hub:org/name/file.safetensors``, ...), fetched, checked and loaded as the timm
             encoders' ``weights=`` are (:func:`xmatch.plugin.load_backbone_weights`; a classifier in
             the file is dropped); ``checkpoint`` in specs written before the rename.

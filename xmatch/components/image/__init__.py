@@ -1,0 +1,1 @@
+"""Image encoders and the shared timm backbone."""

@@ -1,0 +1,203 @@
+"""A timm model as a backbone: created with its weights
+(:mod:`xmatch.components.image.backbone_weights`), reduced to its last spatial feature map, with the
+preprocessing of its pretrained config.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from xmatch.components.image.backbone_weights import load_backbone_weights
+
+
+def create_timm_model(
+    model: str,
+    *,
+    pretrained: bool = False,
+    weights: str | None = None,
+    weights_by_position: bool = False,
+    classifier: bool = True,
+) -> nn.Module:
+    """A timm model with its weights from timm's hub, a local file or an installed package.
+
+    Args:
+        model: a timm model name (``timm.list_models()``, optionally with a pretrained tag),
+            or timm's ``hf-hub:`` / ``local-dir:`` names.
+        pretrained: timm's own pretrained weights (downloaded by timm; needs the network or
+            timm's cache).
+        weights: a weight source of :mod:`xmatch.io.hub` (a ``.safetensors`` / ``.pth`` file,
+            ``package:<module>/<path>``, ``hf-hub:org/name/file.safetensors``) or
+            ``package:<name>`` of :data:`PACKAGED_WEIGHTS` (see :func:`load_backbone_weights`).
+        weights_by_position: map the file's tensors onto the model in order, checking every
+            shape (for checkpoints of another implementation); packaged weights set it.
+        classifier: keep the classification head (False: ``reset_classifier(0)``, and a file
+            may then lack the head's tensors).
+
+    Raises:
+        ValueError: ``pretrained`` with ``weights``, an unknown model name, packaged weights
+            for another architecture.
+        WeightsMismatchError: weights that do not fit the model.
+        FileNotFoundError: a missing weight file or package.
+
+    Example:
+        >>> net = create_timm_model("efficientnet_lite0", weights="package:efficientnet-lite0")  # needs a pixels batch and the packaged backbone  # doctest: +SKIP
+        >>> net.eval()(pixels).softmax(-1).argmax(-1)  # doctest: +SKIP
+        tensor([967])
+    """
+    import timm
+
+    if pretrained and weights is not None:
+        raise ValueError(f"give either pretrained=True (timm's weights for {model}) or weights=..., not both.")
+    if not model.startswith(("hf-hub:", "local-dir:")) and not timm.is_model(model):
+        import difflib
+
+        close = difflib.get_close_matches(model, timm.list_models(), n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"'{model}' is not a timm model.{hint} See timm.list_models().")
+    try:
+        net = timm.create_model(model, pretrained=pretrained)
+    except (OSError, RuntimeError) as exc:
+        if not pretrained:
+            raise
+        raise OSError(
+            f"timm could not fetch the pretrained weights of {model} ({exc}); offline, pass "
+            "weights=<local .safetensors / .pth file> or a packaged set (weights='package:efficientnet-lite0')."
+        ) from exc
+    if weights is not None:
+        load_backbone_weights(net, weights, model=model, by_position=weights_by_position, headless=not classifier)
+    if not classifier:
+        net.reset_classifier(0)
+    return net
+
+
+class TimmBackbone(nn.Module):
+    """A timm model reduced to its last spatial feature map ``[B, C, h, w]``, with the
+    preprocessing of its pretrained config.
+
+    CNNs give the map of ``forward_features`` (for EfficientNet-Lite0: the 1280-channel head
+    convolution, stride 32); models whose features are channels-last (``output_fmt ==
+    "NHWC"``, e.g. Swin) are permuted; token models (ViT) give their last block's patch
+    tokens laid out as a grid (``forward_intermediates``, with the final norm).
+
+    Args:
+        model, pretrained, weights, weights_by_position: as :func:`create_timm_model`.
+        image_size: square input side (default: the pretrained config's ``input_size``).
+        crop_pct: centre-crop fraction of the eval transform (default: the config's; 1.0
+            keeps the whole of a square image).
+
+    Example:
+        >>> bb = TimmBackbone("efficientnet_lite0", weights="package:efficientnet-lite0")  # needs a photo and the packaged backbone  # doctest: +SKIP
+        >>> bb(bb.preprocess([pil_image])).shape  # doctest: +SKIP
+        torch.Size([1, 1280, 7, 7])
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        pretrained: bool = False,
+        weights: str | None = None,
+        weights_by_position: bool = False,
+        image_size: int | None = None,
+        crop_pct: float | None = None,
+    ) -> None:
+        super().__init__()
+        import timm.data
+
+        if image_size is not None and image_size < 16:
+            raise ValueError(f"image_size must be at least 16 pixels, got {image_size}.")
+        if crop_pct is not None and not 0 < crop_pct <= 1:
+            raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}.")
+        self.net = create_timm_model(
+            model, pretrained=pretrained, weights=weights, weights_by_position=weights_by_position, classifier=False
+        )
+        overrides: dict[str, Any] = {}
+        if image_size is not None:
+            overrides["input_size"] = (3, image_size, image_size)
+        if crop_pct is not None:
+            overrides["crop_pct"] = crop_pct
+        self.data_config = timm.data.resolve_data_config(overrides, model=self.net)
+        self.transform = timm.data.create_transform(**self.data_config)
+        self.model_name = model
+        self._tokens = False
+        self._channels_last = getattr(self.net, "output_fmt", "NCHW") == "NHWC"
+        self.feature_dim, self.grid = self._probe()
+
+    def _probe(self) -> tuple[int, tuple[int, int]]:
+        """Run one blank image through the backbone: channel count and grid size."""
+        was_training = self.net.training
+        self.net.eval()
+        probe = torch.zeros(1, *self.data_config["input_size"])
+        try:
+            with torch.no_grad():
+                self._tokens = self.net.forward_features(probe).dim() == 3  # ViT-like: use the patch grid
+                out = self.forward(probe)
+        except (RuntimeError, AssertionError, AttributeError, NotImplementedError) as exc:
+            raise ValueError(
+                f"the timm model {self.model_name} gives no spatial feature map at input size "
+                f"{self.data_config['input_size']} ({exc}); use a CNN or a ViT with forward_intermediates, "
+                "and an image_size the model accepts."
+            ) from None
+        finally:
+            self.net.train(was_training)
+        if out.dim() != 4:
+            raise ValueError(f"the timm model {self.model_name} gives features of shape {tuple(out.shape)}, not a map.")
+        return int(out.shape[1]), (int(out.shape[2]), int(out.shape[3]))
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """``[B, 3, H, W]`` preprocessed pixels -> ``[B, C, h, w]`` feature map."""
+        if self._tokens:
+            return self.net.forward_intermediates(
+                pixels, indices=1, norm=True, output_fmt="NCHW", intermediates_only=True
+            )[-1]
+        out = self.net.forward_features(pixels)
+        return out.permute(0, 3, 1, 2) if self._channels_last else out
+
+    def preprocess(self, images: Sequence[Any]) -> torch.Tensor:
+        """PIL images, image paths or ``[H, W(, C)]`` uint8 arrays -> ``[B, 3, H, W]`` pixels
+        through the pretrained config's eval transform (resize, centre crop, normalisation)."""
+        if isinstance(images, (str, os.PathLike)) or not isinstance(images, Sequence):
+            raise TypeError(
+                f"images must be a list of PIL images, paths or uint8 arrays, got {type(images).__name__}; "
+                "wrap a single image in a list."
+            )
+        if len(images) == 0:
+            raise ValueError("images is empty; give at least one image.")
+        return torch.stack([self.transform(to_pil(im, i)) for i, im in enumerate(images)])
+
+
+def to_pil(image: Any, index: int = 0) -> Any:
+    """One image as an RGB PIL image: a PIL image, a path, or an ``[H, W]`` / ``[H, W, 1|3|4]``
+    uint8 array. Anything else is a TypeError naming the position in the batch."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    if isinstance(image, (str, os.PathLike)):
+        path = Path(image)
+        if not path.is_file():
+            raise FileNotFoundError(f"image {index}: file {path} does not exist.")
+        try:
+            with Image.open(path) as im:
+                return im.convert("RGB")
+        except (UnidentifiedImageError, OSError, ValueError) as exc:
+            raise ValueError(f"image {index}: {path} is not a readable image: {exc}") from None
+    if isinstance(image, np.ndarray):
+        ok = image.dtype == np.uint8 and (image.ndim == 2 or (image.ndim == 3 and image.shape[2] in (1, 3, 4)))
+        if not ok:
+            raise TypeError(
+                f"image {index}: an array image must be uint8 [H, W] or [H, W, 1|3|4] (HWC), got "
+                f"{image.dtype} {image.shape}; convert with (x * 255).clip(0, 255).astype(np.uint8) "
+                "and move channels last."
+            )
+        return Image.fromarray(image.squeeze(2) if image.ndim == 3 and image.shape[2] == 1 else image).convert("RGB")
+    raise TypeError(
+        f"image {index}: expected a PIL image, a file path or a uint8 HWC numpy array, got {type(image).__name__}."
+    )

@@ -1,0 +1,1 @@
+"""Text encoders and their text sides (tokenizers, vocabularies)."""

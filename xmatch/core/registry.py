@@ -1,0 +1,303 @@
+"""Component registries: one ``catalogue`` registry with entry points per kind.
+
+Third-party packages add components without editing xmatch by declaring entry points in
+the group ``xmatch_<kind>`` of their own ``pyproject.toml``::
+
+    [project.entry-points.xmatch_poolers]
+    my-pooler = "my_package.poolers:build_my_pooler"
+
+Names are case-insensitive, duplicates raise, and an unknown name lists close matches. Each
+name records its origin (:meth:`Registry.origin`): ``"xmatch"`` for built-ins, the
+distribution name for plugins, the registering module for registrations made at run time. A
+plugin entry point that fails to load is logged, reported by :meth:`Registry.broken` and by a
+lookup of its name, and leaves the other plugins of its group usable.
+
+Example:
+    >>> import xmatch
+    >>> "MrSw" in xmatch.list_components("poolers")
+    True
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import catalogue
+
+from xmatch.core.errors import XmatchError
+
+KINDS: tuple[str, ...] = (
+    "image_encoders",
+    "text_encoders",
+    "reasoners",
+    "poolers",
+    "losses",
+    "models",
+    "datasets",
+    "proposers",
+)
+
+PLUGIN_HINT = {
+    "scan": "xmatch-scan",
+    "vsepp": "xmatch-vsepp",
+    "vse++": "xmatch-vsepp",
+    "oan": "xmatch-oan",
+}
+
+BUILTIN = "xmatch"
+"""The origin of xmatch's own components and zoo entries (registered in :mod:`xmatch.core.builtins`)."""
+
+T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+
+class RegistryError(XmatchError, KeyError):
+    """An unknown, duplicate or broken registry entry."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class Registry:
+    """A case-insensitive registry of one component kind, backed by ``catalogue``.
+
+    Args:
+        kind: the component kind, e.g. ``"poolers"``; the entry-point group is
+            ``xmatch_<kind>``.
+
+    Example:
+        >>> reg = Registry("poolers")
+        >>> @reg.register("Max")
+        ... def build_max(): ...
+        >>> reg.get("max") is build_max
+        True
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._catalogue = catalogue.create("xmatch", kind, entry_points=False)
+        self.entry_point_group = f"xmatch_{kind}"
+        self._names: dict[str, str] = {}  # lower-case -> registered spelling
+        self._origin: dict[str, str] = {}  # lower-case -> BUILTIN, a distribution or a module
+        self._broken: dict[str, str] = {}  # lower-case entry-point name -> why it was not registered
+        self._entry_points_loaded = False
+
+    def register(self, name: str, obj: T | None = None, *, origin: str | None = None) -> Any:
+        """Register ``obj`` under ``name`` (usable as a decorator).
+
+        Args:
+            name: the registered spelling; lookups ignore case.
+            obj: what to register; without it, ``register`` returns a decorator.
+            origin: who registers it (see :meth:`origin`); by default the module defining
+                ``obj``, marked as registered at run time.
+
+        Raises:
+            RegistryError: if the name (case-insensitively) is already taken.
+        """
+
+        def do_register(target: T) -> T:
+            key = name.lower()
+            if key in self._names:
+                raise RegistryError(
+                    f"{self.kind}: the name '{name}' is already registered "
+                    f"(as '{self._names[key]}' by {self._origin[key]}); choose another name."
+                )
+            self._names[key] = name
+            self._origin[key] = origin or _runtime_origin(target)
+            self._catalogue.register(name, func=target)
+            return target
+
+        if obj is not None:
+            return do_register(obj)
+        return do_register
+
+    def get(self, name: str) -> Any:
+        """Return the object registered as ``name`` (case-insensitive).
+
+        Raises:
+            RegistryError: unknown name (with close matches and the plugin to install), or a
+                plugin entry point of that name that failed to load (with the reason).
+        """
+        if not isinstance(name, str):
+            raise RegistryError(f"{self.kind}: a component name must be a string, got {name!r}.")
+        key = name.lower()
+        if key not in self._names:
+            self._load_entry_points()
+        if key not in self._names:
+            raise RegistryError(self._broken.get(key) or self._unknown_message(name))
+        return self._catalogue.get(self._names[key])
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        self._load_entry_points()
+        return name.lower() in self._names
+
+    def names(self) -> list[str]:
+        """All registered names, sorted case-insensitively."""
+        self._load_entry_points()
+        return sorted(self._names.values(), key=str.lower)
+
+    def canonical(self, name: str) -> str:
+        """The registered spelling of ``name``."""
+        self.get(name)
+        return self._names[name.lower()]
+
+    def origin(self, name: str) -> str:
+        """Who registered ``name``: ``"xmatch"`` (:data:`BUILTIN`) for a built-in, the
+        distribution name for a plugin's entry point, ``"MODULE (registered at run time)"``
+        for a registration made by calling :meth:`register` or a ``register_*`` decorator.
+
+        Example:
+            >>> import xmatch
+            >>> xmatch.core.registry.poolers.origin("MrSw")
+            'xmatch'
+        """
+        self.get(name)
+        return self._origin[name.lower()]
+
+    def is_builtin(self, name: str) -> bool:
+        """Whether ``name`` is one of xmatch's own registrations (not a plugin's, not one made
+        at run time).
+
+        Example:
+            >>> import xmatch
+            >>> xmatch.core.registry.poolers.is_builtin("mrsw")
+            True
+        """
+        return self.origin(name) == BUILTIN
+
+    def broken(self) -> dict[str, str]:
+        """The plugin entry points of this kind that were not registered, by name, with why:
+        the import failed, or the name clashes with one already registered. The other entry
+        points of the group are registered all the same.
+
+        Example:
+            >>> import xmatch
+            >>> xmatch.core.registry.poolers.broken()  # the installed plugins all load
+            {}
+
+            A plugin whose import fails shows as
+            ``{'my-pooler': "poolers: the entry point 'my-pooler = my_pkg:Pooler' of my-pkg ... failed to load: ..."}``.
+        """
+        self._load_entry_points()
+        return dict(self._broken)
+
+    def _load_entry_points(self) -> None:
+        if self._entry_points_loaded:
+            return
+        self._entry_points_loaded = True
+        for ep in importlib.metadata.entry_points(group=self.entry_point_group):
+            dist = ep.dist.name if ep.dist is not None else ep.value
+            key = ep.name.lower()
+            if key in self._names:
+                if self._origin[key] != dist:  # the name keeps its first owner: a built-in, when it is one
+                    self._report_broken(ep.name, (
+                        f"{self.kind}: entry point '{ep.name}' of {dist} clashes with the name registered "
+                        f"by {self._origin[key]}, which keeps it; one of the two packages must rename it."
+                    ))
+                continue
+            try:
+                obj = ep.load()
+            except Exception as exc:  # a broken plugin must not hide the others
+                self._report_broken(ep.name, (
+                    f"{self.kind}: the entry point '{ep.name} = {ep.value}' of {dist} "
+                    f"(group {self.entry_point_group}) failed to load: {type(exc).__name__}: {exc}. "
+                    f"Reinstall or fix {dist}, or uninstall it."
+                ))
+                continue
+            self.register(ep.name, obj, origin=dist)
+
+    def _report_broken(self, name: str, message: str) -> None:
+        self._broken[name.lower()] = message
+        logger.warning("%s", message)
+
+    def refresh_entry_points(self) -> None:
+        """Look for newly installed plugin distributions on the next lookup (and try the
+        broken entry points again)."""
+        self._entry_points_loaded = False
+        self._broken.clear()
+
+    def _unknown_message(self, name: str) -> str:
+        known = self.names()
+        close = difflib.get_close_matches(name.lower(), [k.lower() for k in known], n=3, cutoff=0.5)
+        close = [self._names[c] for c in close]
+        msg = f"unknown {self.kind[:-1].replace('_', ' ')} '{name}'."
+        if close:
+            msg += f" Did you mean: {', '.join(repr(c) for c in close)}?"
+        msg += f" Available: {', '.join(known) or 'none'}."
+        for prefix, package in PLUGIN_HINT.items():
+            if name.lower().startswith(prefix):
+                msg += f" '{name}' may come from the plugin {package}: pip install {package}."
+                break
+        else:
+            msg += (
+                f" Components from plugins appear once their distribution is installed "
+                f"(entry-point group {self.entry_point_group})."
+            )
+        if self._broken:
+            msg += (
+                f" {len(self._broken)} plugin entry point(s) of this group failed to load "
+                f"({', '.join(sorted(self._broken))}): see xmatch.core.registry.get_registry('{self.kind}').broken()."
+            )
+        return msg
+
+
+def _runtime_origin(target: Any) -> str:
+    """``"MODULE (registered at run time)"``: the module defining a registered class or
+    function (a data object, such as a zoo entry, does not know where it was made)."""
+    module = target.__module__ if inspect.isclass(target) or inspect.isroutine(target) else None
+    return f"{module} (registered at run time)" if module else "registered at run time"
+
+
+image_encoders = Registry("image_encoders")
+text_encoders = Registry("text_encoders")
+reasoners = Registry("reasoners")
+poolers = Registry("poolers")
+losses = Registry("losses")
+models = Registry("models")
+datasets = Registry("datasets")
+proposers = Registry("proposers")
+
+REGISTRIES: dict[str, Registry] = {
+    "image_encoders": image_encoders,
+    "text_encoders": text_encoders,
+    "reasoners": reasoners,
+    "poolers": poolers,
+    "losses": losses,
+    "models": models,
+    "datasets": datasets,
+    "proposers": proposers,
+}
+
+
+def get_registry(kind: str) -> Registry:
+    """The registry of ``kind`` (one of :data:`KINDS`)."""
+    try:
+        return REGISTRIES[kind]
+    except KeyError:
+        raise RegistryError(f"unknown component kind '{kind}'; kinds: {', '.join(KINDS)}.") from None
+
+
+def _decorator(registry: Registry) -> Callable[[str], Callable[[T], T]]:
+    def register(name: str) -> Callable[[T], T]:
+        return registry.register(name)
+
+    register.__doc__ = f"Register a builder in the ``{registry.kind}`` registry under ``name``."
+    return register
+
+
+register_image_encoder = _decorator(image_encoders)
+register_text_encoder = _decorator(text_encoders)
+register_reasoner = _decorator(reasoners)
+register_pooler = _decorator(poolers)
+register_loss = _decorator(losses)
+register_model = _decorator(models)
+register_dataset = _decorator(datasets)
+register_proposer = _decorator(proposers)

@@ -1,0 +1,238 @@
+"""Zoo entries: named, documented model specs shipped as TOML data in the zoo folder
+(:func:`~xmatch.core.sources.zoo_folder`)."""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import importlib.resources
+import tomllib
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from xmatch.core.registry import RegistryError, get_registry, models
+from xmatch.core.sources import validate_weight_source, zoo_folder
+from xmatch.core.spec import merge, signature_of
+
+ENTRY_KEYS = {
+    "base", "overrides", "spec", "description", "paper", "dataset", "params", "metrics",
+    "weights", "license", "origin", "input", "notes",
+}
+#: old spellings of entry keys, still read (with a DeprecationWarning)
+RENAMED_KEYS = {"licence": "license"}
+
+
+@dataclass
+class ZooEntry:
+    """A zoo entry: architecture spec, provenance, the paper's metrics and weight sources.
+
+    ``metrics`` maps a benchmark (``coco-1k``, ``coco-5k``, ``f30k-1k``) to its figures and
+    the ``source`` (paper and table) they come from. ``params`` is the number of parameters
+    of ``xmatch.build(entry)`` (None: not stated); a test recomputes it
+    (:func:`xmatch.model.parameter_counts.count_parameters`). For a text encoder whose vocabulary comes from a
+    caption corpus it leaves the word-embedding table out (see
+    :func:`params_leave_out_vocabulary`).
+    """
+
+    name: str
+    spec: dict[str, Any]
+    description: str = ""
+    paper: str = ""
+    dataset: str = ""
+    params: int | None = None
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    weights: list[dict[str, Any]] = field(default_factory=list)
+    license: str = ""
+    origin: str = ""
+    input: dict[str, Any] = field(default_factory=dict)
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if self.params is not None and (type(self.params) is not int or self.params <= 0):
+            raise ValueError(f"zoo entry '{self.name}': params must be a positive int, got {self.params!r}.")
+        for source in self.weights:
+            try:
+                validate_weight_source(source)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"zoo entry '{self.name}': {exc}") from None
+
+    def card(self) -> str:
+        """A readable summary of the entry."""
+        lines = [f"{self.name}: {self.description}", f"  paper:   {self.paper}", f"  dataset: {self.dataset}"]
+        if self.params is not None:
+            lines.append(f"  params:  {format_params(self.params, self.spec)}")
+        if self.input:
+            lines.append("  input:   " + ", ".join(f"{k}={v}" for k, v in self.input.items()))
+        for bench, figures in self.metrics.items():
+            values = ", ".join(f"{k} {v}" for k, v in figures.items() if k != "source")
+            lines.append(f"  {bench}: {values}  [{figures.get('source', '')}]")
+        if self.weights:
+            for w in self.weights:
+                lines.append(f"  weights: {w.get('source')} sha256={w.get('sha256', '?')}")
+        else:
+            lines.append("  weights: none published in xmatch format")
+        if self.origin:
+            lines.append(f"  origin:  {self.origin}")
+        if self.license:
+            lines.append(f"  license: {self.license}")
+        if self.notes:
+            lines.append(f"  notes:   {self.notes}")
+        return "\n".join(lines)
+
+    __str__ = card
+
+    @property
+    def licence(self) -> str:
+        """Deprecated spelling of :attr:`license`."""
+        warnings.warn("ZooEntry.licence is deprecated; use ZooEntry.license.", DeprecationWarning, stacklevel=2)
+        return self.license
+
+
+def _read_zoo_files() -> dict[str, dict[str, Any]]:
+    raw: dict[str, dict[str, Any]] = {}
+    for resource in sorted(zoo_folder().iterdir(), key=lambda r: r.name):
+        if not resource.name.endswith(".toml"):
+            continue
+        tables = _checked_tables(tomllib.loads(resource.read_text(encoding="utf-8")), resource.name)
+        for name, table in tables.items():
+            if name in raw:
+                raise ValueError(f"zoo entry '{name}' is defined twice (second time in {resource.name}).")
+            raw[name] = table
+    return raw
+
+
+def _checked_tables(data: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    for name, table in data.items():
+        if isinstance(table, dict):
+            data[name] = table = _renamed_keys(table, f"zoo entry '{name}' ({where})")
+        unknown = set(table) - ENTRY_KEYS if isinstance(table, dict) else {"<not a table>"}
+        if unknown:
+            raise ValueError(f"zoo entry '{name}' ({where}) has unknown keys {sorted(unknown)}.")
+    return data
+
+
+def _renamed_keys(table: dict[str, Any], where: str) -> dict[str, Any]:
+    """``table`` with old key spellings (``licence``) replaced by today's, each with a
+    DeprecationWarning naming the entry."""
+    for old, new in RENAMED_KEYS.items():
+        if old not in table:
+            continue
+        if new in table:
+            raise ValueError(f"{where} has both '{old}' and '{new}'; keep '{new}' (the spelling of packaging metadata).")
+        warnings.warn(
+            f"{where}: the key '{old}' is deprecated; spell it '{new}', as packaging metadata does.",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        table = {(new if key == old else key): value for key, value in table.items()}
+    return table
+
+
+def _resolve(name: str, raw: dict[str, dict[str, Any]], seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    if name in seen:
+        raise ValueError(f"zoo entries {' -> '.join(seen + (name,))} form a cycle of bases.")
+    table = copy.deepcopy(raw[name])
+    base_name = table.pop("base", None)
+    if base_name is None:
+        return table
+    if base_name not in raw:
+        raise ValueError(f"zoo entry '{name}' names the unknown base '{base_name}'.")
+    base = _resolve(base_name, raw, seen + (name,))
+    # The paper's figures and the weights belong to one trained model; everything else, the
+    # parameter count included, holds until the entry says otherwise (a test recounts params).
+    for key in ("metrics", "weights"):
+        base.pop(key, None)
+    spec = merge(base.pop("spec"), table.pop("overrides", {}))
+    return {**base, **table, "spec": spec}
+
+
+def params_leave_out_vocabulary(spec: dict[str, Any]) -> bool:
+    """Whether ``params`` leaves out the text encoder's word-embedding table: true when the
+    encoder takes a ``vocab`` (built from a caption corpus, so its size is not in the spec).
+
+    Example:
+        >>> params_leave_out_vocabulary({"text_encoder": {"name": "bigru"}})
+        True
+    """
+    try:
+        builder = get_registry("text_encoders").get(spec["text_encoder"]["name"])
+    except (RegistryError, KeyError, TypeError):
+        return False
+    return "vocab" in signature_of(builder).parameters
+
+
+def format_params(params: int, spec: dict[str, Any], note: str = " (without the word-embedding table)") -> str:
+    """``params`` in millions, e.g. ``212.0 M``, followed by ``note`` when it leaves out the
+    word-embedding table."""
+    text = f"{params / 1e6:.1f} M"
+    return text + note if params_leave_out_vocabulary(spec) else text
+
+
+def builtin_entries() -> list[ZooEntry]:
+    """All entries of xmatch's zoo folder (:func:`~xmatch.core.sources.zoo_folder`)."""
+    raw = _read_zoo_files()
+    return [ZooEntry(name=name, **_resolve(name, raw)) for name in raw]
+
+
+def zoo_entries_from_toml(package: str, resource: str = "zoo.toml") -> dict[str, ZooEntry]:
+    """The zoo entries of a TOML file shipped inside ``package``, in the layout of xmatch's
+    own ``zoo/*.toml`` (one table per entry; an entry with a ``base`` states only what differs
+    from it: its ``overrides`` of the base's spec and the fields it changes; the paper's figures
+    and the weights are not inherited). For plugins: point each entry point of
+    the group ``xmatch_models`` at one of the returned entries.
+
+    Example:
+        >>> entries = zoo_entries_from_toml("xmatch_scan", "zoo.toml")  # the SCAN plugin's entries
+        >>> entries["scan-t2i-avg-f30k"].dataset
+        'f30k'
+    """
+    text = importlib.resources.files(package).joinpath(resource).read_text(encoding="utf-8")
+    raw = _checked_tables(tomllib.loads(text), f"{package}/{resource}")
+    return {name: ZooEntry(name=name, **_resolve(name, raw)) for name in raw}
+
+
+def as_entry(name: str, obj: Any) -> ZooEntry:
+    """Accept a ZooEntry, a dict of entry fields, or a callable returning either (plugins)."""
+    if callable(obj) and not isinstance(obj, ZooEntry):
+        obj = obj()
+    if isinstance(obj, ZooEntry):
+        return copy.deepcopy(obj)  # callers may edit the spec they get; the registered entry stays
+    if isinstance(obj, dict) and "spec" in obj:
+        fields = _renamed_keys({k: v for k, v in obj.items() if k != "name"}, f"zoo entry '{name}'")
+        return ZooEntry(name=name, **fields)
+    raise TypeError(f"zoo entry '{name}' must be a ZooEntry or a dict with a 'spec', got {type(obj).__name__}.")
+
+
+def match(names: list[str], pattern: str | None) -> list[str]:
+    if not pattern:
+        return names
+    return [n for n in names if fnmatch.fnmatch(n.lower(), pattern.lower())]
+
+
+def list_models(pattern: str | None = None, *, pretrained: bool = False) -> list[str]:
+    """Names of the zoo entries (built-in and from plugins), optionally glob-filtered.
+
+    Args:
+        pattern: a glob such as ``"teran-*"`` (None: every entry).
+        pretrained: only the entries with published xmatch weights (those that
+            ``build(name, pretrained=True)`` loads), as timm's ``list_models(pretrained=True)``.
+
+    Example:
+        >>> xmatch.list_models("teran-symm-*")
+        ['teran-symm-coco', 'teran-symm-f30k']
+        >>> xmatch.list_models(pretrained=True)
+        ['teran-mrsw-grid-scenes', 'teran-mrsw-scenes', 'tern-scenes']
+    """
+    names = match(models.names(), pattern)
+    return [name for name in names if info(name).weights] if pretrained else names
+
+
+def info(name: str) -> ZooEntry:
+    """The zoo entry ``name``: spec, paper, dataset, metrics, weight sources.
+
+    Example:
+        >>> print(xmatch.info("teran-mrsw-coco").metrics["coco-1k"]["t2i_r1"])
+        65.0
+    """
+    return as_entry(models.canonical(name), models.get(name))

@@ -1,0 +1,237 @@
+"""Model bundles: safetensors weights with the spec in the metadata, plus text-side assets."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xmatch.core.sources import WEIGHTS_FILE
+from xmatch.io.files import move_into_place
+from xmatch.core.errors import XmatchError
+from xmatch.core.spec import COMPONENTS, OPTIONAL_COMPONENTS, merge, with_current_argument_names
+
+FORMAT = "xmatch.model/1"
+
+
+class BundleError(XmatchError, ValueError):
+    """A bundle's ``model.safetensors`` cannot be used: unreadable, malformed metadata, or an
+    asset path that leaves the bundle. The message names the file."""
+
+
+_RESAVE = "The bundle is damaged or was not written by xmatch.save_pretrained; save or download it again."
+
+
+def _version() -> str:
+    from xmatch.core.version import __version__
+
+    return __version__
+
+
+def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
+    """Write ``model`` as a bundle: ``model.safetensors`` (spec and version in the metadata)
+    and the text encoder's assets (tokenizer / vocabulary). Load it with
+    ``xmatch.build("local-dir:DIR", pretrained=True)``.
+
+    Args:
+        model: the model to save (left unchanged).
+        directory: the bundle folder (created).
+        dtype: store the floating-point tensors in this dtype, e.g. ``torch.float16`` to halve
+            the file; loading casts them to the model's dtype. Default: as they are.
+
+    Example:
+        >>> model = xmatch.build("teran-mrsw-scenes")
+        >>> xmatch.save_pretrained(model, "my-model")
+        PosixPath('my-model')
+        >>> loaded = xmatch.build("local-dir:my-model", pretrained=True)
+        >>> all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+        True
+    """
+    from safetensors.torch import save_model
+
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype such as torch.float16, got {dtype}.")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    assets = model.text_encoder.save_assets(directory)
+    spec = merge(model.spec, {"text_encoder": assets}) if assets else model.spec
+    metadata = {
+        "format": FORMAT,
+        "xmatch_version": _version(),
+        "spec": json.dumps(spec),
+        "assets": json.dumps({"text_encoder": sorted(k for k, v in assets.items() if isinstance(v, str))}),
+    }
+    tmp = directory / (WEIGHTS_FILE + ".partial")
+    # a cast copy: the caller's model keeps its precision
+    save_model(copy.deepcopy(model).to(dtype) if dtype is not None else model, str(tmp), metadata=metadata)
+    move_into_place(tmp, directory / WEIGHTS_FILE)
+    return directory
+
+
+def read_bundle_spec(directory: str | os.PathLike) -> tuple[dict[str, Any], Path]:
+    """The spec stored in a bundle, with its asset paths made absolute, and the weights path.
+
+    A bundle's asset paths (tokenizer, vocabulary) must stay inside the bundle: an absolute
+    path or one that climbs out with ``..`` is refused, and so is such a path anywhere in the
+    text encoder's table (a spec written by the user, outside a bundle, may name any path).
+
+    Raises:
+        FileNotFoundError: no ``model.safetensors`` in ``directory``.
+        BundleError: the file is unreadable, its metadata is not what ``save_pretrained``
+            writes (invalid JSON, missing or unknown entries), or a path leaves the bundle.
+
+    Example:
+        >>> xmatch.save_pretrained(xmatch.build("teran-mrsw-scenes"), "my-model")
+        PosixPath('my-model')
+        >>> spec, weights = read_bundle_spec("my-model")
+        >>> spec["text_encoder"]["vocab"]  # the bundle's own copy of the vocabulary
+        'my-model/vocab.json'
+    """
+    from safetensors import safe_open
+
+    directory = Path(directory)
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file():
+        raise FileNotFoundError(
+            f"local-dir:{directory}: no {WEIGHTS_FILE} there; a bundle is written by xmatch.save_pretrained."
+        )
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as exc:
+        raise BundleError(f"{weights} is not a readable safetensors file ({exc}); download or save it again.") from None
+    if meta.get("format") != FORMAT or "spec" not in meta:
+        raise BundleError(f"{weights} has no xmatch spec in its metadata; it was not written by save_pretrained.")
+    spec = _metadata_json(meta, "spec", weights)
+    if not isinstance(spec, dict):
+        raise BundleError(f"{weights}: the spec in its metadata is a {type(spec).__name__}, not a table. {_RESAVE}")
+    shared = spec.get("shared_reasoner") is True
+    missing = [
+        k for k in COMPONENTS
+        if not isinstance(spec.get(k), dict) and not (k == "text_reasoner" and shared) and k not in OPTIONAL_COMPONENTS
+    ]
+    if missing:
+        raise BundleError(f"{weights}: the spec in its metadata has no {', '.join(missing)} table. {_RESAVE}")
+    assets = _metadata_json(meta, "assets", weights, default="{}")
+    for component, key, value in _asset_entries(assets, spec, weights):
+        spec[component][key] = str(directory / _inside_path(value, f"{component} -> {key}", weights))
+    text_encoder = spec.get("text_encoder")
+    if isinstance(text_encoder, dict):
+        listed = set(assets.get("text_encoder", ()))
+        for key, value in text_encoder.items():
+            if key not in listed and isinstance(value, str) and _leaves_bundle(value):
+                raise BundleError(
+                    f"{weights}: text_encoder -> {key} = {value!r} points outside the bundle; a bundle's "
+                    "tokenizer and assets must be inside it (a relative path listed in its assets) or "
+                    "a hub name. Save the model again with xmatch.save_pretrained, or build it from "
+                    f"your own spec with pretrained='{weights}'."
+                )
+    # bundles saved before an argument was renamed load without a warning: xmatch wrote them
+    return with_current_argument_names(spec), weights
+
+
+def _metadata_json(meta: dict[str, str], key: str, weights: Path, default: str | None = None) -> Any:
+    text = meta.get(key, default)
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise BundleError(
+            f"{weights}: the '{key}' entry of its metadata is not valid JSON ({exc}). {_RESAVE}"
+        ) from None
+
+
+def _asset_entries(assets: Any, spec: dict[str, Any], weights: Path) -> list[tuple[str, str, Any]]:
+    """``(component, key, path)`` for every asset the metadata lists, each checked against the spec."""
+    if not isinstance(assets, dict) or not all(isinstance(keys, list) for keys in assets.values()):
+        raise BundleError(
+            f"{weights}: the 'assets' entry of its metadata must map components to lists of keys, "
+            f"got {json.dumps(assets)[:200]}. {_RESAVE}"
+        )
+    entries = []
+    for component, keys in assets.items():
+        table = spec.get(component)
+        for key in keys:
+            if not isinstance(table, dict) or not isinstance(key, str) or key not in table:
+                raise BundleError(
+                    f"{weights}: its metadata lists the asset {component} -> {key!r}, which its spec does "
+                    f"not have. {_RESAVE}"
+                )
+            entries.append((component, key, table[key]))
+    return entries
+
+
+def _inside_path(value: Any, where: str, weights: Path) -> str:
+    """An asset path relative to the bundle that does not climb out of it."""
+    if not isinstance(value, str) or not value:
+        raise BundleError(f"{weights}: the asset {where} must be a path inside the bundle, got {value!r}. {_RESAVE}")
+    if _leaves_bundle(value):
+        raise BundleError(
+            f"{weights}: the asset {where} = {value!r} points outside the bundle; asset paths are "
+            f"relative to the bundle folder and stay inside it. {_RESAVE}"
+        )
+    return value
+
+
+def _leaves_bundle(path: str) -> bool:
+    """Whether a path read from a bundle is absolute, home-relative, a file URL or climbs with ``..``.
+
+    Checked on the text only: symbolic links inside a bundle are allowed, as huggingface_hub's
+    cache links every file of a snapshot to its blob.
+    """
+    parts = path.replace("\\", "/").split("/")
+    return (
+        os.path.isabs(path) or path.startswith(("/", "\\", "~", "file:")) or bool(re.match(r"[A-Za-z]:", path))
+        or ".." in parts
+    )
+
+
+def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
+    """Load safetensors weights strictly: missing, unexpected or mis-shaped tensors are errors."""
+    from safetensors import safe_open
+    from safetensors.torch import load_model
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {path} does not exist.")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+    except Exception as exc:
+        raise ValueError(f"{path} is not a readable safetensors file ({exc}); it may be truncated.") from exc
+    expected = set(model.state_dict())
+    missing, unexpected = _diff_keys(model, expected, keys)
+    if getattr(model, "loss", False) is None:  # an inference build: a training build's loss state is not read
+        unexpected = {k for k in unexpected if not k.startswith("loss.")}
+    if missing or unexpected:
+        raise ValueError(
+            f"{path} does not fit this model: missing {sorted(missing)[:10]}"
+            f"{' ...' if len(missing) > 10 else ''}, unexpected {sorted(unexpected)[:10]}"
+            f"{' ...' if len(unexpected) > 10 else ''}. Build the model from the same spec as the weights."
+        )
+    try:
+        # the keys were compared above; a loss-less model leaves the file's loss tensors unread
+        strict = getattr(model, "loss", False) is not None
+        load_model(model, str(path), strict=strict, device=str(next(model.parameters()).device))
+    except RuntimeError as exc:
+        raise ValueError(f"{path} does not fit this model: {exc}") from exc
+
+
+def _diff_keys(model: torch.nn.Module, expected: set[str], found: set[str]) -> tuple[set[str], set[str]]:
+    """Missing / unexpected keys, treating tied (shared) tensors as present if one alias is."""
+    by_storage: dict[int, set[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        by_storage.setdefault(id(tensor), set()).add(name)
+    missing = {k for k in expected - found if not (by_storage_of(k, by_storage) & found)}
+    return missing, found - expected
+
+
+def by_storage_of(key: str, groups: dict[int, set[str]]) -> set[str]:
+    for names in groups.values():
+        if key in names:
+            return names
+    return {key}

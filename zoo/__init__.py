@@ -1,1 +1,0 @@
-"""xmatch zoo entries (TOML data, shipped inside the wheel as ``xmatch.zoo``)."""
