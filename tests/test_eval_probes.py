@@ -27,9 +27,9 @@ from xmatch.eval.probes import (
     make_tagger,
     parse_probe,
     perturb_captions,
-    scenes_tagger,
     split_words,
 )
+from xmatch.scenes.tagger import scenes_tagger
 from xmatch.core.registry import text_encoders
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
@@ -192,8 +192,8 @@ def test_a_bag_of_words_model_is_unchanged_by_shuffling(tiny_train):
         texts = list(tiny_train.captions[:10])
         a = model.encode_texts(texts)
         b = model.encode_texts(perturb_captions(texts, ShuffleWords()))
-        img = model.encode_images(*(torch.as_tensor(np.stack(x)) for x in zip(*[
-            (tiny_train.image(i).regions, tiny_train.image(i).boxes) for i in range(4)])))
+        img = model.encode_images(xmatch.RegionInputs(*(torch.as_tensor(np.stack(x)) for x in zip(*[
+            (tiny_train.image(i).regions, tiny_train.image(i).boxes) for i in range(4)]))))
         torch.testing.assert_close(model.similarity(img, a), model.similarity(img, b), rtol=0, atol=1e-5)
 
 
@@ -202,8 +202,8 @@ def test_an_order_aware_model_scores_shuffled_captions_differently(tiny_train):
     model = xmatch.build(_spec("bigru")).eval()
     texts = list(tiny_train.captions[:10])
     with torch.no_grad():
-        img = model.encode_images(*(torch.as_tensor(np.stack(x)) for x in zip(*[
-            (tiny_train.image(i).regions, tiny_train.image(i).boxes) for i in range(4)])))
+        img = model.encode_images(xmatch.RegionInputs(*(torch.as_tensor(np.stack(x)) for x in zip(*[
+            (tiny_train.image(i).regions, tiny_train.image(i).boxes) for i in range(4)]))))
         a = model.similarity(img, model.encode_texts(texts))
         b = model.similarity(img, model.encode_texts(perturb_captions(texts, ShuffleWords())))
     assert (a - b).abs().max() > 1e-3

@@ -273,10 +273,8 @@ def test_two_processes_download_once_and_both_succeed(server, bundle, home, tmp_
 
 
 @pytest.fixture
-def zoo_entry(monkeypatch, fixture_bert):
+def zoo_entry(fixture_bert):
     """Register throwaway zoo entries; the registry is restored after the test."""
-    monkeypatch.setattr(models, "_names", dict(models._names))
-    monkeypatch.setattr(models, "_origin", dict(models._origin))
 
     def register(name: str, weights: list[dict]) -> str:
         models.register(name, xmatch.ZooEntry(
@@ -285,7 +283,8 @@ def zoo_entry(monkeypatch, fixture_bert):
         ))
         return name
 
-    return register
+    with models.restored():
+        yield register
 
 
 def test_build_pretrained_downloads_and_loads_bit_exact(server, bundle, home, zoo_entry):

@@ -70,7 +70,7 @@ def downloaded(server, body: bytes) -> tuple[dict, Path]:
 def scores(model: torch.nn.Module) -> torch.Tensor:
     regions, boxes, mask = random_regions(2, 4, 12)
     with torch.no_grad():
-        return model.similarity(model.encode_images(regions, boxes, mask), model.encode_texts(["a man", "a pan"]))
+        return model.similarity(model.encode_images(xmatch.RegionInputs(regions, boxes, mask)), model.encode_texts(["a man", "a pan"]))
 
 
 # -- a damaged cache: downloaded again online, a named error offline --------------------------
@@ -137,8 +137,8 @@ def test_a_truncated_cached_file_says_truncated_offline(server, bundle, home, mo
 def test_a_cached_file_is_hashed_once_per_process(server, bundle, home, monkeypatch):
     _, _, body, _ = bundle
     hashed: list[Path] = []
-    real = hub._sha256
-    monkeypatch.setattr(hub, "_sha256", lambda p: hashed.append(p) or real(p))
+    real = hub.sha256_file
+    monkeypatch.setattr(hub, "sha256_file", lambda p: hashed.append(p) or real(p))
     source, path = downloaded(server, body)
     assert len(hashed) == 1, "the download is hashed once, before it is renamed into place"
     for _ in range(3):

@@ -1,17 +1,29 @@
-"""xmatch's modules import each other without cycles.
+"""xmatch's modules import each other without cycles, and its packages in layers.
 
 A cycle through an import inside a function is still a cycle: such an import usually exists
 only to dodge the circular import, and it hides which module owns the shared piece. Imports
 under ``if TYPE_CHECKING:`` never run and are left out.
+
+The layers (docs/components.md, "Architecture"): the library packages ``core``, ``io``,
+``model``, ``components``, ``regions``, ``data``, then the applications ``extract``, ``eval``,
+``scenes``, ``train``, ``index``, ``demo``, ``cli``. A package imports only packages before it in
+that order, in functions too; none imports the public modules at the top (``xmatch``,
+``xmatch.plugin``, ``xmatch.testing``), which are made of them.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "xmatch"
+LAYERS = ("core", "io", "model", "components", "regions", "data",  # the library
+          "extract", "eval", "scenes", "train", "index", "demo", "cli")  # the applications
+#: what ``import xmatch`` may load: build's needs, none of the applications or regions
+IMPORT_BUDGET = 25
 
 
 def module_files(root: Path = ROOT) -> dict[str, tuple[Path, bool]]:
@@ -128,8 +140,81 @@ def test_xmatch_imports_have_no_cycles():
 def test_the_graph_sees_module_level_and_deferred_imports():
     graph = import_graph()
     assert graph["xmatch.io.hub"]["xmatch.core.sources"] == "module-level"
-    assert graph["xmatch.cli.main"]["xmatch.cli.model_arg"] == "deferred"  # the command line imports when a command runs
+    assert graph["xmatch.model.factory"]["xmatch.io.hub"] == "deferred"  # fetched only for pretrained weights
     assert graph["xmatch"]["xmatch.core.registry"] == "module-level"  # from xmatch.core.registry import register_model
+
+
+def layer_of(module: str) -> str | None:
+    """The layer package of an xmatch module (``xmatch.io.hub`` -> ``io``), None for the public
+    modules at the top (``xmatch``, ``xmatch.plugin``, ``xmatch.testing``, ``xmatch.__main__``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def upward_imports(graph: dict[str, dict[str, str]]) -> list[str]:
+    """Every import of a layer package that reaches a later layer or a public top module."""
+    bad = []
+    for module, targets in sorted(graph.items()):
+        layer = layer_of(module)
+        if layer is None:
+            continue
+        for target, kind in sorted(targets.items()):
+            other = layer_of(target)
+            if other == layer:
+                continue
+            if other is None or LAYERS.index(other) > LAYERS.index(layer):
+                bad.append(f"{module} -> {target} ({kind})")
+    return bad
+
+
+def test_packages_import_only_the_layers_below_them():
+    bad = upward_imports(import_graph())
+    assert not bad, (
+        "imports against the layers (" + " < ".join(LAYERS) + "; the top modules xmatch, xmatch.plugin, "
+        "xmatch.testing are made of the layers, never imported by them):\n" + "\n".join(bad)
+        + "\nMove the shared piece down into the layer that owns it."
+    )
+
+
+def test_every_package_has_a_layer():
+    packages = {name.split(".")[1] for name, (_, is_package) in module_files().items() if is_package and name.count(".") == 1}
+    assert packages == set(LAYERS), f"give {sorted(packages ^ set(LAYERS))} a place in LAYERS (or remove it from there)"
+
+
+def test_the_layer_check_reports_upward_and_top_imports():
+    graph = {
+        "xmatch.core.spec": {"xmatch.model.model": "deferred"},
+        "xmatch.eval.suite": {"xmatch.data.base": "module-level", "xmatch.train.run": "deferred"},
+        "xmatch.index.search": {"xmatch": "deferred", "xmatch.index.store": "module-level"},
+        "xmatch.plugin": {"xmatch.components.poolers": "module-level"},
+    }
+    assert upward_imports(graph) == [
+        "xmatch.core.spec -> xmatch.model.model (deferred)",
+        "xmatch.eval.suite -> xmatch.train.run (deferred)",
+        "xmatch.index.search -> xmatch (deferred)",
+    ]
+
+
+def test_import_xmatch_loads_only_what_build_needs():
+    code = (
+        "import sys, xmatch\n"
+        "print(' '.join(sorted(m for m in sys.modules if m == 'xmatch' or m.startswith('xmatch.'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    loaded = out.stdout.split()
+    assert len(loaded) <= IMPORT_BUDGET, f"import xmatch loads {len(loaded)} xmatch modules: {loaded}"
+    applications = [m for m in loaded if layer_of(m) in ("regions", "scenes", "index", "train", "eval", "extract", "demo", "cli")]
+    assert applications == [], f"import xmatch loads {applications}: register them lazily (xmatch.core.builtins)"
+    assert not any(m.startswith("xmatch.components.") for m in loaded), "components are imported on first use"
+
+
+def test_a_checkout_imports_without_an_install(tmp_path):
+    # the source tree alone (another copy may be installed: the checkout's own files must win)
+    code = "import xmatch, pathlib; print(pathlib.Path(xmatch.__file__).parent); print(len(xmatch.list_models()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={"PATH": "", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)})
+    folder, count = out.stdout.split()
+    assert Path(folder) == ROOT / PACKAGE and int(count) >= 10
 
 
 def test_find_cycle_reports_the_cycle():

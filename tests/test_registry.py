@@ -58,16 +58,13 @@ def test_decorator_registers_a_pooler_class():
 
 
 @pytest.fixture
-def isolated(monkeypatch):
+def isolated():
     """The pooler and model registries, restored after the test (entry points looked up again)."""
     registries = (xmatch.core.registry.poolers, xmatch.core.registry.models)
-    for reg in registries:
-        for attribute in ("_names", "_origin", "_broken"):
-            monkeypatch.setattr(reg, attribute, dict(getattr(reg, attribute)))
-        reg.refresh_entry_points()
-    yield registries
-    for reg in registries:
-        reg.refresh_entry_points()
+    with registries[0].restored(), registries[1].restored():
+        for reg in registries:
+            reg.refresh_entry_points()
+        yield registries
 
 
 def fake_distribution(root, name: str, entry_points: str, modules: dict[str, str]) -> None:

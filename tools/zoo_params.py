@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from xmatch.core.zoo import builtin_entries  # the entries of xmatch's zoo folder, not the plugins'
-from xmatch.core.sources import zoo_folder
+from xmatch.core.sources import PLUGINS_FILE, zoo_folder
 from xmatch.model.parameter_counts import BERT_BASE, count_parameters, write_bert_base_dir
 
 
@@ -33,7 +33,7 @@ _PARAMS = re.compile(r"^params\s*=")
 
 def zoo_files() -> list[Path]:
     """The TOML files of the entries shipped in xmatch's zoo folder (``zoo/*.toml`` in a checkout)."""
-    return sorted(zoo_folder().glob("*.toml"))
+    return sorted(path for path in zoo_folder().glob("*.toml") if path.name != PLUGINS_FILE)
 
 
 def write_counts(counts: Mapping[str, int], paths: Iterable[Path] | None = None) -> list[Path]:

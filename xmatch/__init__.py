@@ -23,7 +23,7 @@ from xmatch.model.interfaces import (
     TextEncoder,
     TokenBatch,
 )
-from xmatch.components.image.bottomup import normalize_boxes
+from xmatch.model.inputs import normalize_boxes
 from xmatch.model.embeddings import Embeddings
 from xmatch.core.errors import XmatchError
 from xmatch.model.inputs import ImageBatch, PairBatch, PixelInputs, RegionInputs

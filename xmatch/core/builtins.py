@@ -1,23 +1,55 @@
-"""The one place where xmatch's own components and zoo entries are registered."""
+"""The one place where xmatch's own components and zoo entries are registered.
+
+Components are registered by import path and imported on first use (``import xmatch`` loads
+none of them); the zoo's entries are read from its TOML files on the first lookup of a model.
+"""
 
 from __future__ import annotations
 
 from xmatch.core import registry
-from xmatch.core.zoo import builtin_entries
-from xmatch.components.image.bottomup import BottomUpImageEncoder
-from xmatch.regions.image_encoder import PixelRegionsImageEncoder
-from xmatch.components.image.timm_grid import TimmGridImageEncoder
-from xmatch.components.losses import HingeTripletLoss, UncertaintyWeightedLoss
-from xmatch.components.poolers import GlobalCosinePooler, MrAvgwPooler, MrSwPooler, MwSrPooler, SymmPooler
-from xmatch.components.reasoners import IdentityReasoner, TransformerReasoner
-from xmatch.components.text.bert import BertTextEncoder
-from xmatch.components.text.rnn import BiGRUTextEncoder, BiLSTMTextEncoder
-from xmatch.data import ImageCaptionsDataset, PrecompDataset, TeranDataset
-from xmatch.scenes.dataset import open_scenes
-from xmatch.regions.proposer_boxes import BoxesProposer
-from xmatch.regions.proposer_detector import TorchvisionDetector
-from xmatch.regions.proposers_fixed import GridProposer, WindowsProposer
 from xmatch.core.registry import BUILTIN
+from xmatch.core.zoo import builtin_entries
+
+#: kind -> {registered name: "module:attr"}
+BUILTINS: dict[str, dict[str, str]] = {
+    "image_encoders": {
+        "bottomup": "xmatch.components.image.bottomup:BottomUpImageEncoder",
+        "timm-grid": "xmatch.components.image.timm_grid:TimmGridImageEncoder",
+        "pixel-regions": "xmatch.regions.image_encoder:PixelRegionsImageEncoder",
+    },
+    "text_encoders": {
+        "bert": "xmatch.components.text.bert:BertTextEncoder",
+        "bigru": "xmatch.components.text.rnn:BiGRUTextEncoder",
+        "bilstm": "xmatch.components.text.rnn:BiLSTMTextEncoder",
+    },
+    "reasoners": {
+        "transformer": "xmatch.components.reasoners:TransformerReasoner",
+        "identity": "xmatch.components.reasoners:IdentityReasoner",
+    },
+    "poolers": {
+        "MrSw": "xmatch.components.poolers:MrSwPooler",
+        "MwSr": "xmatch.components.poolers:MwSrPooler",
+        "Symm": "xmatch.components.poolers:SymmPooler",
+        "MrAvgw": "xmatch.components.poolers:MrAvgwPooler",
+        "global-cosine": "xmatch.components.poolers:GlobalCosinePooler",
+    },
+    "losses": {
+        "hinge": "xmatch.components.losses:HingeTripletLoss",
+        "uncertainty": "xmatch.components.losses:UncertaintyWeightedLoss",
+    },
+    "datasets": {
+        "teran": "xmatch.data.teran:TeranDataset",
+        "scan-precomp": "xmatch.data.precomp:PrecompDataset",
+        "image-captions": "xmatch.data.image_captions:ImageCaptionsDataset",
+        "scenes": "xmatch.scenes.dataset:open_scenes",
+    },
+    "proposers": {
+        "grid": "xmatch.regions.proposers_fixed:GridProposer",
+        "windows": "xmatch.regions.proposers_fixed:WindowsProposer",
+        "boxes": "xmatch.regions.proposer_boxes:BoxesProposer",
+        "torchvision-detector": "xmatch.regions.proposer_detector:TorchvisionDetector",
+    },
+}
 
 _registered = False
 
@@ -29,28 +61,12 @@ def register_builtins() -> None:
     if _registered:
         return
     _registered = True
-    registry.image_encoders.register("bottomup", BottomUpImageEncoder, origin=BUILTIN)
-    registry.image_encoders.register("timm-grid", TimmGridImageEncoder, origin=BUILTIN)
-    registry.image_encoders.register("pixel-regions", PixelRegionsImageEncoder, origin=BUILTIN)
-    registry.text_encoders.register("bert", BertTextEncoder, origin=BUILTIN)
-    registry.text_encoders.register("bigru", BiGRUTextEncoder, origin=BUILTIN)
-    registry.text_encoders.register("bilstm", BiLSTMTextEncoder, origin=BUILTIN)
-    registry.reasoners.register("transformer", TransformerReasoner, origin=BUILTIN)
-    registry.reasoners.register("identity", IdentityReasoner, origin=BUILTIN)
-    for name, pooler in (
-        ("MrSw", MrSwPooler), ("MwSr", MwSrPooler), ("Symm", SymmPooler), ("MrAvgw", MrAvgwPooler),
-        ("global-cosine", GlobalCosinePooler),
-    ):
-        registry.poolers.register(name, pooler, origin=BUILTIN)
-    registry.losses.register("hinge", HingeTripletLoss, origin=BUILTIN)
-    registry.losses.register("uncertainty", UncertaintyWeightedLoss, origin=BUILTIN)
-    registry.datasets.register("teran", TeranDataset, origin=BUILTIN)
-    registry.datasets.register("scan-precomp", PrecompDataset, origin=BUILTIN)
-    registry.datasets.register("image-captions", ImageCaptionsDataset, origin=BUILTIN)
-    registry.datasets.register("scenes", open_scenes, origin=BUILTIN)
-    registry.proposers.register("grid", GridProposer, origin=BUILTIN)
-    registry.proposers.register("windows", WindowsProposer, origin=BUILTIN)
-    registry.proposers.register("boxes", BoxesProposer, origin=BUILTIN)
-    registry.proposers.register("torchvision-detector", TorchvisionDetector, origin=BUILTIN)
+    for kind, names in BUILTINS.items():
+        for name, target in names.items():
+            registry.get_registry(kind).register_lazy(name, target, origin=BUILTIN)
+    registry.models.add_builtin_loader(_register_zoo_entries)
+
+
+def _register_zoo_entries() -> None:
     for entry in builtin_entries():
         registry.models.register(entry.name, entry, origin=BUILTIN)

@@ -6,8 +6,10 @@ the group ``xmatch_<kind>`` of their own ``pyproject.toml``::
     [project.entry-points.xmatch_poolers]
     my-pooler = "my_package.poolers:build_my_pooler"
 
-Names are case-insensitive, duplicates raise, and an unknown name lists close matches. Each
-name records its origin (:meth:`Registry.origin`): ``"xmatch"`` for built-ins, the
+Names are case-insensitive, duplicates raise, and an unknown name lists close matches.
+xmatch's own components are registered by name and import path (``"module:attr"``,
+:mod:`xmatch.core.builtins`) and imported on first use, so ``import xmatch`` loads none of
+them. Each name records its origin (:meth:`Registry.origin`): ``"xmatch"`` for built-ins, the
 distribution name for plugins, the registering module for registrations made at run time. A
 plugin entry point that fails to load is logged, reported by :meth:`Registry.broken` and by a
 lookup of its name, and leaves the other plugins of its group usable.
@@ -20,16 +22,21 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import functools
+import importlib
 import importlib.metadata
 import inspect
 import logging
-from collections.abc import Callable
+import tomllib
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import catalogue
 
 from xmatch.core.errors import XmatchError
+from xmatch.core.sources import PLUGINS_FILE, zoo_folder
 
 KINDS: tuple[str, ...] = (
     "image_encoders",
@@ -41,13 +48,6 @@ KINDS: tuple[str, ...] = (
     "datasets",
     "proposers",
 )
-
-PLUGIN_HINT = {
-    "scan": "xmatch-scan",
-    "vsepp": "xmatch-vsepp",
-    "vse++": "xmatch-vsepp",
-    "oan": "xmatch-oan",
-}
 
 BUILTIN = "xmatch"
 """The origin of xmatch's own components and zoo entries (registered in :mod:`xmatch.core.builtins`)."""
@@ -64,25 +64,42 @@ class RegistryError(XmatchError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+_KINDS_TAKEN: set[str] = set()
+
+
 class Registry:
-    """A case-insensitive registry of one component kind, backed by ``catalogue``.
+    """A case-insensitive registry of one component kind, backed by its own ``catalogue``
+    namespace ``("xmatch", kind)``; one registry per kind.
 
     Args:
         kind: the component kind, e.g. ``"poolers"``; the entry-point group is
             ``xmatch_<kind>``.
 
+    Raises:
+        RegistryError: a registry of ``kind`` exists already (use :func:`get_registry`).
+
     Example:
-        >>> reg = Registry("poolers")
+        >>> reg = Registry("gadgets")
         >>> @reg.register("Max")
         ... def build_max(): ...
         >>> reg.get("max") is build_max
         True
+        >>> reg.register_lazy("sum", "builtins:sum", origin=BUILTIN)
+        >>> reg.get("SUM") is sum
+        True
     """
 
     def __init__(self, kind: str) -> None:
+        if kind in _KINDS_TAKEN:
+            raise RegistryError(
+                f"a registry of {kind!r} exists already; use xmatch.core.registry.get_registry({kind!r})."
+            )
+        _KINDS_TAKEN.add(kind)
         self.kind = kind
         self._catalogue = catalogue.create("xmatch", kind, entry_points=False)
         self.entry_point_group = f"xmatch_{kind}"
+        self._lazy: dict[str, str] = {}  # lower-case -> "module:attr", imported on first lookup
+        self._builtin_loaders: list[Callable[[], None]] = []
         self._names: dict[str, str] = {}  # lower-case -> registered spelling
         self._origin: dict[str, str] = {}  # lower-case -> BUILTIN, a distribution or a module
         self._broken: dict[str, str] = {}  # lower-case entry-point name -> why it was not registered
@@ -102,20 +119,42 @@ class Registry:
         """
 
         def do_register(target: T) -> T:
-            key = name.lower()
-            if key in self._names:
-                raise RegistryError(
-                    f"{self.kind}: the name '{name}' is already registered "
-                    f"(as '{self._names[key]}' by {self._origin[key]}); choose another name."
-                )
-            self._names[key] = name
-            self._origin[key] = origin or _runtime_origin(target)
+            self._claim(name, origin or _runtime_origin(target))
             self._catalogue.register(name, func=target)
             return target
 
         if obj is not None:
             return do_register(obj)
         return do_register
+
+    def register_lazy(self, name: str, target: str, *, origin: str) -> None:
+        """Register the object at ``target`` (``"package.module:attr"``) under ``name``,
+        imported on its first lookup.
+
+        Raises:
+            RegistryError: if the name (case-insensitively) is already taken.
+        """
+        self._claim(name, origin)
+        self._lazy[name.lower()] = target
+
+    def add_builtin_loader(self, load: Callable[[], None]) -> None:
+        """Call ``load`` (which registers names) before this registry's first lookup: for
+        built-ins read from data, such as the zoo's entries."""
+        self._builtin_loaders.append(load)
+
+    def _claim(self, name: str, origin: str) -> None:
+        key = name.lower()
+        if key in self._names:
+            raise RegistryError(
+                f"{self.kind}: the name '{name}' is already registered "
+                f"(as '{self._names[key]}' by {self._origin[key]}); choose another name."
+            )
+        self._names[key] = name
+        self._origin[key] = origin
+
+    def _load_builtins(self) -> None:
+        while self._builtin_loaders:
+            self._builtin_loaders.pop(0)()
 
     def get(self, name: str) -> Any:
         """Return the object registered as ``name`` (case-insensitive).
@@ -127,20 +166,26 @@ class Registry:
         if not isinstance(name, str):
             raise RegistryError(f"{self.kind}: a component name must be a string, got {name!r}.")
         key = name.lower()
+        self._load_builtins()
         if key not in self._names:
             self._load_entry_points()
         if key not in self._names:
             raise RegistryError(self._broken.get(key) or self._unknown_message(name))
+        if key in self._lazy:
+            module, _, attr = self._lazy.pop(key).partition(":")
+            self._catalogue.register(self._names[key], func=getattr(importlib.import_module(module), attr))
         return self._catalogue.get(self._names[key])
 
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):
             return False
+        self._load_builtins()
         self._load_entry_points()
         return name.lower() in self._names
 
     def names(self) -> list[str]:
         """All registered names, sorted case-insensitively."""
+        self._load_builtins()
         self._load_entry_points()
         return sorted(self._names.values(), key=str.lower)
 
@@ -192,6 +237,7 @@ class Registry:
     def _load_entry_points(self) -> None:
         if self._entry_points_loaded:
             return
+        self._load_builtins()  # a built-in keeps its name against a plugin's entry point
         self._entry_points_loaded = True
         for ep in importlib.metadata.entry_points(group=self.entry_point_group):
             dist = ep.dist.name if ep.dist is not None else ep.value
@@ -218,6 +264,27 @@ class Registry:
         self._broken[name.lower()] = message
         logger.warning("%s", message)
 
+    @contextlib.contextmanager
+    def restored(self) -> Iterator[Registry]:
+        """Forget every registration made inside the block when it ends (for tests that
+        register throwaway components or zoo entries).
+
+        Example:
+            >>> import xmatch
+            >>> with xmatch.core.registry.poolers.restored() as poolers:
+            ...     _ = poolers.register("throwaway", object)
+            ...     "throwaway" in poolers
+            True
+            >>> "throwaway" in xmatch.core.registry.poolers
+            False
+        """
+        self._load_builtins()
+        saved = (dict(self._names), dict(self._origin), dict(self._lazy), dict(self._broken), self._entry_points_loaded)
+        try:
+            yield self
+        finally:
+            self._names, self._origin, self._lazy, self._broken, self._entry_points_loaded = saved
+
     def refresh_entry_points(self) -> None:
         """Look for newly installed plugin distributions on the next lookup (and try the
         broken entry points again)."""
@@ -232,7 +299,7 @@ class Registry:
         if close:
             msg += f" Did you mean: {', '.join(repr(c) for c in close)}?"
         msg += f" Available: {', '.join(known) or 'none'}."
-        for prefix, package in PLUGIN_HINT.items():
+        for prefix, package in known_plugins().items():
             if name.lower().startswith(prefix):
                 msg += f" '{name}' may come from the plugin {package}: pip install {package}."
                 break
@@ -247,6 +314,18 @@ class Registry:
                 f"({', '.join(sorted(self._broken))}): see xmatch.core.registry.get_registry('{self.kind}').broken()."
             )
         return msg
+
+
+@functools.cache
+def known_plugins() -> dict[str, str]:
+    """``{name prefix: distribution}`` of the plugins listed in the zoo folder's ``plugins.toml``.
+
+    Example:
+        >>> known_plugins()["scan"]
+        'xmatch-scan'
+    """
+    tables = tomllib.loads((zoo_folder() / PLUGINS_FILE).read_text(encoding="utf-8"))
+    return {prefix: distribution for distribution, table in tables.items() for prefix in table["prefixes"]}
 
 
 def _runtime_origin(target: Any) -> str:

@@ -16,6 +16,8 @@ WEIGHTS_FILE = "model.safetensors"
 """The weights file of a bundle (:mod:`xmatch.io.bundle`)."""
 PACKAGE_PREFIX = "package:"
 ZOO_PREFIX = "zoo:"
+PLUGINS_FILE = "plugins.toml"
+"""The zoo folder's list of known plugin distributions (not zoo entries)."""
 HF_HUB = "hf-hub:"
 FILE_URL = "file://"
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl", ".pickle", ".tar")
@@ -30,11 +32,11 @@ def zoo_folder() -> Path:
 
     Example:
         >>> sorted(p.name for p in zoo_folder().glob("*.toml"))
-        ['scenes.toml', 'teran.toml', 'tern.toml']
+        ['plugins.toml', 'scenes.toml', 'teran.toml', 'tern.toml']
     """
     package = Path(__file__).resolve().parents[1]
     for folder in (package / "zoo", package.parent / "zoo"):
-        if folder.is_dir() and any(folder.glob("*.toml")):
+        if (folder / PLUGINS_FILE).is_file():
             return folder
     raise FileNotFoundError(
         f"xmatch's zoo folder is missing: neither {package / 'zoo'} (an installed wheel) nor "

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xmatch.components.image.bottomup import normalize_boxes
+from xmatch.model.inputs import normalize_boxes
 from xmatch.data.errors import DataError, DataFileNotFoundError
 
 

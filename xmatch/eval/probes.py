@@ -6,13 +6,14 @@ report what each perturbation costs in Recall@K. A model that matches bags of wo
 nothing when the words are shuffled; one that reads word order and attribute binding does.
 
 Word classes come from a *tagger*: word lists (:class:`WordListTagger`, with the scenes
-grammar's own lists built in: :func:`scenes_tagger`), a JSON file of lists, or any part-of-
+grammar's own lists: :func:`xmatch.scenes.tagger.scenes_tagger`), a JSON file of lists, or any part-of-
 speech function (:class:`PosTagger`, e.g. NLTK's, with the universal tag set).
 
 The transforms are plain callables ``(caption, rng) -> caption``, so they serve as training
 augmentations too (:class:`PerturbedCaptions` wraps a training set).
 
 Example:
+    >>> from xmatch.scenes.tagger import scenes_tagger
     >>> tagger = scenes_tagger()
     >>> rng = np.random.default_rng(0)
     >>> DropWords("relation", tagger)("a red 7 to the left of a blue circle", rng)
@@ -214,39 +215,16 @@ def nltk_tagger() -> PosTagger:
     return PosTagger(lambda words: [tag for _, tag in nltk.pos_tag(words, tagset="universal")])
 
 
-def scenes_tagger() -> WordListTagger:
-    """The scenes grammar's own word classes (:mod:`xmatch.scenes.captions`): ``noun``
-    (the object nouns: digits, ``digit 7``, ``number seven``, shapes), ``colour``, ``size``,
-    ``adjective`` (colours and sizes) and ``relation`` (the spatial phrases).
-
-    Example:
-        >>> scenes_tagger().classes
-        ('noun', 'colour', 'size', 'adjective', 'relation')
-    """
-    from xmatch.scenes.captions import NUMBER_WORDS, RELATION_WORDS, SIZE_WORDS
-    from xmatch.scenes.render import COLOURS, DIGITS, SHAPES
-
-    # one synonym list per object kind, size and relation: "7", "digit 7" and "number seven" are one noun
-    nouns = [*([d, f"digit {d}", f"number {NUMBER_WORDS[int(d)]}"] for d in DIGITS), *SHAPES]
-    sizes = [list(words) for words in SIZE_WORDS.values()]
-    relations = [list(phrases) for phrases in RELATION_WORDS.values()]
-    return WordListTagger(
-        {"noun": nouns, "colour": list(COLOURS), "size": sizes, "adjective": [*COLOURS, *sizes], "relation": relations},
-        attributes=("colour", "size"),
-    )
-
-
 def make_tagger(source: str | os.PathLike | Tagger) -> Tagger:
-    """``"scenes"`` (built-in lists), ``"nltk"``, a JSON word-list file, or a tagger itself.
+    """``"nltk"``, a JSON word-list file, or a tagger itself (the scenes grammar's lists are
+    :func:`xmatch.scenes.tagger.scenes_tagger`, which the scenes datasets declare).
 
     Example:
-        >>> make_tagger("scenes").attributes
-        ('colour', 'size')
+        >>> make_tagger(WordListTagger({"noun": ["dog"]})).classes
+        ('noun',)
     """
     if not isinstance(source, (str, os.PathLike)):
         return source
-    if str(source) == "scenes":
-        return scenes_tagger()
     if str(source) == "nltk":
         return nltk_tagger()
     if not Path(source).is_file():
@@ -295,6 +273,7 @@ class DropWords:
     A caption that would lose every word is left as it is.
 
     Example:
+        >>> from xmatch.scenes.tagger import scenes_tagger
         >>> DropWords("noun", scenes_tagger())("a red 7 above a blue circle", None)
         'a red above a blue'
     """
@@ -325,6 +304,7 @@ class SwapAttributes:
     differ when the tagger does not list them as synonyms (``small`` / ``little``).
 
     Example:
+        >>> from xmatch.scenes.tagger import scenes_tagger
         >>> SwapAttributes("size", scenes_tagger())("a small red 7 above a big blue circle", None)
         'a big red 7 above a small blue circle'
     """
@@ -358,6 +338,7 @@ def default_probes(tagger: Tagger) -> list[Perturbation]:
     swapping each of its attribute classes.
 
     Example:
+        >>> from xmatch.scenes.tagger import scenes_tagger
         >>> [p.name for p in default_probes(scenes_tagger())]
         ['shuffle', 'drop-noun', 'drop-adjective', 'drop-relation', 'swap-colour', 'swap-size']
     """
@@ -371,6 +352,7 @@ def parse_probe(name: str, tagger: Tagger) -> Perturbation:
     """``shuffle``, ``drop-CLASS`` or ``swap-CLASS``.
 
     Example:
+        >>> from xmatch.scenes.tagger import scenes_tagger
         >>> parse_probe("drop-relation", scenes_tagger()).name
         'drop-relation'
     """
@@ -532,5 +514,5 @@ class PerturbedCaptions:
 __all__ = [
     "DropWords", "PerturbedCaptions", "Perturbation", "PosTagger", "ProbeResult", "ShuffleWords",
     "SwapAttributes", "Tagger", "WordListTagger", "default_probes", "join_words", "make_tagger", "nltk_tagger",
-    "parse_probe", "perturb_captions", "probe_figures", "scenes_tagger", "split_words",
+    "parse_probe", "perturb_captions", "probe_figures", "split_words",
 ]

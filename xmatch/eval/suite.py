@@ -184,7 +184,7 @@ def dataset_fingerprint(dataset: Any) -> str:
 def model_fingerprint(model: MatchingModel) -> str:
     """12 hex digits over everything that decides a model's scores: the encoders' spec and
     weights (:func:`xmatch.index.model_fingerprint`) and the pooler's spec and weights."""
-    from xmatch.index.fingerprint import model_fingerprint as encoders
+    from xmatch.model.fingerprint import model_fingerprint as encoders
 
     pooler = {k: v.float().cpu().numpy().tobytes().hex() for k, v in model.pooler.state_dict().items()}
     try:

@@ -77,7 +77,7 @@ def write_shard(
     """Write one shard atomically and return its record (``file`` is ``path.name``)."""
     from safetensors.torch import save_file
 
-    from xmatch.io.hub import _sha256
+    from xmatch.io.files import sha256_file
 
     tensors = {"tokens": embeddings.tokens.detach().to("cpu", dtype).contiguous(), "mask": embeddings.mask.cpu().contiguous()}
     if embeddings.pooled is not None:
@@ -91,7 +91,7 @@ def write_shard(
         os.fsync(f.fileno())
     move_into_place(tmp, path)
     fsync_dir(path.parent)
-    return ShardInfo(path.name, len(ids), embeddings.tokens.shape[1], path.stat().st_size, _sha256(path))
+    return ShardInfo(path.name, len(ids), embeddings.tokens.shape[1], path.stat().st_size, sha256_file(path))
 
 
 class Shard:

@@ -220,10 +220,10 @@ class ShardStore:
         Raises:
             DamagedIndexError: naming the first shard whose content changed.
         """
-        from xmatch.io.hub import _sha256
+        from xmatch.io.files import sha256_file
 
         for shard in self.shards:
-            if _sha256(shard.path) != shard.info.sha256:
+            if sha256_file(shard.path) != shard.info.sha256:
                 raise DamagedIndexError(shard._damaged("has another sha256 than the manifest records"))
 
 

@@ -10,6 +10,7 @@ umask) before the rename.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -62,3 +63,18 @@ def move_into_place(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     """
     os.chmod(tmp, new_file_mode())
     os.replace(tmp, path)
+
+
+def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
+    """The sha256 of a file's bytes, read ``chunk_bytes`` at a time (bounded memory for any size).
+
+    Example:
+        >>> _ = Path("hello.txt").write_bytes(b"hello")
+        >>> sha256_file("hello.txt")[:16]
+        '2cf24dba5fb0a30e'
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk_bytes):
+            digest.update(block)
+    return digest.hexdigest()

@@ -45,7 +45,6 @@ Security: only safetensors weights are fetched; a network source naming a pickle
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import http.client
 import logging
 import os
@@ -61,6 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xmatch.io.bundle import WEIGHTS_FILE
+from xmatch.io.files import sha256_file
 from xmatch.core.errors import XmatchError
 from xmatch.core.sources import (
     FILE_URL,
@@ -340,7 +340,7 @@ def _digest(path: Path) -> str:
     key = (before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns)
     digest = _DIGESTS.get(key)
     if digest is None:
-        digest = _sha256(path)
+        digest = sha256_file(path)
         after = path.stat()
         if (after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns) == key:  # not written meanwhile
             _DIGESTS[key] = digest
@@ -361,14 +361,6 @@ def _damage(path: Path, src: WeightSource) -> str | None:
     if digest != src.sha256:
         return f"corrupted (sha256 mismatch: got {digest}, expected {src.sha256}; its bytes were changed)"
     return None
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK_BYTES):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _offline_error(

@@ -29,11 +29,11 @@ from typing import Any
 import torch
 from torch import nn
 
-import xmatch
-from xmatch.core.zoo import ZooEntry, params_leave_out_vocabulary
+from xmatch.core.zoo import ZooEntry, info, params_leave_out_vocabulary
 from xmatch.core.registry import get_registry
 from xmatch.core.sources import resolve_local_source
 from xmatch.core.spec import signature_of
+from xmatch.model.factory import build
 
 BERT_BASE = "bert-base-uncased"
 
@@ -112,7 +112,7 @@ def count_parameters(model: str | ZooEntry | Mapping[str, Any], bert_dir: str | 
         211997696
     """
     if isinstance(model, str):
-        model = xmatch.info(model)
+        model = info(model)
     spec = model.spec if isinstance(model, ZooEntry) else dict(model)
     text = dict(spec["text_encoder"])
     arguments = signature_of(get_registry("text_encoders").get(text["name"])).parameters
@@ -127,7 +127,7 @@ def count_parameters(model: str | ZooEntry | Mapping[str, Any], bert_dir: str | 
     with torch.device("meta"), warnings.catch_warnings():
         # weight files an encoder loads itself (a timm backbone's) are copied into meta tensors: a no-op here
         warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter")
-        net = xmatch.build(spec, text_encoder=text)
+        net = build(spec, text_encoder=text)
     total = sum(p.numel() for p in net.parameters())
     if corpus_vocabulary:
         rows = len(net.text_encoder.vocabulary)

@@ -132,7 +132,7 @@ def _declare_for_evaluation(dataset: TeranDataset | ImageCaptionsDataset) -> Ter
     hard-negative groups (``--protocol groups``) and the grammar's word classes (``probes``)."""
     from functools import partial
 
-    from xmatch.eval.probes import scenes_tagger
+    from xmatch.scenes.tagger import scenes_tagger
 
     dataset.hard_negative_groups = partial(scene_groups, dataset)
     dataset.word_classes = scenes_tagger
