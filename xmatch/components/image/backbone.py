@@ -18,7 +18,7 @@ from xmatch.components.image.backbone_weights import load_backbone_weights
 
 
 def create_timm_model(
-    model: str,
+    backbone: str,
     *,
     pretrained: bool = False,
     weights: str | None = None,
@@ -28,7 +28,7 @@ def create_timm_model(
     """A timm model with its weights from timm's hub, a local file or an installed package.
 
     Args:
-        model: a timm model name (``timm.list_models()``, optionally with a pretrained tag),
+        backbone: a timm model name (``timm.list_models()``, optionally with a pretrained tag),
             or timm's ``hf-hub:`` / ``local-dir:`` names.
         pretrained: timm's own pretrained weights (downloaded by timm; needs the network or
             timm's cache).
@@ -54,24 +54,24 @@ def create_timm_model(
     import timm
 
     if pretrained and weights is not None:
-        raise ValueError(f"give either pretrained=True (timm's weights for {model}) or weights=..., not both.")
-    if not model.startswith(("hf-hub:", "local-dir:")) and not timm.is_model(model):
+        raise ValueError(f"give either pretrained=True (timm's weights for {backbone}) or weights=..., not both.")
+    if not backbone.startswith(("hf-hub:", "local-dir:")) and not timm.is_model(backbone):
         import difflib
 
-        close = difflib.get_close_matches(model, timm.list_models(), n=3)
+        close = difflib.get_close_matches(backbone, timm.list_models(), n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"'{model}' is not a timm model.{hint} See timm.list_models().")
+        raise ValueError(f"'{backbone}' is not a timm model.{hint} See timm.list_models().")
     try:
-        net = timm.create_model(model, pretrained=pretrained)
+        net = timm.create_model(backbone, pretrained=pretrained)
     except (OSError, RuntimeError) as exc:
         if not pretrained:
             raise
         raise OSError(
-            f"timm could not fetch the pretrained weights of {model} ({exc}); offline, pass "
+            f"timm could not fetch the pretrained weights of {backbone} ({exc}); offline, pass "
             "weights=<local .safetensors / .pth file> or a packaged set (weights='package:efficientnet-lite0')."
         ) from exc
     if weights is not None:
-        load_backbone_weights(net, weights, model=model, by_position=weights_by_position, headless=not classifier)
+        load_backbone_weights(net, weights, backbone=backbone, by_position=weights_by_position, headless=not classifier)
     if not classifier:
         net.reset_classifier(0)
     return net
@@ -87,7 +87,7 @@ class TimmBackbone(nn.Module):
     tokens laid out as a grid (``forward_intermediates``, with the final norm).
 
     Args:
-        model, pretrained, weights, weights_by_position: as :func:`create_timm_model`.
+        backbone, pretrained, weights, weights_by_position: as :func:`create_timm_model`.
         image_size: square input side (default: the pretrained config's ``input_size``).
         crop_pct: centre-crop fraction of the eval transform (default: the config's; 1.0
             keeps the whole of a square image).
@@ -100,7 +100,7 @@ class TimmBackbone(nn.Module):
 
     def __init__(
         self,
-        model: str,
+        backbone: str,
         *,
         pretrained: bool = False,
         weights: str | None = None,
@@ -116,7 +116,7 @@ class TimmBackbone(nn.Module):
         if crop_pct is not None and not 0 < crop_pct <= 1:
             raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}.")
         self.net = create_timm_model(
-            model, pretrained=pretrained, weights=weights, weights_by_position=weights_by_position, classifier=False
+            backbone, pretrained=pretrained, weights=weights, weights_by_position=weights_by_position, classifier=False
         )
         overrides: dict[str, Any] = {}
         if image_size is not None:
@@ -125,7 +125,7 @@ class TimmBackbone(nn.Module):
             overrides["crop_pct"] = crop_pct
         self.data_config = timm.data.resolve_data_config(overrides, model=self.net)
         self.transform = timm.data.create_transform(**self.data_config)
-        self.model_name = model
+        self.model_name = backbone
         self._tokens = False
         self._channels_last = getattr(self.net, "output_fmt", "NCHW") == "NHWC"
         self.feature_dim, self.grid = self._probe()

@@ -202,7 +202,7 @@ def _few(items: list[str], n: int = 4) -> str:
 
 
 def load_backbone_weights(
-    net: nn.Module, weights: str, *, model: str, by_position: bool = False, headless: bool = False
+    net: nn.Module, weights: str, *, backbone: str, by_position: bool = False, headless: bool = False
 ) -> None:
     """Load ``weights`` into the timm model ``net``: the one way backbone weights are loaded.
 
@@ -211,11 +211,11 @@ def load_backbone_weights(
     state dict through ``torch.load(weights_only=True)``) and loaded strictly.
 
     Args:
-        net: a timm model of the architecture ``model``.
+        net: a timm model of the architecture ``backbone``.
         weights: a weight source of :mod:`xmatch.io.hub` (a local ``.safetensors`` / ``.pth``
             file, ``file://``, ``hf-hub:org/name/file.safetensors``, ``package:module/path``)
             or ``package:<name>`` of :data:`PACKAGED_WEIGHTS`.
-        model: the timm architecture of ``net`` (packaged weights are checked against it).
+        backbone: the timm architecture of ``net`` (packaged weights are checked against it).
         by_position: map the file's tensors onto ``net`` in order (packaged sets that need it
             set it themselves).
         headless: the classifier's tensors may be missing from the file or of another size.
@@ -227,9 +227,9 @@ def load_backbone_weights(
 
     Example:
         >>> net = timm.create_model("efficientnet_lite0", num_classes=0)  # needs a weights file of yours  # doctest: +SKIP
-        >>> load_backbone_weights(net, "lite0_timm.safetensors", model="efficientnet_lite0", headless=True)  # doctest: +SKIP
+        >>> load_backbone_weights(net, "lite0_timm.safetensors", backbone="efficientnet_lite0", headless=True)  # doctest: +SKIP
     """
-    path, packaged_by_position = _weights_file(weights, model)
+    path, packaged_by_position = _weights_file(weights, backbone)
     state = read_state_dict(path)
     if by_position or packaged_by_position:
         load_by_position(net, state, weights)
@@ -237,15 +237,15 @@ def load_backbone_weights(
         load_by_name(net, state, weights, headless=headless)
 
 
-def _weights_file(weights: str, model: str) -> tuple[Path, bool]:
+def _weights_file(weights: str, backbone: str) -> tuple[Path, bool]:
     """The local file behind ``weights`` and whether it maps by position; fetched and checked
     by :func:`xmatch.io.hub.fetch`, as zoo weights are."""
     if weights.startswith(PACKAGE_PREFIX) and "/" not in weights:
         name = weights[len(PACKAGE_PREFIX) :]
         path = packaged_weights_file(name)
         entry = PACKAGED_WEIGHTS[name]
-        if entry.model != model:
-            raise ValueError(f"weights '{weights}' are for the timm model {entry.model}, not {model}.")
+        if entry.model != backbone:
+            raise ValueError(f"weights '{weights}' are for the timm model {entry.model}, not {backbone}.")
         return path, entry.by_position
     path = hub.fetch(weights, local_pickle=True)
     if path.is_dir():
