@@ -1,14 +1,64 @@
-"""The command line: models (and which have weights), info, convert with its proof, demo's choice of model."""
+"""The command line: one module per command, --help and --version, models (and which have
+weights), info, convert with its proof, demo's choice of model."""
 
 from __future__ import annotations
 
+import pkgutil
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 
 import xmatch
-from xmatch.cli.main import main
+import xmatch.cli
+from xmatch.cli.main import COMMANDS, DISTRIBUTION, build_parser, main
 from xmatch.core.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the modules of xmatch.cli that are not a command: the assembly, and what several commands share
+SHARED_MODULES = {"main", "model_arg", "options"}
+
+
+def test_every_command_is_one_module_with_add_parser_and_run():
+    modules = {m.name for m in pkgutil.iter_modules(xmatch.cli.__path__)} - SHARED_MODULES
+    assert sorted(modules) == sorted(COMMANDS)  # no command module left out of the table
+    subparsers = next(a for a in build_parser()._actions if a.dest == "command")
+    assert list(subparsers.choices) == list(COMMANDS)  # the order `xmatch --help` lists them in
+    for name, module in COMMANDS.items():
+        assert module.__name__ == f"xmatch.cli.{name}"
+        assert callable(module.add_parser) and callable(module.run), name
+        assert build_parser().parse_args([name, *REQUIRED.get(name, [])]).run is module.run
+
+
+#: the smallest command line each command parses
+REQUIRED = {"info": ["tern-coco"], "download": ["tern-coco"], "convert": ["a.pth", "out"], "eval": ["tern-coco"],
+            "train": ["tern-coco"], "vocab": ["tern-coco"], "extract": ["images", "--out", "feats"],
+            "index": ["--out", "idx"], "search": ["idx"]}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_has_its_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and out.startswith(f"usage: xmatch {command} ")
+    assert "options:" in out and "--help" in out
+
+
+def test_version_names_the_distribution_and_the_package_version(capsys):
+    assert DISTRIBUTION == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"] == "xmatch-zoo"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"xmatch-zoo {xmatch.__version__}\n"
+
+
+def test_python_dash_m_xmatch_and_the_console_script_run_main():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"xmatch": "xmatch.cli.main:main"}
+    run = subprocess.run([sys.executable, "-m", "xmatch", "--version"], capture_output=True, text=True, check=False)
+    assert (run.returncode, run.stdout) == (0, f"xmatch-zoo {xmatch.__version__}\n"), run.stderr
 
 
 def test_models_and_info(capsys):

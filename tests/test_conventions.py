@@ -16,14 +16,15 @@ from pathlib import Path
 import pytest
 
 import xmatch
+import xmatch.cli
 from xmatch import ZooEntry, zoo_entries_from_toml
 from xmatch.core.zoo import as_entry
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("xmatch", "xmatch_scan", "xmatch_vsepp", "xmatch_oan")
-#: where printing is the job: command-line front ends, and developer tools run as ``python -m``
-#: (their ``main``); the demo writes its report to the stream it is given
-PRINTING_MODULES = {"xmatch.cli.main", "xmatch.cli.index", "xmatch.cli.extract", "xmatch.demo.run"}
+#: where printing is the job: the command line, one module per command (elsewhere only a developer
+#: tool run as ``python -m`` prints, in its ``main``; the demo hands its report to a callback)
+PRINTING_MODULES = {"xmatch.cli", *(f"xmatch.cli.{m.name}" for m in pkgutil.iter_modules(xmatch.cli.__path__))}
 
 
 def library_modules() -> list[str]:

@@ -93,7 +93,7 @@ def tiny_run(tiny_model, scenes_root, tmp_path_factory, home):
         mp.setenv("XMATCH_HOME", str(home))
         result = run_demo(
             tiny_model, size="tiny", root=scenes_root, data_options=FAST, out=out, queries=2, top_k=2,
-            progress=False, stream=stream,
+            progress=False, report=lambda text: print(text, file=stream),
         )
     return result, stream.getvalue(), out
 
@@ -183,7 +183,7 @@ def test_demo_runs_a_saved_bundle_by_name(tiny_run, tiny_model, scenes_root, tmp
     stream = io.StringIO()
     result = run_demo(
         f"local-dir:{tmp_path / 'bundle'}", size="tiny", root=scenes_root, data_options=FAST, out=tmp_path / "out",
-        queries=2, top_k=2, progress=False, stream=stream,
+        queries=2, top_k=2, progress=False, report=lambda text: print(text, file=stream),
     )
     assert f"model: local-dir:{tmp_path / 'bundle'} (pretrained=True)" in stream.getvalue()
     assert result.figures.t2i == tiny_run[0].figures.t2i and result.figures.i2t == tiny_run[0].figures.i2t
@@ -194,7 +194,7 @@ def test_demo_trains_from_scratch_with_the_recipe(tiny_model, scenes_root, tmp_p
     monkeypatch.setenv("XMATCH_HOME", str(home))
     result = run_demo(
         tiny_model, size="tiny", root=scenes_root, data_options=FAST, out=tmp_path, train=True,
-        train_settings={"epochs": 1, "tensorboard": False}, progress=False, stream=io.StringIO(),
+        train_settings={"epochs": 1, "tensorboard": False}, progress=False,
     )
     assert (tmp_path / "train" / "best" / "model.safetensors").is_file()
     assert result.model is not tiny_model and result.files["alignment"].is_file()
@@ -213,7 +213,7 @@ def test_demo_runs_a_raw_image_model_on_the_images_layout(scenes_root, tmp_path,
     stream = io.StringIO()
     result = run_demo(
         xmatch.build(spec), size="tiny", root=scenes_root, data_options=FAST, out=tmp_path, queries=2, top_k=2,
-        progress=False, stream=stream,
+        progress=False, report=lambda text: print(text, file=stream),
     )
     text = stream.getvalue()
     assert "ImageCaptionsDataset" in text and "image #10" in text  # tiny test images are scenes 10 and 11
@@ -300,7 +300,7 @@ def test_demo_draws_no_alignment_for_a_global_vector_model(scenes_root, tmp_path
     torch.manual_seed(0)
     stream = io.StringIO()
     result = run_demo(xmatch.build(spec), size="tiny", root=scenes_root, data_options=FAST, out=tmp_path,
-                      queries=1, top_k=2, progress=False, stream=stream)
+                      queries=1, top_k=2, progress=False, report=lambda text: print(text, file=stream))
     assert "alignment" not in result.files and not (tmp_path / "alignment.png").exists()
     assert "no alignment picture" in stream.getvalue() and result.files["retrieval"].is_file()
 

@@ -37,9 +37,6 @@ INTERNAL_TESTS: dict[str, dict[str, str]] = {
     "tests/test_zoo.py": {
         "xmatch.core.zoo._resolve": "what an entry inherits from its base is checked on raw tables",
     },
-    "tests/test_scenes_table.py": {
-        "xmatch.cli.main._nested": "the table's rows are built with the CLI's own --model-set parser",
-    },
 }
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import xmatch
-from xmatch.cli.main import _nested, build_parser
+from xmatch.cli.main import build_parser
+from xmatch.cli.options import model_overrides
 from xmatch.model.inputs import PixelInputs
 
 pytest.importorskip("timm")
@@ -42,7 +43,7 @@ def test_rows_are_valid_commands_that_build_the_labelled_models(table, tmp_path)
         evaluation = parser.parse_args(table.eval_command(row, tmp_path / "data", tmp_path)[1:])
         assert evaluation.models == [f"local-dir:{tmp_path / row.key / 'run' / 'best'}"]
         assert evaluation.data_option == (row.data_option or None) == train.data_option
-        model = xmatch.build(row.entry, **_nested(row.model_set))
+        model = xmatch.build(row.entry, **model_overrides(row.model_set))
         pooler = type(model.pooler).__name__.removesuffix("Pooler").lower()
         assert pooler == {"CLS cosine": "globalcosine"}.get(row.pooler, row.pooler.lower()), row.key
         text = type(model.text_encoder).__name__

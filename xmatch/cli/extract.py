@@ -1,29 +1,57 @@
-"""``xmatch extract``: the command line's arguments turned into one :func:`xmatch.extract.extract` run."""
+"""``xmatch extract``: region features of a folder of images, one :func:`xmatch.extract.extract` run."""
 
 from __future__ import annotations
 
 import argparse
-import logging
-import tomllib
+from pathlib import Path
 from typing import Any
 
 
-def option_value(text: str) -> Any:
-    """A ``KEY=VALUE`` value read as TOML (numbers, booleans, lists, quoted strings), else the text."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``extract`` to ``xmatch``'s subcommands."""
+    parser = subparsers.add_parser(
+        "extract", help="region features of a folder of images (proposer + timm backbone + RoI-align), for region models",
+        description="Writes the TERAN bottom-up layout (bu_att/, bu_box/, dataset_xmatch.json) or the SCAN precomp "
+        "layout, plus extract.json; read it back with --data OUT. See docs/extract.md.",
+    )
+    parser.add_argument("images", type=Path, help="the image folder (searched recursively)")
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--layout", default="teran", choices=["teran", "precomp"], help="teran (default) or precomp")
+    parser.add_argument("--captions", type=Path,
+                        help="Karpathy / COCO JSON, CSV or JSONL captions (default: dataset_*.json, <split>.csv or "
+                        "captions.csv in the image folder; none: features only)")
+    parser.add_argument("--split", default="test", help="split of images whose captions name none (default: test)")
+    parser.add_argument("--proposer", default="windows", help="grid, windows (default), boxes, torchvision-detector, or a plugin's")
+    parser.add_argument("--proposer-option", action="append", metavar="KEY=VALUE",
+                        help="proposer argument, e.g. source=boxes.json (boxes), model=fasterrcnn_resnet50_fpn_v2 (repeatable)")
+    parser.add_argument("--regions", type=int, help="boxes per image (default: the proposer's, 36)")
+    parser.add_argument("--min-regions", type=int, help="boxes, detector: pad to at least this many (default: --regions)")
+    parser.add_argument("--backbone", default="efficientnet_lite0", help="timm model (default: efficientnet_lite0)")
+    parser.add_argument("--weights", default="auto",
+                        help="auto (packaged offline weights: EfficientNet-Lite0/1/2), a .safetensors / .pth file, or random")
+    parser.add_argument("--pretrained", action="store_true", help="timm's hub weights instead (needs the network or its cache)")
+    parser.add_argument("--image-size", type=int, help="shorter side fed to the backbone (default: its pretrained input size)")
+    parser.add_argument("--max-size", type=int, help="longest side fed to the backbone (default: 2 x --image-size)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="features on disk")
+    parser.add_argument("--batch-size", type=int, default=8, help="images per backbone run and per resumable chunk (default: 8)")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader processes decoding images (default: 2)")
+    parser.add_argument("--device", help="cpu, cuda, mps (default: CUDA when available; torchrun: one GPU per process)")
+    parser.add_argument("--resume", action="store_true", help="continue the extraction in --out (finished images are skipped)")
+    parser.add_argument("--overwrite", action="store_true", help="remove the extraction in --out first")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
 
 
 def proposer_spec(args: argparse.Namespace) -> dict[str, Any]:
     """The proposer table from ``--proposer``, ``--proposer-option``, ``--regions``, ``--min-regions``."""
+    from xmatch.cli.options import toml_value
+
     table: dict[str, Any] = {"name": args.proposer}
     for item in args.proposer_option or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--proposer-option {item!r} is not KEY=VALUE.")
-        table[key.strip()] = option_value(value)
+        table[key.strip()] = toml_value(value)
     if args.regions is not None:
         table["regions"] = args.regions
     if args.min_regions is not None:
@@ -31,11 +59,10 @@ def proposer_spec(args: argparse.Namespace) -> dict[str, Any]:
     return table
 
 
-def run_extract(args: argparse.Namespace) -> int:
-    """Run the extraction the parsed arguments describe and print what to do next."""
+def run(args: argparse.Namespace) -> int:
+    """Run the extraction the arguments describe and print what to do next."""
     from xmatch.extract.run import extract
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     pipeline = {
         "proposer": proposer_spec(args),
         "backbone": args.backbone,

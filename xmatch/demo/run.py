@@ -19,12 +19,12 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import os
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,6 +48,8 @@ DEFAULT_RECIPE = "scenes-teran"
 RECIPES = {"teran-mrsw-scenes": "scenes-teran", "tern-scenes": "scenes-tern", "teran-mrsw-grid-scenes": "scenes-teran"}
 # The batch sizes of `xmatch eval` (--batch-size 64, captions 4x): the same figures to the digit.
 IMAGE_BATCH, TEXT_BATCH = 64, 256
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -440,7 +442,7 @@ def run_demo(
     top_k: int = 5,
     pair: int | None = None,
     progress: bool = True,
-    stream: TextIO | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> DemoResult:
     """Run the demo: data, model, evaluation table, showcase queries, pictures.
 
@@ -462,7 +464,8 @@ def run_demo(
         pair: test image whose first caption's alignment is drawn (default: the first
             success shown).
         progress: progress bars while generating data, training and encoding.
-        stream: where to print (default stdout).
+        report: called with each piece of the demo's report (a line, a table, a ranking) as it
+            goes; ``xmatch demo`` prints them. Default: logged at INFO level (``xmatch.demo.run``).
 
     Returns:
         The figures, rankings, written files and the model.
@@ -474,7 +477,6 @@ def run_demo(
     from xmatch.eval.relevance import relevance_matrix
     from xmatch.io.hub import cache_dir
 
-    stream = stream or sys.stdout
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     # a name is loaded first: a model without weights is refused before the data are made
@@ -483,9 +485,7 @@ def run_demo(
     if "layout" not in options:  # a name outside the zoo is built to read its spec: only when needed
         options["layout"] = scenes_layout(loaded if loaded is not None else model)
 
-    def say(text: str) -> None:
-        print(text, file=stream, flush=True)
-
+    say = report or logger.info
     say(f"[1/5] scenes benchmark ({size}): generated on first use, then read from the cache")
     test = prepare_scenes("test", size, root, progress, **options)
     say(f"      {test!r}")

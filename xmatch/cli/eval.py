@@ -1,0 +1,146 @@
+"""``xmatch eval``: evaluate and compare models on a dataset, the papers' protocol and beyond
+(:mod:`xmatch.eval`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``eval`` to ``xmatch``'s subcommands."""
+    parser = subparsers.add_parser(
+        "eval", help="evaluate and compare models on a dataset: the papers' protocol and beyond",
+        description="Recall@K, medr, meanr, rsum in both directions and NDCG@25; with --protocol also ECCV "
+        "Caption, CxC, hard-negative groups and perturbation probes. Several models are compared side by side "
+        "(one table, --report for plots and an HTML page); --ensemble averages their scores into one model "
+        "instead. See docs/evaluation.md.",
+    )
+    parser.add_argument(
+        "models", nargs="+", metavar="MODEL",
+        help="a zoo name (pretrained weights), local-dir:DIR, NAME_OR_SPEC=WEIGHTS (.safetensors or original "
+        ".pth), or a result file (.json from --json or a report's results.json) to compare as it is",
+    )
+    parser.add_argument("--ensemble", action="store_true",
+                        help="average the models' scores into one ensemble (TERAN's) instead of comparing them")
+    parser.add_argument("--data", type=Path, help="dataset root folder (optional for --dataset scenes: the cache)")
+    parser.add_argument("--dataset", help="registered dataset layout: teran, scan-precomp, image-captions, scenes "
+                        "(default: the one layout --data looks like)")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--data-option", action="append", metavar="KEY=VALUE", help="extra dataset option (repeatable)")
+    parser.add_argument("--protocol", default="full",
+                        help="coco-1k, coco-5k, f30k-1k or full (default), and, comma-separated beside it, eccv-caption, "
+                        "cxc (COCO 5K test; default base coco-5k), groups, probes; e.g. full,groups,probes")
+    parser.add_argument("--fold-images", type=int, help="images per fold (default: the protocol's)")
+    parser.add_argument(
+        "--relevance", action="append", metavar="NAME[=FILE]",
+        help="NDCG relevance: rougel, rouge-score or spice computed from the captions (cached), "
+        "or NAME=FILE to read the authors' raw float32 file (repeatable)",
+    )
+    parser.add_argument("--relevance-cache", type=Path, help="folder caching computed relevance matrices")
+    parser.add_argument("--spice-jar", help="spice-1.0.jar (default: $XMATCH_SPICE_JAR)")
+    parser.add_argument("--batch-size", type=int, default=64, help="images encoded at once (captions: 4x)")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: cpu)")
+    parser.add_argument("--json", type=Path, help="write every figure, the ground-truth ranks and the provenance to this "
+                        "JSON file (several models: {\"runs\": [...]}); it can be passed as a MODEL later")
+    parser.add_argument("--queries", type=Path, help="also write per-query ranks, top-50 and NDCG (JSON)")
+    parser.add_argument("--allow-unknown-words", action="store_true",
+                        help="evaluate even when over 20%% of the caption tokens are unknown to a model's text side")
+    parser.add_argument("--report", type=Path, metavar="DIR",
+                        help="write the comparison's plots (PNG), results.json and index.html into DIR")
+    parser.add_argument("--groups", type=Path, metavar="FILE",
+                        help="groups protocol: a JSON file listing hard-negative groups (default: the dataset's own, "
+                        "e.g. the scenes twins)")
+    parser.add_argument("--caption-ids", type=Path, metavar="FILE",
+                        help="eccv-caption / cxc: the COCO annotation id of every caption in dataset order "
+                        "(coco_test_ids.npy, testall_ids.txt)")
+    parser.add_argument("--pmrp", type=Path, metavar="DIR",
+                        help="eccv-caption: folder with pm_image_to_caption.json and pm_caption_to_image.json for PMRP")
+    parser.add_argument("--word-classes", metavar="SOURCE",
+                        help="probes: word classes from 'scenes', 'nltk' or a JSON file of word lists "
+                        "(default: the dataset's own, e.g. the scenes grammar)")
+    parser.add_argument("--probe", action="append", metavar="NAME",
+                        help="probes: shuffle, drop-CLASS or swap-CLASS (repeatable; default: shuffle, drop each of "
+                        "noun/adjective/relation, swap each attribute class)")
+    parser.add_argument("--probe-seed", type=int, default=0, help="probes: seed of the perturbations (default 0)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Evaluate each MODEL (or their ensemble), print the tables, write what the options ask for."""
+    import shlex
+
+    from xmatch.cli.model_arg import load_model_arg
+    from xmatch.cli.options import open_data
+    from xmatch.data.vocab import EVAL_FIX, check_captions
+    from xmatch.eval.report import check_plotting, comparison_tables, write_report
+    from xmatch.eval.suite import load_records, parse_protocols, run_protocols, save_records
+
+    if args.report:
+        check_plotting()  # a missing matplotlib fails before the evaluation, not after it
+
+    # result files (from --json or a report's results.json) join the comparison as they are;
+    # read first, so a bad file fails before any model is evaluated
+    loaded = {m: load_records(m) for m in args.models if m.endswith(".json")}
+    names = [m for m in args.models if m not in loaded]
+    records = []
+    if names:
+        parse_protocols(args.protocol)  # a typo fails before any data or weights are read
+        dataset = open_data(args, args.split, args.data_option)
+        relevance = _relevance(args, dataset)
+        # several models are compared side by side; --ensemble averages their scores into one
+        for entry in [names] if args.ensemble else [[m] for m in names]:
+            models = [load_model_arg(m, args.device) for m in entry]
+            for model in models:
+                check_captions(model, dataset.captions, f"{args.split} split", allow=args.allow_unknown_words,
+                               fix=EVAL_FIX, allow_hint="--allow-unknown-words")
+            records.append(run_protocols(
+                models, dataset, args.protocol, name=" + ".join(entry), model_names=entry, dataset_name=args.dataset,
+                relevance=relevance, fold_images=args.fold_images, groups=args.groups, caption_ids=args.caption_ids,
+                pmrp_dir=args.pmrp, word_classes=args.word_classes, probes=args.probe, probe_seed=args.probe_seed,
+                image_batch_size=args.batch_size, text_batch_size=4 * args.batch_size,
+            ))
+            del models
+    for runs in loaded.values():
+        records += runs
+    if len(records) == 1 and not records[0].extras:
+        record = records[0]
+        where = record.provenance.get("dataset", {}).get("name", args.dataset), record.provenance.get("split", args.split)
+        print(f"\n{record.name} on {where[0]}:{where[1]}\n{record.result.table()}")
+    else:
+        print("\n" + comparison_tables(records))
+    for record in records:
+        if record.result.folds:
+            print(f"({record.name}, COCO 1K: mean of {len(record.result.folds)} folds; the original evalrank would "
+                  f"print rsum {record.result.printed_rsum:.2f})")
+    if args.json:
+        save_records(records, args.json)
+        print(f"wrote {args.json}")
+    if args.queries:
+        save_records(records, args.queries, with_queries=True)
+        print(f"wrote {args.queries} (per-query ranks, top-50, NDCG)")
+    if args.report:
+        argv = getattr(args, "argv", None)
+        written = write_report(records, args.report, command=shlex.join(["xmatch", *argv]) if argv else None)
+        print(f"wrote {', '.join(p.name for p in written.values())} in {args.report}/ (open {written['html']})")
+    return 0
+
+
+def _relevance(args: argparse.Namespace, dataset: Any) -> dict[str, Any]:
+    """The NDCG relevance matrices of ``--relevance``: computed from the captions, or read from a file."""
+    from xmatch.eval import relevance as rel
+
+    out = {}
+    n_captions, n_images = len(dataset.captions), len(dataset.captions) // dataset.captions_per_image
+    for item in args.relevance or []:
+        name, _, path = item.partition("=")
+        key = name.lower()
+        if path:
+            out[key] = rel.load_original_relevance(path, n_captions=n_captions, n_images=n_images)
+        else:
+            options = {"jar": args.spice_jar} if key == "spice" and args.spice_jar else {}
+            out[key] = rel.relevance_matrix(
+                dataset.captions, key, dataset.captions_per_image, cache_dir=args.relevance_cache, **options
+            )
+    return out

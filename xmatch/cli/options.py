@@ -1,0 +1,92 @@
+"""What several commands read the same way: ``KEY=VALUE`` settings (``--set``, ``--model-set``,
+``--proposer-option``), the dataset of ``--dataset`` / ``--data`` / ``--data-option``, and a
+MODEL argument as an index records it."""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from pathlib import Path
+from typing import Any
+
+
+def toml_value(text: str) -> Any:
+    """``text`` read as a TOML value (numbers, booleans, lists, quoted strings), else the text itself.
+
+    Example:
+        >>> toml_value("1e-4"), toml_value("true"), toml_value("[1, 2]"), toml_value("bf16")
+        (0.0001, True, [1, 2], 'bf16')
+    """
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def setting(text: str) -> tuple[list[str], Any]:
+    """``a.b=VALUE`` -> ``(["a", "b"], VALUE)``, the value read by :func:`toml_value`.
+
+    Example:
+        >>> setting("text_encoder.layers=2")
+        (['text_encoder', 'layers'], 2)
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"'{text}' is not KEY=VALUE.")
+    return key.strip().split("."), toml_value(value)
+
+
+def model_overrides(settings: list[str]) -> dict[str, Any]:
+    """The nested spec overrides of ``--model-set PATH=VALUE`` arguments, for ``xmatch.build``.
+
+    Example:
+        >>> model_overrides(["pooler.name=MwSr", "text_encoder.layers=2"])
+        {'pooler': {'name': 'MwSr'}, 'text_encoder': {'layers': 2}}
+    """
+    out: dict[str, Any] = {}
+    for text in settings:
+        path, value = setting(text)
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return out
+
+
+def open_data(args: argparse.Namespace, split: str, options: list[str] | None) -> Any:
+    """The dataset of ``--dataset`` (or the one layout ``--data`` looks like) at ``--data``.
+
+    Sets ``args.dataset`` to the recognised layout when it was not given, and prints which.
+    """
+    import inspect
+
+    from xmatch.core.registry import get_registry
+    from xmatch.data import open_dataset
+    from xmatch.data.layouts import choose_layout
+
+    if args.dataset is None:
+        args.dataset = choose_layout(args.data)
+        print(f"dataset layout: {args.dataset} (recognised in {args.data}; --dataset to choose another)")
+    if args.data is None:
+        builder = get_registry("datasets").get(args.dataset)
+        root = inspect.signature(builder).parameters.get("root")
+        if root is None or root.default is not None:
+            raise ValueError(f"the {args.dataset} layout needs --data FOLDER (the dataset's root folder).")
+    pairs = [kv.split("=", 1) for kv in options or []]
+    bad = [kv for kv, pair in zip(options or [], pairs) if len(pair) != 2]
+    if bad:
+        raise ValueError(f"--data-option {bad[0]!r} is not KEY=VALUE.")
+    return open_dataset(args.dataset, args.data, split=split, **dict(pairs))
+
+
+def model_ref(text: str) -> str:
+    """A MODEL argument as an index records it: a weights path made absolute.
+
+    Example:
+        >>> model_ref("teran-mrsw-scenes")
+        'teran-mrsw-scenes'
+    """
+    if "=" in text:
+        name, weights = text.split("=", 1)
+        return f"{name}={Path(weights).resolve()}"
+    return text

@@ -1,0 +1,90 @@
+"""``xmatch search``: query a search index made by ``xmatch index`` with captions or images
+(:mod:`xmatch.index`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``search`` to ``xmatch``'s subcommands."""
+    parser = subparsers.add_parser(
+        "search", help="query a search index with captions or images",
+        description="Two-stage search: stage 1 proposes candidates, stage 2 scores them exactly with the "
+        "model's pooler. Prints the ranked ids and scores (or JSON).",
+    )
+    parser.add_argument("index", type=Path, help="index folder made by xmatch index")
+    parser.add_argument("--text", action="append", metavar="CAPTION", help="a text query (repeatable)")
+    parser.add_argument("--image", action="append", type=Path, metavar="PATH", help="an image query, for models that read pixels (repeatable)")
+    parser.add_argument("-k", "--top-k", dest="k", type=int, default=10, help="results per query (default: 10)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--exact", action="store_true", help="score every item (no stage 1)")
+    parser.add_argument("--candidates", type=int,
+                        help="items scored exactly per query (default: 100 or 10 k; a provable search starts at 2 k "
+                        "and grows until proven)")
+    parser.add_argument("--stage1", help="candidate generator: tokens, pooled, fde (faiss); maxsim, pooled (qdrant)")
+    parser.add_argument("--nprobe", type=int, help="centroid lists visited per query token (token indexes past 65,536 tokens; default 8)")
+    parser.add_argument("--model", help="query with this model (its encoders must be the index's; e.g. another pooler's entry)")
+    parser.add_argument("--cascade", type=Path, metavar="INDEX", help="shortlist with this index's model (e.g. TERN), then "
+                        "re-rank with INDEX's (e.g. TERAN)")
+    parser.add_argument("--shortlist", type=int, default=200, help="items the cascade hands on per query (default: 200)")
+    parser.add_argument("--verify", action="store_true", help="check every stored file's checksum first")
+    parser.add_argument("--device", help="cpu, cuda, mps (default: cpu)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Search the index (or the cascade) and print the ranked ids and scores, or JSON."""
+    from xmatch.cli.options import model_ref
+    from xmatch.index import Cascade
+    from xmatch.index import open as open_index
+
+    if bool(args.text) == bool(args.image):
+        print("xmatch search: give the queries as --text CAPTION or --image PATH (one kind).", file=sys.stderr)
+        return 2
+    index = open_index(args.index, args.model and model_ref(args.model), device=args.device)
+    try:
+        if args.verify:
+            index.verify()
+        options = {key: getattr(args, key) for key in ("candidates", "stage1", "nprobe")
+                   if getattr(args, key) is not None}
+        options["exact"] = args.exact
+        searcher: Any = index
+        if args.cascade:
+            searcher = Cascade(open_index(args.cascade, device=args.device), index, shortlist=args.shortlist)
+        results = searcher.search_texts(args.text, k=args.k, **options) if args.text else \
+            _search_image_files(searcher, index, args.image, args.k, options)
+    finally:
+        index.close()
+    if args.json:
+        print(json.dumps([r.as_dict() for r in results], indent=1))
+    else:
+        print("\n\n".join(r.text() for r in results))
+    return 0
+
+
+def _search_image_files(searcher: Any, index: Any, paths: list[Path], k: int, options: dict[str, Any]) -> list:
+    from PIL import Image
+
+    from xmatch.model.inputs import PixelInputs, input_type_of
+
+    if input_type_of(index.model.image_encoder) is not PixelInputs:
+        raise ValueError(
+            f"the model of {index.root} reads precomputed region features, not image files; search from Python "
+            "with index.search_images(regions=..., boxes=...)."
+        )
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"image file {path} does not exist.")
+    images = [Image.open(path).convert("RGB") for path in paths]
+    if hasattr(searcher, "first"):  # a cascade
+        results = searcher.search_images(k=k, images=images)
+    else:
+        results = searcher.search_images(images, k=k, labels=[str(p) for p in paths], **options)
+    for result, path in zip(results, paths):
+        result.query = str(path)
+    return results
