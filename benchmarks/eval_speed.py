@@ -134,7 +134,7 @@ def encoded_embeddings(model: xmatch.MatchingModel, n_images: int, lengths: np.n
         for i in range(0, n_images, 64):
             b = min(64, n_images - i)
             regions, boxes = random_regions(rng, b)
-            parts.append(model.encode_images(regions, boxes))
+            parts.append(model.encode_images(xmatch.RegionInputs(regions, boxes)))
             release_free_memory()
         images = BucketedEmbeddings.from_parts(parts, consume=True)
         parts = []
@@ -166,7 +166,7 @@ def query_latencies(model: xmatch.MatchingModel, img: BucketedEmbeddings, txt: B
             regions, boxes = random_regions(rng, 1)
             rounds = {
                 "i2t": lambda: model.similarity(q_img, captions).cpu(),
-                "i2t_encoded": lambda: model.similarity(model.encode_images(regions, boxes), captions).cpu(),
+                "i2t_encoded": lambda: model.similarity(model.encode_images(xmatch.RegionInputs(regions, boxes)), captions).cpu(),
                 "t2i": lambda: model.similarity(images, q_txt).cpu(),
                 "t2i_encoded": lambda: model.similarity(images, model.encode_texts([texts[k % queries]])).cpu(),
             }

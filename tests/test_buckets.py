@@ -138,9 +138,9 @@ def test_encoding_is_batched_by_default_with_the_same_result(fixture_bert):
         return forward(*args, **kwargs)
 
     with torch.no_grad():
-        whole = model.encode_images(regions, boxes, mask, batch_size=None)
+        whole = model.encode_images(xmatch.RegionInputs(regions, boxes, mask), batch_size=None)
         model.image_encoder.forward = counting
-        batched = model.encode_images(regions, boxes, mask)
+        batched = model.encode_images(xmatch.RegionInputs(regions, boxes, mask))
     assert sizes == [64, 64, 22]
     torch.testing.assert_close(batched.tokens, whole.tokens, rtol=0, atol=1e-6)
 

@@ -1,10 +1,11 @@
-"""``build(..., pretrained=...)`` means the same for every kind of name: ``False`` loads no
-weights (a ``local-dir:`` or ``hf-hub:`` bundle included), ``True`` the name's weights,
-``"bundle"`` a bundle's own weights and none for anything else, a path that file."""
+"""``build(model, pretrained, checkpoint)`` means the same for every kind of name: ``False``
+(the default) loads no weights (a ``local-dir:`` or ``hf-hub:`` bundle included), ``True`` the
+name's own weights, ``checkpoint=PATH`` that file; each argument has one meaning."""
 
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import xmatch
 from xmatch.io import hub
 from xmatch.core.registry import models
 from xmatch.core.spec import SpecError
+from xmatch.model.factory import is_bundle_name
 
 from conftest import tiny_spec
 
@@ -29,14 +31,13 @@ def trained(fixture_bert, tmp_path_factory):
 
 
 @pytest.fixture
-def zoo_entry_with_weights(trained, fixture_bert, monkeypatch):
+def zoo_entry_with_weights(trained, fixture_bert):
     """A zoo entry registered for this test whose published weights are the bundle."""
     _, directory = trained
-    monkeypatch.setattr(models, "_names", dict(models._names))
-    monkeypatch.setattr(models, "_origin", dict(models._origin))
-    models.register("test-entry-with-weights", xmatch.ZooEntry(
-        name="test-entry-with-weights", spec=tiny_spec(fixture_bert), weights=[{"source": str(directory)}]))
-    return "test-entry-with-weights"
+    with models.restored():
+        models.register("test-entry-with-weights", xmatch.ZooEntry(
+            name="test-entry-with-weights", spec=tiny_spec(fixture_bert), weights=[{"source": str(directory)}]))
+        yield "test-entry-with-weights"
 
 
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -64,67 +65,84 @@ def test_pretrained_false_loads_no_weights_for_a_bundle(kind, trained, hf_bundle
     model, directory = trained
     name = f"local-dir:{directory}" if kind == "local-dir" else "hf-hub:org/tiny"
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # an explicit False is not warned about
+        warnings.simplefilter("error")  # random weights for a bundle are not warned about
         fresh = xmatch.build(name, pretrained=False)
-    assert fresh.spec == xmatch.build(name, pretrained=True).spec
-    assert not same_weights(fresh, model)
+        default = xmatch.build(name)
+    assert fresh.spec == default.spec == xmatch.build(name, pretrained=True).spec
+    assert not same_weights(fresh, model) and not same_weights(default, model)
     assert same_weights(xmatch.build(name, pretrained=True), model)
-    assert same_weights(xmatch.build(name, pretrained="bundle"), model)
-
-
-@pytest.mark.parametrize("kind", ["local-dir", "hf-hub"])
-def test_the_default_loads_no_weights_and_warns_for_a_bundle(kind, trained, hf_bundle):
-    model, directory = trained
-    name = f"local-dir:{directory}" if kind == "local-dir" else "hf-hub:org/tiny"
-    with pytest.warns(UserWarning, match=r"random weights.*pretrained=True for its weights"):
-        fresh = xmatch.build(name)
-    assert not same_weights(fresh, model)
-
-
-def test_zoo_names_and_specs_are_not_warned_about(fixture_bert, zoo_entry_with_weights):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        xmatch.build(zoo_entry_with_weights)
-        xmatch.build(tiny_spec(fixture_bert))
 
 
 def test_a_zoo_entry_loads_its_weights_only_with_pretrained_true(trained, zoo_entry_with_weights):
     model, _ = trained
     assert same_weights(xmatch.build(zoo_entry_with_weights, pretrained=True), model)
     assert not same_weights(xmatch.build(zoo_entry_with_weights, pretrained=False), model)
-    # "bundle" is the old default: a bundle's own weights, never a zoo entry's
-    assert not same_weights(xmatch.build(zoo_entry_with_weights, pretrained="bundle"), model)
+    assert not same_weights(xmatch.build(zoo_entry_with_weights), model)
 
 
-def test_pretrained_true_on_a_spec_is_an_error_and_bundle_is_random(fixture_bert):
+def test_pretrained_true_on_a_spec_is_an_error(fixture_bert):
     with pytest.raises(ValueError, match="spec without weights"):
         xmatch.build(tiny_spec(fixture_bert), pretrained=True)
-    xmatch.build(tiny_spec(fixture_bert), pretrained="bundle")
 
 
-def test_a_weights_file_given_with_a_bundle_name_is_loaded(trained, fixture_bert, tmp_path):
+def test_is_bundle_name_says_which_names_carry_their_own_weights(trained, fixture_bert):
+    _, directory = trained
+    assert is_bundle_name(f"local-dir:{directory}") and is_bundle_name("hf-hub:org/tiny")
+    assert not is_bundle_name("teran-mrsw-coco") and not is_bundle_name(tiny_spec(fixture_bert))
+
+
+def test_a_checkpoint_given_with_a_bundle_name_is_loaded(trained, fixture_bert, tmp_path):
     model, directory = trained
     torch.manual_seed(1)
     other = xmatch.save_pretrained(xmatch.build(tiny_spec(fixture_bert)), tmp_path / "other")
-    built = xmatch.build(f"local-dir:{directory}", pretrained=other / "model.safetensors")
+    built = xmatch.build(f"local-dir:{directory}", checkpoint=other / "model.safetensors")
     assert same_weights(built, xmatch.build(f"local-dir:{other}", pretrained=True))
     assert not same_weights(built, model)
 
 
-@pytest.mark.parametrize("value, error, message", [
-    ("weights.bin", ValueError, r"expected a \.safetensors file or an original \.pth checkpoint \(or True, False, 'bundle'\)"),
-    ("auto", ValueError, "expected a .safetensors file"),
-    (1, TypeError, "pretrained must be True, False, 'bundle' or a path"),
+def test_a_checkpoint_on_a_spec_is_loaded(trained, fixture_bert):
+    model, directory = trained
+    built = xmatch.build(tiny_spec(fixture_bert), checkpoint=str(directory / "model.safetensors"))
+    assert same_weights(built, model)
+    assert same_weights(xmatch.build(tiny_spec(fixture_bert), False, directory / "model.safetensors"), model)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("model_best.pth", r"pretrained is True or False, got 'model_best.pth': load a weights file with "
+                       r"checkpoint='model_best.pth'; pretrained=True loads the zoo entry's or the bundle's own weights"),
+    ("bundle", r"got 'bundle': load a weights file with checkpoint=PATH; pretrained=True loads"),
+    (None, "pretrained is True or False, got None"),
+    (1, r"got 1: load a weights file with checkpoint=PATH"),
 ])
-def test_bad_pretrained_values_are_refused_before_anything_is_built(value, error, message, monkeypatch):
+def test_a_pretrained_value_that_is_not_a_bool_names_checkpoint(value, message, monkeypatch):
+    monkeypatch.setattr(xmatch.model.factory, "model_from_spec", lambda spec: pytest.fail("built"))
+    with pytest.raises(TypeError, match=message):
+        xmatch.build("teran-mrsw-coco", pretrained=value)
+    with pytest.raises(TypeError, match="pretrained is True or False"):
+        xmatch.build("teran-mrsw-coco", Path("model_best.pth"))  # the second positional is pretrained
+
+
+def test_pretrained_true_with_a_checkpoint_says_to_pick_one(monkeypatch, trained):
+    monkeypatch.setattr(xmatch.model.factory, "model_from_spec", lambda spec: pytest.fail("built"))
+    _, directory = trained
+    with pytest.raises(ValueError, match=r"pretrained=True and checkpoint= both name weights to load; pick one"):
+        xmatch.build(f"local-dir:{directory}", pretrained=True, checkpoint=directory / "model.safetensors")
+
+
+@pytest.mark.parametrize("value, error, message", [
+    ("weights.bin", ValueError, r"checkpoint='weights.bin': expected a \.safetensors file or an original TERN/TERAN \.pth / \.tar"),
+    ("auto", ValueError, "expected a .safetensors file"),
+    (1, TypeError, "checkpoint is a path to a weights file, got int"),
+])
+def test_bad_checkpoint_values_are_refused_before_anything_is_built(value, error, message, monkeypatch):
     monkeypatch.setattr(xmatch.model.factory, "model_from_spec", lambda spec: pytest.fail("built"))
     with pytest.raises(error, match=message):
-        xmatch.build("teran-mrsw-coco", pretrained=value)
+        xmatch.build("teran-mrsw-coco", checkpoint=value)
 
 
 @pytest.mark.parametrize("path", ["model_best.pth", "runs/x/model.safetensors"])
-def test_a_weights_file_as_the_model_says_to_pass_it_as_pretrained(path):
-    with pytest.raises(SpecError, match=rf"weights file, not a model.*pretrained='{path}'"):
+def test_a_weights_file_as_the_model_says_to_pass_it_as_checkpoint(path):
+    with pytest.raises(SpecError, match=rf"weights file, not a model.*checkpoint='{path}'"):
         xmatch.build(path)
 
 
@@ -137,6 +155,6 @@ def test_an_unknown_name_is_a_spec_error_and_an_xmatch_error():
 def test_an_original_checkpoint_is_checked_against_the_zoo_name(mrsw_small):
     """A .pth together with a zoo name must convert to the model the name describes."""
     with pytest.raises(ValueError, match=r"does not convert to the model 'tern-coco' describes"):
-        xmatch.build("tern-coco", pretrained=mrsw_small / "checkpoint.pth")
+        xmatch.build("tern-coco", checkpoint=mrsw_small / "checkpoint.pth")
     with pytest.raises(ValueError, match=r"does not convert to the model 'tern-coco' describes"):
-        xmatch.build("tern-coco", pretrained=str(mrsw_small / "checkpoint.pth"), pooler={"name": "global-cosine"})
+        xmatch.build("tern-coco", checkpoint=str(mrsw_small / "checkpoint.pth"), pooler={"name": "global-cosine"})

@@ -120,14 +120,14 @@ def test_a_tokenizer_path_outside_the_bundle_is_refused_even_unlisted(saved, tmp
     shutil.copytree(saved[0] / "text_encoder", tmp_path / "other" / "text_encoder")
     source = fixture_bert if path == "absolute" else path
     bundle = variant(saved, tmp_path / "bundle", edit_spec=with_text_encoder(backbone=source), assets="{}")
-    with pytest.raises(BundleError, match=r"text_encoder -> backbone = .* points outside the bundle.*pretrained="):
+    with pytest.raises(BundleError, match=r"text_encoder -> backbone = .* points outside the bundle.*checkpoint="):
         xmatch.build(f"local-dir:{bundle}", pretrained=True)
 
 
 def test_a_user_spec_may_name_any_path(saved, fixture_bert, tmp_path):
     """Only paths read from a bundle are confined: the user's own spec names any folder."""
     assert Path(fixture_bert).is_absolute()
-    model = xmatch.build(tiny_spec(fixture_bert), pretrained=saved[0] / "model.safetensors")
+    model = xmatch.build(tiny_spec(fixture_bert), checkpoint=saved[0] / "model.safetensors")
     assert model.spec["text_encoder"]["backbone"] == fixture_bert
     again = xmatch.build(f"local-dir:{saved[0]}", pretrained=True)  # the bundle's own assets: inside
     assert again.spec["text_encoder"]["backbone"] == str(saved[0] / "text_encoder")
@@ -181,7 +181,7 @@ def test_a_bad_backbone_weight_file_is_a_clear_error(tmp_path, kind):
 def test_a_bad_original_checkpoint_is_a_clear_error(tmp_path, fixture_bert, kind):
     path = bad_torch_file(tmp_path / "model_best.pth", kind)
     with pytest.raises(CheckpointReadError, match="could not be read as an original TERN/TERAN checkpoint") as info:
-        xmatch.build(tiny_spec(fixture_bert), pretrained=path)
+        xmatch.build(tiny_spec(fixture_bert), checkpoint=path)
     assert_clear(info.value, path)
     if kind == "foreign-object":
         assert re.search(r"holds the Python object [\w.]*Foreign, which xmatch never unpickles", str(info.value))

@@ -135,7 +135,7 @@ def test_neither_config_through_every_entry_point(tmp_path, tern_checkpoint, ter
     with pytest.raises(ValueError, match=expected):
         xmatch.convert_original(path)
     with pytest.raises(ValueError, match=expected):
-        xmatch.build("tern-coco", pretrained=path)
+        xmatch.build("tern-coco", checkpoint=path)
     assert main(["convert", str(path), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert expected in err and "\n" not in err.strip()
@@ -147,12 +147,12 @@ def test_tern_config_without_a_name_converts_end_to_end(tmp_path, tern_checkpoin
     assert model.spec["pooler"]["name"] == "global-cosine" and model.spec["shared_reasoner"] is True
 
 
-# --- build(name, pretrained=original checkpoint): the entry must describe the same model ---------
+# --- build(name, checkpoint=original checkpoint): the entry must describe the same model ---------
 
 
 def test_a_tern_checkpoint_is_refused_by_a_teran_entry():
     with pytest.raises(ValueError) as err:
-        xmatch.build("teran-mrsw-coco", pretrained=TERN_SMALL / "checkpoint.pth")
+        xmatch.build("teran-mrsw-coco", checkpoint=TERN_SMALL / "checkpoint.pth")
     message = str(err.value)
     assert "shared_reasoner: True in the checkpoint, False in 'teran-mrsw-coco'" in message
     assert "pooler: 'global-cosine' in the checkpoint, 'MrSw' in 'teran-mrsw-coco'" in message
@@ -162,16 +162,16 @@ def test_a_tern_checkpoint_is_refused_by_a_teran_entry():
 def test_tern_align_entry_needs_its_alignment_loss():
     # the entry trains with an extra MrSw pooler and uncertainty weighting; a TERN checkpoint has neither
     with pytest.raises(ValueError, match=r"extra_poolers: \{\} in the checkpoint, \{'alignment': 'MrSw'\} in 'tern-align-coco'"):
-        xmatch.build("tern-align-coco", pretrained=TERN_SMALL / "checkpoint.pth")
+        xmatch.build("tern-align-coco", checkpoint=TERN_SMALL / "checkpoint.pth")
 
 
 def test_a_teran_checkpoint_with_another_pooler_gets_the_override_to_use(mrsw_small):
     with pytest.raises(ValueError, match=r"pooler=\{'name': 'Symm', 'compat': 'original'\}"):
-        xmatch.build("teran-symm-coco", pretrained=mrsw_small / "checkpoint.pth")
-    model = xmatch.build("teran-symm-coco", pretrained=mrsw_small / "checkpoint.pth", pooler={"name": "Symm", "compat": "original"})
+        xmatch.build("teran-symm-coco", checkpoint=mrsw_small / "checkpoint.pth")
+    model = xmatch.build("teran-symm-coco", checkpoint=mrsw_small / "checkpoint.pth", pooler={"name": "Symm", "compat": "original"})
     assert model.spec["pooler"]["compat"] == "original"
     with pytest.raises(ValueError, match="'MrSw' in the checkpoint, 'global-cosine' in 'tern-coco'"):
-        xmatch.build("tern-coco", pretrained=mrsw_small / "checkpoint.pth")
+        xmatch.build("tern-coco", checkpoint=mrsw_small / "checkpoint.pth")
 
 
 # --- xmatch convert --check --------------------------------------------------------------------

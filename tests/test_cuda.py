@@ -62,8 +62,8 @@ def test_a_model_on_the_gpu_encodes_and_scores_as_on_the_cpu(fixture_bert, poole
     regions, boxes, mask = random_regions(6, 9, 12)
     texts = ["a dog on a bench", "two red buses", "a man", "a cat sleeping next to a very small window"]
     with torch.inference_mode():
-        img_c, txt_c = cpu.encode_images(regions, boxes, mask), cpu.encode_texts(texts)
-        img_g, txt_g = gpu.encode_images(regions, boxes, mask), gpu.encode_texts(texts)
+        img_c, txt_c = cpu.encode_images(xmatch.RegionInputs(regions, boxes, mask)), cpu.encode_texts(texts)
+        img_g, txt_g = gpu.encode_images(xmatch.RegionInputs(regions, boxes, mask)), gpu.encode_texts(texts)
         assert img_g.tokens.device.type == "cuda" and txt_g.tokens.device.type == "cuda"
         torch.testing.assert_close(img_g.tokens.cpu(), img_c.tokens, atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(txt_g.tokens.cpu(), txt_c.tokens, atol=2e-5, rtol=1e-4)

@@ -52,7 +52,7 @@ def models(fixture_bert):
 
 def _direct_scores(model, data: TinySet) -> np.ndarray:
     with torch.no_grad():
-        img = model.encode_images(data.regions, data.boxes, data.mask)
+        img = model.encode_images(RegionInputs(data.regions, data.boxes, data.mask))
         txt = model.encode_texts(data.captions)
         return model.similarity(img, txt).numpy()
 

@@ -108,6 +108,27 @@ def test_preprocessing_is_timms_transform_for_every_input_kind(encoder, tmp_path
     torch.testing.assert_close(encoder.preprocess([gray])[0], transform(image.convert("L").convert("RGB")))
 
 
+def test_an_index_of_pictures_stores_cell_boxes_and_answers_picture_queries(fixture_bert, timm_grid, tmp_path):
+    pytest.importorskip("faiss")
+    import xmatch.index
+
+    torch.manual_seed(0)
+    model = xmatch.build(tiny_spec(fixture_bert, image_encoder={"name": timm_grid, **SMALL})).eval()
+    pictures = [picture(1), picture(2, (60, 120))]
+    images = xmatch.index.create(tmp_path / "images", model, dtype="float32")
+    assert images.add(xmatch.PixelInputs(pictures), ["one", "two"]) == 2
+    cells = torch.stack([model.image_encoder.image_boxes(*p.size) for p in pictures])  # in each picture's frame
+    torch.testing.assert_close(images.store.boxes(torch.tensor([0, 1])), cells)
+    texts = ["a red square", "two dogs", "a cat"]
+    captions = xmatch.index.create(tmp_path / "captions", model, side="texts", dtype="float32")
+    captions.add(texts)
+    with torch.no_grad():
+        expected = model.similarity(model.encode_images(images=pictures), model.encode_texts(texts))
+    for q, result in enumerate(captions.search_images(xmatch.PixelInputs(pictures), k=3, exact=True)):
+        assert [h.row for h in result.hits] == expected[q].topk(3).indices.tolist()
+        assert [h.text for h in result.hits] == [texts[h.row] for h in result.hits]
+
+
 def test_a_spec_model_encodes_pil_images_and_paths_end_to_end(fixture_bert, timm_grid, tmp_path):
     spec = tiny_spec(fixture_bert, image_encoder={"name": timm_grid, **SMALL})
     model = xmatch.build(spec).eval()

@@ -169,8 +169,7 @@ def test_model_reads_records_and_dicts_alike(fixture_bert):
     regions, boxes, mask = random_regions(3, 5, 12)
     inputs = RegionInputs(regions, boxes, mask)
     img = model.encode_images(inputs)
-    torch.testing.assert_close(img.tokens, model.encode_images(regions, boxes, mask).tokens)
-    torch.testing.assert_close(img.tokens, model.encode_images(regions=regions.numpy(), boxes=boxes.numpy(), mask=mask).tokens)
+    torch.testing.assert_close(img.tokens, model.encode_images(RegionInputs(regions.numpy(), boxes.numpy(), mask)).tokens)
     # the embeddings carry the regions' boxes: token t is region t
     assert img.boxes is not None
     torch.testing.assert_close(img.boxes[img.mask], boxes[mask])
@@ -179,10 +178,15 @@ def test_model_reads_records_and_dicts_alike(fixture_bert):
     with pytest.warns(DeprecationWarning, match="PairBatch"):
         old = model({"regions": regions, "boxes": boxes, "region_mask": mask, "texts": texts}).loss
     torch.testing.assert_close(loss, old)
-    with pytest.raises(TypeError, match="not both"):
-        model.encode_images(inputs, boxes)
+    with pytest.raises(TypeError, match="either typed inputs or images=.*not both"):
+        model.encode_images(inputs, images=[Image.new("RGB", (4, 4))])
     with pytest.raises(ValueError, match="reads RegionInputs, got PixelInputs"):
         model.encode_images(PixelInputs([Image.new("RGB", (4, 4))]))
+    with pytest.raises(ValueError, match=r"reads precomputed regions: pass xmatch.RegionInputs\(regions, boxes, mask\)"):
+        model.encode_images(images=[Image.new("RGB", (4, 4))])
+    for raw in (regions, regions.numpy(), None):
+        with pytest.raises(TypeError, match=r"takes typed inputs, got .*: wrap region features as xmatch.RegionInputs\(regions, boxes, mask\)"):
+            model.encode_images(raw)
 
 
 def test_evaluation_reads_dict_batches_with_a_warning(fixture_bert):
@@ -206,8 +210,8 @@ def test_an_inference_build_has_no_loss_and_reads_training_weights(fixture_bert,
     regions, boxes, mask = random_regions(2, 4, 12)
     txt = ["a man", "a pan"]
     torch.testing.assert_close(
-        served.similarity(served.encode_images(regions, boxes, mask), served.encode_texts(txt)),
-        trained.similarity(trained.encode_images(regions, boxes, mask), trained.encode_texts(txt)),
+        served.similarity(served.encode_images(RegionInputs(regions, boxes, mask)), served.encode_texts(txt)),
+        trained.similarity(trained.encode_images(RegionInputs(regions, boxes, mask)), trained.encode_texts(txt)),
     )
     with pytest.raises(ValueError, match="built without a loss"):
         served(PairBatch(RegionInputs(regions, boxes, mask), txt))

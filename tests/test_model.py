@@ -28,7 +28,7 @@ def test_zoo_model_encodes_and_ranks(teran_minilm):
     regions, boxes, mask = random_regions(3, 36, 2048)
     captions = ["a dog sitting on a bench", "two people riding horses on a beach", "a red bus"]
     with torch.no_grad():
-        img = model.encode_images(regions=regions, boxes=boxes, mask=mask)
+        img = model.encode_images(RegionInputs(regions, boxes, mask))
         txt = model.encode_texts(captions)
         scores = model.similarity(img, txt)
     assert scores.shape == (3, 3) and torch.isfinite(scores).all()
@@ -50,7 +50,7 @@ def test_words_exclude_cls_and_sep(teran_minilm):
 def test_alignment_matrix_of_one_pair(teran_minilm):
     regions, boxes, mask = random_regions(2, 10, 2048, seed=3)
     with torch.no_grad():
-        img = teran_minilm.encode_images(regions, boxes, mask)
+        img = teran_minilm.encode_images(RegionInputs(regions, boxes, mask))
         txt = teran_minilm.encode_texts(["a dog on a bench", "a cat"])
         A = teran_minilm.alignment(img[1], txt[0])
         scores = teran_minilm.similarity(img, txt)
@@ -65,9 +65,9 @@ def test_batched_encoding_equals_one_batch(fixture_bert):
     regions, boxes, mask = random_regions(7, 6, 12, seed=1)
     captions = ["a man is cooking dinner", "the stove", "a small kitchen with a pan and a man"] * 3
     with torch.no_grad():
-        full = model.similarity(model.encode_images(regions, boxes, mask), model.encode_texts(captions))
+        full = model.similarity(model.encode_images(RegionInputs(regions, boxes, mask)), model.encode_texts(captions))
         parts = model.similarity(
-            model.encode_images(regions, boxes, mask, batch_size=2), model.encode_texts(captions, batch_size=4)
+            model.encode_images(RegionInputs(regions, boxes, mask), batch_size=2), model.encode_texts(captions, batch_size=4)
         )
     torch.testing.assert_close(parts, full, rtol=1e-5, atol=1e-5)
 
@@ -79,8 +79,8 @@ def test_save_and_reload_round_trip(fixture_bert, tmp_path):
     assert again.image_reasoner is again.text_reasoner
     regions, boxes, mask = random_regions(3, 4, 12)
     with torch.no_grad():
-        a = model.similarity(model.encode_images(regions, boxes, mask), model.encode_texts(["a man", "a pan"]))
-        b = again.similarity(again.encode_images(regions, boxes, mask), again.encode_texts(["a man", "a pan"]))
+        a = model.similarity(model.encode_images(RegionInputs(regions, boxes, mask)), model.encode_texts(["a man", "a pan"]))
+        b = again.similarity(again.encode_images(RegionInputs(regions, boxes, mask)), again.encode_texts(["a man", "a pan"]))
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert again.spec["image_encoder"] == model.spec["image_encoder"]
 
@@ -105,10 +105,10 @@ def test_mismatched_weights_are_an_error(fixture_bert, tmp_path):
     xmatch.save_pretrained(xmatch.build(tiny_spec(fixture_bert)), tmp_path / "a")
     other = tiny_spec(fixture_bert, embed_dim=8)
     with pytest.raises(ValueError, match="does not fit this model"):
-        xmatch.build(other, pretrained=tmp_path / "a" / "model.safetensors")
+        xmatch.build(other, checkpoint=tmp_path / "a" / "model.safetensors")
     (tmp_path / "broken.safetensors").write_bytes(b"\x00" * 20)
     with pytest.raises(ValueError, match="not a readable safetensors"):
-        xmatch.build(tiny_spec(fixture_bert), pretrained=tmp_path / "broken.safetensors")
+        xmatch.build(tiny_spec(fixture_bert), checkpoint=tmp_path / "broken.safetensors")
 
 
 def test_embeddings_save_load_slice_and_cat(tmp_path):
@@ -148,7 +148,7 @@ def test_bad_image_input_is_a_clear_error(tiny_model, change, message):
     regions, boxes, mask = random_regions(3, 4, 12)
     mask[:] = True
     with pytest.raises((ValueError, TypeError), match=message):
-        tiny_model.encode_images(*change(regions, boxes, mask))
+        tiny_model.encode_images(RegionInputs(*change(regions, boxes, mask)))
 
 
 def test_bad_text_input(tiny_model):
@@ -187,7 +187,7 @@ def test_training_step_lowers_the_loss(fixture_bert):
 
 
 def test_pretrained_true_without_weights_says_how_to_get_them():
-    with pytest.raises(ValueError, match="xmatch convert|pretrained='model_best.pth'"):
+    with pytest.raises(ValueError, match=r"build\(.teran-mrsw-coco., checkpoint=.model_best.pth.\)"):
         xmatch.build("teran-mrsw-coco", pretrained=True, text_encoder={"backbone": MINILM})
 
 

@@ -29,7 +29,7 @@ def encoded(converted, mrsw_io):
     boxes = torch.from_numpy(mrsw_io["boxes_norm"])
     mask = lengths_to_mask(torch.from_numpy(mrsw_io["n_regions"]), regions.shape[1])
     with torch.no_grad():
-        img = converted.encode_images(regions, boxes, mask)
+        img = converted.encode_images(RegionInputs(regions, boxes, mask))
         txt = converted.encode_texts([str(c) for c in mrsw_io["captions"]])
     return img, txt
 
@@ -147,12 +147,12 @@ def test_intermediates_match(converted, mrsw_io):
 
 
 def test_pretrained_path_converts_on_the_fly(mrsw_small, mrsw_io, encoded):
-    model = xmatch.build("teran-mrsw-coco", pretrained=mrsw_small / "checkpoint.pth").eval()
+    model = xmatch.build("teran-mrsw-coco", checkpoint=mrsw_small / "checkpoint.pth").eval()
     regions = torch.from_numpy(mrsw_io["region_features"])
     boxes = torch.from_numpy(mrsw_io["boxes_norm"])
     mask = lengths_to_mask(torch.from_numpy(mrsw_io["n_regions"]), 36)
     with torch.no_grad():
-        scores = model.similarity(model.encode_images(regions, boxes, mask), encoded[1])
+        scores = model.similarity(model.encode_images(RegionInputs(regions, boxes, mask)), encoded[1])
     np.testing.assert_allclose(scores.numpy(), mrsw_io["sim_MrSw"], **TOL)
 
 
@@ -169,7 +169,7 @@ def test_original_to_bundle_round_trip_is_bit_exact(converted, mrsw_io, encoded,
     boxes = torch.from_numpy(mrsw_io["boxes_norm"])
     mask = lengths_to_mask(torch.from_numpy(mrsw_io["n_regions"]), regions.shape[1])
     with torch.no_grad():
-        scores = again.similarity(again.encode_images(regions, boxes, mask),
+        scores = again.similarity(again.encode_images(RegionInputs(regions, boxes, mask)),
                                   again.encode_texts([str(c) for c in mrsw_io["captions"]]))
         reference = converted.similarity(*encoded)
     assert torch.equal(scores, reference)
@@ -202,7 +202,7 @@ def _tern_images(io):
 @pytest.fixture(scope="module")
 def tern_encoded(tern, tern_io):
     with torch.no_grad():
-        return tern.encode_images(*_tern_images(tern_io)), tern.encode_texts([str(c) for c in tern_io["captions"]])
+        return tern.encode_images(RegionInputs(*_tern_images(tern_io))), tern.encode_texts([str(c) for c in tern_io["captions"]])
 
 
 def _unit(x):
@@ -294,8 +294,8 @@ def test_tern_intermediates_match_and_the_final_te_is_shared(tern, tern_io):
 
 
 def test_tern_pretrained_path_converts_on_the_fly(tern_io):
-    model = xmatch.build("tern-coco", pretrained=TERN_SMALL / "checkpoint.pth").eval()
+    model = xmatch.build("tern-coco", checkpoint=TERN_SMALL / "checkpoint.pth").eval()
     with torch.no_grad():
-        scores = model.similarity(model.encode_images(*_tern_images(tern_io)),
+        scores = model.similarity(model.encode_images(RegionInputs(*_tern_images(tern_io))),
                                   model.encode_texts([str(c) for c in tern_io["captions"]]))
     np.testing.assert_allclose(scores.numpy(), tern_io["sim_dot"], **TOL)

@@ -222,19 +222,21 @@ def test_learning_rates_that_overflow_are_config_errors():
     assert TrainConfig(optimizer="sgd", lr=1e38).lr == 1e38  # SGD steps by lr itself: representable
 
 
-def test_encode_images_takes_numpy_and_refuses_inputs_for_different_image_counts(fixture_bert):
+def test_region_inputs_take_numpy_and_refuse_inputs_for_different_image_counts(fixture_bert):
     model = xmatch.build(tiny_spec(fixture_bert)).eval()
     regions, boxes, mask = random_regions(3, 5, 12)
     with torch.no_grad():
-        from_torch = model.encode_images(regions, boxes, mask)
-        from_numpy = model.encode_images(regions.numpy(), boxes.numpy(), mask.numpy())
+        from_torch = model.encode_images(xmatch.RegionInputs(regions, boxes, mask))
+        from_numpy = model.encode_images(xmatch.RegionInputs(regions.numpy(), boxes.numpy(), mask.numpy()))
     assert torch.equal(from_torch.tokens, from_numpy.tokens)
-    with pytest.raises(ValueError, match=r"regions \(2, 5, 12\) and boxes \(3, 5, 4\) are for 2 and 3 images"):
-        model.encode_images(regions[:2], boxes)
-    with pytest.raises(ValueError, match=r"mask \(2, 5\) are for 3 and 2 images"):
-        model.encode_images(regions, boxes, mask[:2], batch_size=1)
-    with pytest.raises(TypeError, match="boxes must be a torch tensor or a NumPy array, got list"):
-        model.encode_images(regions, boxes.tolist())
+    with pytest.raises(ValueError, match=r"boxes must be \[batch, regions, 4\] = \(2, 5, 4\) to match the regions, got \(3, 5, 4\)"):
+        xmatch.RegionInputs(regions[:2], boxes)
+    with pytest.raises(ValueError, match=r"mask must be a bool tensor of shape \(3, 5\) .* got torch.bool \(2, 5\)"):
+        xmatch.RegionInputs(regions, boxes, mask[:2])
+    with pytest.raises(TypeError, match="regions and boxes must be torch tensors"):
+        xmatch.RegionInputs(regions, boxes.tolist())
+    with pytest.raises(TypeError, match=r"got Tensor: wrap region features as xmatch.RegionInputs\(regions, boxes, mask\)"):
+        model.encode_images(regions)
 
 
 # --- data paths and layouts ------------------------------------------------------------------------

@@ -52,8 +52,8 @@ def index(tmp_path, model) -> xmatch.index.SearchIndex:
     """40 images appended in two batches, stored in float32 (scores equal model.similarity's)."""
     idx = xmatch.index.create(tmp_path / "idx", model, dtype="float32")
     feats, boxes, mask = regions(40)
-    idx.add(regions=feats[:25], boxes=boxes[:25], mask=mask[:25], ids=[f"img{i}" for i in range(25)])
-    idx.add(regions=feats[25:], boxes=boxes[25:], mask=mask[25:], ids=[f"img{i}" for i in range(25, 40)])
+    idx.add(xmatch.RegionInputs(feats[:25], boxes[:25], mask[:25]), ids=[f"img{i}" for i in range(25)])
+    idx.add(xmatch.RegionInputs(feats[25:], boxes[25:], mask[25:]), ids=[f"img{i}" for i in range(25, 40)])
     return idx
 
 
@@ -67,7 +67,7 @@ def with_pooler(model: xmatch.MatchingModel, pooler: str) -> xmatch.MatchingMode
 def reference_ranking(model, texts: list[str]) -> torch.Tensor:
     feats, boxes, mask = regions(40)
     with torch.no_grad():
-        scores = model.similarity(model.encode_images(feats, boxes, mask), model.encode_texts(texts))
+        scores = model.similarity(model.encode_images(xmatch.RegionInputs(feats, boxes, mask)), model.encode_texts(texts))
     return scores.T.argsort(dim=1, descending=True)
 
 
@@ -105,9 +105,9 @@ def test_the_exact_token_scan_bounds_are_the_exact_scores(index, model, pooler):
 def test_float16_store_ranks_like_the_rounded_embeddings(tmp_path, model):
     idx = xmatch.index.create(tmp_path / "idx16", model)  # float16 by default
     feats, boxes, mask = regions(40)
-    idx.add(regions=feats, boxes=boxes, mask=mask)
+    idx.add(xmatch.RegionInputs(feats, boxes, mask))
     with torch.no_grad():
-        img = model.encode_images(feats, boxes, mask).trimmed()
+        img = model.encode_images(xmatch.RegionInputs(feats, boxes, mask)).trimmed()
         img = xmatch.Embeddings(img.tokens.half().float(), img.mask)
         expected = model.similarity(img, model.encode_texts(TEXTS)).T.topk(5, dim=1)
     for q, result in enumerate(idx.search_texts(TEXTS, k=5)):
@@ -120,11 +120,11 @@ def test_float16_store_ranks_like_the_rounded_embeddings(tmp_path, model):
 def test_caption_index_answers_image_queries(tmp_path, model):
     captions = [f"a {c} {s}" for c in ("red", "blue", "green", "purple") for s in ("circle", "square", "star")]
     idx = xmatch.index.create(tmp_path / "caps", model, side="texts", dtype="float32")
-    idx.add(texts=captions, ids=[f"c{i}" for i in range(len(captions))])
+    idx.add(captions, ids=[f"c{i}" for i in range(len(captions))])
     feats, boxes, mask = regions(3, seed=5)
     with torch.no_grad():
-        expected = model.similarity(model.encode_images(feats, boxes, mask), model.encode_texts(captions))
-    results = idx.search_images(regions=feats, boxes=boxes, mask=mask, k=4, candidates=4)
+        expected = model.similarity(model.encode_images(xmatch.RegionInputs(feats, boxes, mask)), model.encode_texts(captions))
+    results = idx.search_images(xmatch.RegionInputs(feats, boxes, mask), k=4, candidates=4)
     for q, result in enumerate(results):
         assert [h.row for h in result.hits] == expected[q].topk(4).indices.tolist()
         assert result.hits[0].text == captions[result.hits[0].row] and result.exact
@@ -179,7 +179,7 @@ def test_appends_reopen_with_ids_texts_boxes_and_stage1_catch_up(index, model):
     index.search_texts(TEXTS[:1], k=3, stage1="pooled")  # writes ann/mean.faiss over 40 items
     feats, boxes, mask = regions(5, seed=9)
     reopened = xmatch.index.open(index.root, model)
-    reopened.add(regions=feats, boxes=boxes, mask=mask, ids=["late0", "late1", "late2", "late3", "late4"])
+    reopened.add(xmatch.RegionInputs(feats, boxes, mask), ids=["late0", "late1", "late2", "late3", "late4"])
     again = xmatch.index.open(index.root, model)
     assert len(again) == 45 and again.ids[:2] == ["img0", "img1"] and again.ids[-1] == "late4"
     stored = again.store.boxes(torch.tensor([40]))
@@ -188,7 +188,7 @@ def test_appends_reopen_with_ids_texts_boxes_and_stage1_catch_up(index, model):
     assert {"late0", "late4"} <= set(again.search_texts(TEXTS[:1], k=45, stage1="pooled", candidates=45)[0].ids)
     assert {"late0", "late4"} <= set(again.search_texts(TEXTS[:1], k=45)[0].ids)
     with pytest.raises(SearchIndexError, match="'img3' is already in the index"):
-        again.add(regions=feats[:1], boxes=boxes[:1], ids=["img3"])
+        again.add(xmatch.RegionInputs(feats[:1], boxes[:1]), ids=["img3"])
 
 
 def test_a_failed_append_leaves_the_last_complete_state(index, model, monkeypatch):
@@ -199,12 +199,12 @@ def test_a_failed_append_leaves_the_last_complete_state(index, model, monkeypatc
     monkeypatch.setattr(store, "write_manifest", killed)
     feats, boxes, _ = regions(3, seed=4)
     with pytest.raises(KeyboardInterrupt):
-        index.add(regions=feats, boxes=boxes, ids=["x", "y", "z"])
+        index.add(xmatch.RegionInputs(feats, boxes), ids=["x", "y", "z"])
     monkeypatch.undo()
     (index.root / "shards" / "00000009.safetensors.partial").write_bytes(b"half a shard")
     reopened = xmatch.index.open(index.root, model)
     assert len(reopened) == 40 and "x" not in reopened.ids
-    reopened.add(regions=feats, boxes=boxes, ids=["x", "y", "z"])
+    reopened.add(xmatch.RegionInputs(feats, boxes), ids=["x", "y", "z"])
     assert sorted(p.name for p in (index.root / "shards").iterdir()) == [f"0000000{i}.safetensors" for i in range(3)]
     assert len(xmatch.index.open(index.root, model)) == 43
 
@@ -257,6 +257,49 @@ def test_a_query_model_with_other_weights_is_refused(index, model):
     halved = copy.deepcopy(model).half()
     assert xmatch.index.model_fingerprint(halved) == xmatch.index.model_fingerprint(halved.float())
     assert len(xmatch.index.open(index.root, with_pooler(model, "Symm"))) == 40  # a pooler does not embed
+
+
+def test_add_takes_what_the_index_holds_and_names_the_fix_for_anything_else(tmp_path, index, model):
+    feats, boxes, mask = regions(2, seed=3)
+    with torch.no_grad():
+        encoded = model.encode_images(xmatch.RegionInputs(feats, boxes, mask))
+    assert encoded.boxes is not None
+    index.add(encoded, ["enc0", "enc1"])  # already encoded: the boxes come with the embeddings
+    stored = index.store.boxes(torch.tensor([40]))
+    assert torch.equal(stored[0][mask[0][: stored.shape[1]]], boxes[0][mask[0]])
+    with pytest.raises(WrongSideError, match=r"holds images: add xmatch.RegionInputs, xmatch.PixelInputs \(image files"):
+        index.add(["a red circle"])
+    with pytest.raises(TypeError, match=r"add takes typed images, got Tensor: wrap region features as "
+                                        r"xmatch.RegionInputs\(regions, boxes, mask\)"):
+        index.add(feats)
+    with pytest.raises(TypeError, match="wrap a single one in a list"):
+        index.add("a red circle")
+    captions = xmatch.index.create(tmp_path / "caps", model, side="texts")
+    with pytest.raises(WrongSideError, match=r"holds captions: add captions \(a list of strings\) or their "
+                                             r"xmatch.Embeddings, not RegionInputs"):
+        captions.add(xmatch.RegionInputs(feats, boxes))
+    captions.add(["a red circle", "a blue seven"])
+    with pytest.raises(TypeError, match=r"search_images takes typed images, got Tensor: wrap region features"):
+        captions.search_images(feats, k=1)
+    assert len(index) == 42 and len(captions) == 2
+
+
+def test_index_dataset_stores_each_caption_with_its_text(tmp_path, model):
+    from types import SimpleNamespace
+
+    from xmatch.index.build import index_dataset
+
+    texts = [f"a {c} {s}" for c in ("red", "blue", "green") for s in ("circle", "star")]
+    data = SimpleNamespace(captions=texts, caption_image=[0, 0, 1, 1, 2, 2], image_names=["p", "q", "r"])
+    idx = xmatch.index.create(tmp_path / "caps", model, side="texts", dtype="float32")
+    assert index_dataset(idx, data, batch_size=1, shard_size=4, progress=False) == 6
+    assert idx.ids == ["p#0", "p#1", "q#0", "q#1", "r#0", "r#1"] and len(idx.store.shards) == 2
+    feats, boxes, mask = regions(2, seed=5)
+    with torch.no_grad():
+        expected = model.similarity(model.encode_images(xmatch.RegionInputs(feats, boxes, mask)), model.encode_texts(texts))
+    for q, result in enumerate(idx.search_images(xmatch.RegionInputs(feats, boxes, mask), k=3, exact=True)):
+        assert [h.row for h in result.hits] == expected[q].topk(3).indices.tolist()
+        assert [h.text for h in result.hits] == [texts[h.row] for h in result.hits]
 
 
 def test_empty_index_and_k_out_of_range(tmp_path, index, model):

@@ -282,8 +282,8 @@ def test_zoo_bundle_round_trip(tmp_path):
     assert again.text_encoder.vocabulary == model.text_encoder.vocabulary
     regions, boxes, mask = random_regions(2, 4, 12)
     with torch.no_grad():
-        a = model.similarity(model.encode_images(regions, boxes, mask), model.encode_texts(CAPTIONS))
-        b = again.similarity(again.encode_images(regions, boxes, mask), again.encode_texts(CAPTIONS))
+        a = model.similarity(model.encode_images(xmatch.RegionInputs(regions, boxes, mask)), model.encode_texts(CAPTIONS))
+        b = again.similarity(again.encode_images(xmatch.RegionInputs(regions, boxes, mask)), again.encode_texts(CAPTIONS))
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from xmatch.eval.protocol import evaluate_scores
+from xmatch.model.inputs import RegionInputs
 from xmatch.model.model import MatchingModel
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -57,7 +58,7 @@ def retrieval_r1(
         boxes = torch.zeros(*regions.shape[:2], 4)
     model.eval()
     with torch.no_grad():
-        img = model.encode_images(regions=regions, boxes=boxes, mask=mask)
+        img = model.encode_images(RegionInputs(regions, boxes, mask))
         scores = model.similarity(img, model.encode_texts(captions))
     model.train()
     result = evaluate_scores(scores, protocol="full", captions_per_image=captions_per_image)

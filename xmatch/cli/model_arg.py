@@ -16,5 +16,5 @@ def load_model_arg(text: str, device: str | None) -> MatchingModel:
     """
     if "=" in text:
         name, weights = text.split("=", 1)
-        return build(name, pretrained=weights, device=device)
+        return build(name, checkpoint=weights, device=device)
     return build(text, pretrained=True, device=device)

@@ -75,14 +75,14 @@ def _search_image_files(searcher: Any, index: Any, paths: list[Path], k: int, op
     if input_type_of(index.model.image_encoder) is not PixelInputs:
         raise ValueError(
             f"the model of {index.root} reads precomputed region features, not image files; search from Python "
-            "with index.search_images(regions=..., boxes=...)."
+            "with index.search_images(xmatch.RegionInputs(regions, boxes, mask))."
         )
     for path in paths:
         if not path.is_file():
             raise FileNotFoundError(f"image file {path} does not exist.")
-    images = [Image.open(path).convert("RGB") for path in paths]
+    images = PixelInputs([Image.open(path).convert("RGB") for path in paths])
     if hasattr(searcher, "first"):  # a cascade
-        results = searcher.search_images(k=k, images=images)
+        results = searcher.search_images(images, k=k)
     else:
         results = searcher.search_images(images, k=k, labels=[str(p) for p in paths], **options)
     for result, path in zip(results, paths):

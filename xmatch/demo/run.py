@@ -229,6 +229,7 @@ def train_demo_model(
         >>> net = train_demo_model("teran-mrsw-scenes", "runs/demo")  # trains a model (minutes)  # doctest: +SKIP
     """
     import xmatch
+    from xmatch.model.factory import is_bundle_name
     from xmatch.train import Trainer, load_recipe
 
     config = load_recipe(recipe)
@@ -240,7 +241,7 @@ def train_demo_model(
     train = prepare_scenes("train", size, root, progress, **options)
     val = prepare_scenes("val", size, root, progress, **options)
     torch.manual_seed(config.seed)
-    net = xmatch.build(model, pretrained="bundle")  # a bundle is trained further, a zoo entry from scratch
+    net = xmatch.build(model, pretrained=is_bundle_name(model))  # a bundle is trained further, a zoo entry from scratch
     run_dir = Path(run_dir)
     Trainer(net, train, config, val_data=val, run_dir=run_dir, progress=progress).fit()
     best = run_dir / "best" if (run_dir / "best").is_dir() else run_dir / "final"

@@ -16,7 +16,6 @@ from torch.utils.data import DataLoader, Subset
 from xmatch.data.collate import collate_images
 from xmatch.model.embeddings import Embeddings
 from xmatch.index.search import SearchIndex
-from xmatch.model.inputs import PixelInputs
 from xmatch.core.progress import progress_bar
 
 
@@ -92,11 +91,7 @@ def _encoded(index: SearchIndex, dataset: Any, todo: list[int], batch_size: int)
         rows = batch.image_ids.tolist()
         with torch.inference_mode():
             e = model.encode_images(batch.images)
-            if isinstance(batch.images, PixelInputs):
-                boxes = index._pixel_boxes(batch.images.images, e)
-            else:
-                boxes = index._token_boxes(batch.images.boxes, e)
-        yield e, boxes, rows
+        yield e, index._stored_boxes(batch.images, e), rows
 
 
 def _commit(index: SearchIndex, pending: list, ids: list[str], dataset: Any) -> int:
@@ -107,7 +102,7 @@ def _commit(index: SearchIndex, pending: list, ids: list[str], dataset: Any) -> 
         width = embeddings.tokens.shape[1]
         boxes = torch.cat([torch.nn.functional.pad(b, (0, 0, 0, width - b.shape[1])) for _, b, _ in pending])
     texts = [dataset.captions[k] for k in rows] if index.side == "texts" else None
-    return index.add(embeddings, [ids[k] for k in rows], boxes=boxes, texts=texts)
+    return index._append(embeddings, [ids[k] for k in rows], boxes=boxes, texts=texts)
 
 
 def copy_index(source: SearchIndex, target: SearchIndex, *, progress: bool = True) -> int:
@@ -128,7 +123,7 @@ def copy_index(source: SearchIndex, target: SearchIndex, *, progress: bool = Tru
     for start, block in source.store.blocks():
         rows = list(range(start, start + len(block)))
         texts = source.store.texts(rows) if source.side == "texts" else None
-        copied += target.add(block, source.store.ids_of(rows), boxes=source.store.boxes(torch.tensor(rows)), texts=texts)
+        copied += target._append(block, source.store.ids_of(rows), boxes=source.store.boxes(torch.tensor(rows)), texts=texts)
         bar.update(len(rows))
     bar.close()
     return copied

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from xmatch.model.embeddings import Embeddings
+from xmatch.model.inputs import ImageInputs
 from xmatch.index import rerank
 from xmatch.index.errors import SearchIndexError
 from xmatch.index.results import SearchResult
@@ -54,15 +55,13 @@ class Cascade:
             queries = self.second.model.encode_texts(list(texts))
         return self._rerank(shortlists, queries, k)
 
-    def search_images(self, k: int = 10, **inputs: Any) -> list[SearchResult]:
-        """Image-to-text search over caption indexes; ``inputs`` as
-        :meth:`SearchIndex.search_images` takes them (``images=`` or ``regions=``, ``boxes=``)."""
-        shortlists = self.first.search_images(k=self._size(k), **inputs)
+    def search_images(self, inputs: ImageInputs, k: int = 10, **first_options: Any) -> list[SearchResult]:
+        """Image-to-text search over caption indexes: ``inputs`` as
+        :meth:`SearchIndex.search_images` takes them (:class:`~xmatch.PixelInputs` or
+        :class:`~xmatch.RegionInputs`); ``first_options`` go to the first index's search."""
+        shortlists = self.first.search_images(inputs, k=self._size(k), **first_options)
         with torch.inference_mode():
-            if inputs.get("images") is not None:
-                queries = self.second.model.encode_images(images=inputs["images"])
-            else:
-                queries = self.second.model.encode_images(inputs.get("regions"), inputs.get("boxes"), inputs.get("mask"))
+            queries = self.second.model.encode_images(inputs)
         return self._rerank(shortlists, queries, k)
 
     def _size(self, k: int) -> int:

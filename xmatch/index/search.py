@@ -19,10 +19,11 @@ from typing import Any
 import torch
 
 from xmatch.model.embeddings import Embeddings
+from xmatch.model.inputs import ImageInputs, PixelInputs, RegionInputs
 from xmatch.index import ann, rerank
 from xmatch.index.candidates import GENERATORS, FaissGenerator, FdeGenerator, PooledGenerator, TokenGenerator
 from xmatch.index.errors import EmptyIndexError, ModelMismatchError, SearchIndexError, WrongSideError
-from xmatch.index.fingerprint import embedding_spec, model_fingerprint, short
+from xmatch.model.fingerprint import embedding_spec, model_fingerprint, short
 from xmatch.index.interaction import interaction, pooled_is_exact
 from xmatch.index.results import Hit, SearchResult
 from xmatch.index.shards import STORED_DTYPES
@@ -104,22 +105,28 @@ class SearchIndex:
 
     def add(
         self,
-        embeddings: Embeddings | None = None,
+        items: Embeddings | ImageInputs | Sequence[str],
         ids: Sequence[str | int] | None = None,
         *,
-        texts: Sequence[str] | None = None,
-        images: Sequence[Any] | None = None,
-        regions: torch.Tensor | None = None,
-        boxes: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
         batch_size: int = 64,
     ) -> int:
         """Append one batch, committed atomically (a kill leaves the index as it was before).
 
-        Pass either already encoded ``embeddings`` (made by this index's model) or what the
-        model encodes: ``texts`` for a caption index; ``images`` (pixel models) or ``regions``
-        + ``boxes`` (+ ``mask``) for an image index. ``ids`` default to the next row numbers;
+        ``items`` are encoded here by the index's model, or come already encoded:
+
+        - a caption index: the captions (a list of strings, stored with their text, which hits
+          carry), or their :class:`~xmatch.Embeddings`;
+        - an image index: :class:`~xmatch.RegionInputs` (precomputed regions) or
+          :class:`~xmatch.PixelInputs` (pictures), as the model's image encoder reads them, or
+          their :class:`~xmatch.Embeddings` (region boxes from ``Embeddings.boxes``).
+
+        Embeddings must be made by this index's model. ``ids`` default to the next row numbers;
         an id already in the index is refused.
+
+        Args:
+            items: what to add, as above.
+            ids: one id per item.
+            batch_size: images encoded at once (captions: 4x).
 
         Returns:
             The number of items added.
@@ -127,42 +134,63 @@ class SearchIndex:
         Example:
             >>> index = xmatch.index.create("idx", xmatch.build("teran-mrsw-scenes", pretrained=True), model_ref="teran-mrsw-scenes")
             >>> feats, boxes = torch.rand(2, 36, 1280), torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(2, 36, 4)
-            >>> index.add(regions=feats, boxes=boxes, ids=["a", "b"])
+            >>> index.add(xmatch.RegionInputs(feats, boxes), ids=["a", "b"])
             2
         """
+        if isinstance(items, Embeddings):
+            return self._append(items, ids, boxes=items.boxes)
+        if isinstance(items, str):
+            raise TypeError("add takes a list of captions; wrap a single one in a list.")
+        captions = _all_strings(items)
+        if self.side == "texts":
+            if not captions:
+                raise WrongSideError(
+                    f"{self.root} holds captions: add captions (a list of strings) or their xmatch.Embeddings, "
+                    f"not {type(items).__name__}."
+                )
+            texts = list(items)
+            with torch.inference_mode():
+                embeddings = self.model.encode_texts(texts, batch_size=4 * batch_size)
+            return self._append(embeddings, ids, texts=texts)
+        if captions:
+            raise WrongSideError(
+                f"{self.root} holds images: add xmatch.RegionInputs, xmatch.PixelInputs (image files: "
+                "xmatch.PixelInputs([...paths])) or their xmatch.Embeddings; captions go to a caption index (--side texts)."
+            )
+        inputs = _image_inputs(items, "add")
+        with torch.inference_mode():
+            embeddings = self.model.encode_images(inputs, batch_size=batch_size)
+        return self._append(embeddings, ids, boxes=self._stored_boxes(inputs, embeddings))
+
+    def _append(
+        self,
+        embeddings: Embeddings,
+        ids: Sequence[str | int] | None,
+        *,
+        boxes: torch.Tensor | None = None,
+        texts: list[str | None] | None = None,
+    ) -> int:
+        """Commit encoded items, with their region boxes (image index) or captions (caption index)."""
         from filelock import FileLock
 
-        embeddings, boxes, labels = self._encode_items(embeddings, texts, images, regions, boxes, mask, batch_size)
         n = len(embeddings)
+        if texts is not None and len(texts) != n:
+            raise ValueError(f"{len(texts)} texts for {n} embeddings.")
         with FileLock(str(self.root / ".lock")):
             self._reload_if_changed()
             ids = [str(i) for i in (ids if ids is not None else range(len(self), len(self) + n))]
             self._check_new_ids(ids, n)
             if embeddings.dim != self.manifest["dim"]:
                 raise SearchIndexError(f"the index holds {self.manifest['dim']}-d tokens, the batch has {embeddings.dim}-d.")
-            self.store.add(embeddings.detach().to("cpu"), ids, boxes=boxes, texts=labels)
+            self.store.add(embeddings.detach().to("cpu"), ids, boxes=boxes, texts=texts)
         return n
 
-    def _encode_items(self, embeddings, texts, images, regions, boxes, mask, batch_size):
-        labels = list(texts) if texts is not None else None
-        if isinstance(texts, str):
-            raise TypeError("texts must be a list of captions; wrap a single one in a list.")
-        if embeddings is not None:
-            if self.side == "texts" and labels is not None and len(labels) != len(embeddings):
-                raise ValueError(f"{len(labels)} texts for {len(embeddings)} embeddings.")
-            return embeddings, self._token_boxes(boxes, embeddings), labels
-        with torch.inference_mode():
-            if self.side == "texts":
-                if labels is None:
-                    raise SearchIndexError("a caption index adds texts=[...] (or their embeddings).")
-                return self.model.encode_texts(labels, batch_size=4 * batch_size), None, labels
-            if texts is not None:
-                raise WrongSideError("this index holds images; add images, regions + boxes, or image embeddings.")
-            if images is not None:
-                e = self.model.encode_images(images=images, batch_size=batch_size)
-                return e, self._pixel_boxes(images, e), None
-            e = self.model.encode_images(regions, boxes, mask, batch_size=batch_size)
-            return e, self._token_boxes(boxes, e), None
+    def _stored_boxes(self, inputs: ImageInputs, e: Embeddings) -> torch.Tensor | None:
+        """The region boxes stored with the image embeddings ``e`` of ``inputs`` (None when the
+        tokens have none)."""
+        if isinstance(inputs, PixelInputs):
+            return self._pixel_boxes(inputs.images, e)
+        return self._token_boxes(inputs.boxes, e)
 
     @staticmethod
     def _token_boxes(boxes: torch.Tensor | None, e: Embeddings) -> torch.Tensor | None:
@@ -178,12 +206,15 @@ class SearchIndex:
             return None  # the encoder's tokens are not the given regions (e.g. a grid)
         return boxes
 
-    def _pixel_boxes(self, images: Sequence[Any], e: Embeddings) -> torch.Tensor | None:
+    def _pixel_boxes(self, images: Sequence[Any] | torch.Tensor, e: Embeddings) -> torch.Tensor | None:
         """Grid-cell boxes in each original image's frame, when the encoder can say (timm-grid)."""
         encoder = self.model.image_encoder
         if getattr(e, "boxes", None) is not None:
             return e.boxes
-        if not hasattr(encoder, "image_boxes") or not all(hasattr(im, "size") for im in images):
+        # a preprocessed tensor has lost the original frames; so has a path or an array (no .size pair)
+        if not hasattr(encoder, "image_boxes") or isinstance(images, torch.Tensor) or not all(
+            isinstance(getattr(im, "size", None), tuple) for im in images
+        ):
             return None
         boxes = torch.stack([encoder.image_boxes(*im.size) for im in images])
         return boxes if boxes.shape[:2] == e.tokens.shape[:2] else None
@@ -216,7 +247,7 @@ class SearchIndex:
 
         Example:
             >>> index = xmatch.index.create("idx", xmatch.build("teran-mrsw-scenes", pretrained=True), model_ref="teran-mrsw-scenes")
-            >>> index.add(regions=torch.rand(3, 36, 1280), boxes=torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(3, 36, 4))
+            >>> index.add(xmatch.RegionInputs(torch.rand(3, 36, 1280), torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(3, 36, 4)))
             3
             >>> hits = index.search_texts(["a red circle left of a blue seven"], k=2)[0]
             >>> len(hits.ids), set(hits.ids) <= {"0", "1", "2"}  # ids default to the row numbers
@@ -235,31 +266,33 @@ class SearchIndex:
 
     def search_images(
         self,
-        images: Sequence[Any] | None = None,
-        *,
-        regions: torch.Tensor | None = None,
-        boxes: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
+        inputs: ImageInputs,
         k: int = 10,
+        *,
         labels: Sequence[str] | None = None,
         **options: Any,
     ) -> list[SearchResult]:
-        """Image-to-text search over a caption index: ``images`` for pixel models, or
-        ``regions`` + ``boxes`` (+ ``mask``) of precomputed region features.
+        """Image-to-text search over a caption index: the ``k`` best captions of each image.
+
+        Args:
+            inputs: the query images as the model's image encoder reads them:
+                :class:`~xmatch.PixelInputs` (pictures) or :class:`~xmatch.RegionInputs`
+                (precomputed region features).
+            k: results per query.
+            labels: the queries' names, copied into the results.
+            **options: those of :meth:`search` (``candidates``, ``exact``, ``stage1``, ...).
 
         Example:
-            >>> index.search_images([Image.open("dog.png")], k=5)[0].hits[0].text  # needs an index and a picture  # doctest: +SKIP
+            >>> index.search_images(xmatch.PixelInputs([Image.open("dog.png")]), k=5)[0].hits[0].text  # needs an index and a picture  # doctest: +SKIP
         """
         if self.side != "texts":
             raise WrongSideError(
                 f"{self.root} holds images: search it with texts (search_texts / --text); "
                 "for image queries index the captions (xmatch index ... --side texts)."
             )
+        inputs = _image_inputs(inputs, "search_images")
         with torch.inference_mode():
-            if images is not None:
-                queries = self.model.encode_images(images=images)
-            else:
-                queries = self.model.encode_images(regions, boxes, mask)
+            queries = self.model.encode_images(inputs)
         return self.search(queries, k, labels=list(labels) if labels is not None else None, **options)
 
     def search(
@@ -555,7 +588,7 @@ def open(  # noqa: A001 - the public name is xmatch.index.open, as the issue ask
 
     Example:
         >>> created = xmatch.index.create("idx", xmatch.build("teran-mrsw-scenes", pretrained=True), model_ref="teran-mrsw-scenes")
-        >>> created.add(regions=torch.rand(2, 36, 1280), boxes=torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(2, 36, 4))
+        >>> created.add(xmatch.RegionInputs(torch.rand(2, 36, 1280), torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(2, 36, 4)))
         2
         >>> index = xmatch.index.open("idx")  # `xmatch index` writes one from the command line
         >>> len(index), index.side
@@ -578,6 +611,20 @@ def open(  # noqa: A001 - the public name is xmatch.index.open, as the issue ask
     return SearchIndex(root, manifest, model, progress=progress, in_memory=in_memory)
 
 
+def _all_strings(items: Any) -> bool:
+    return isinstance(items, Sequence) and not isinstance(items, str) and all(isinstance(t, str) for t in items)
+
+
+def _image_inputs(items: Any, method: str) -> ImageInputs:
+    """Images as typed inputs, or an error that names the wrapping."""
+    if isinstance(items, (RegionInputs, PixelInputs)):
+        return items
+    raise TypeError(
+        f"{method} takes typed images, got {type(items).__name__}: wrap region features as "
+        "xmatch.RegionInputs(regions, boxes, mask), pictures or image files as xmatch.PixelInputs([...])."
+    )
+
+
 def _load_model(root: Path, manifest: dict[str, Any], name: str | None, device: Any) -> MatchingModel:
     import xmatch
 
@@ -589,5 +636,5 @@ def _load_model(root: Path, manifest: dict[str, Any], name: str | None, device: 
         return xmatch.build(f"local-dir:{bundle}", pretrained=True, device=device)
     if "=" in ref:  # NAME_OR_SPEC=WEIGHTS, as on the command line
         base, weights = ref.split("=", 1)
-        return xmatch.build(base, pretrained=weights, device=device)
+        return xmatch.build(base, checkpoint=weights, device=device)
     return xmatch.build(ref, pretrained=True, device=device)

@@ -78,7 +78,7 @@ class ShardStore:
 
     Example:
         >>> index = xmatch.index.create("idx", xmatch.build("teran-mrsw-scenes", pretrained=True), model_ref="teran-mrsw-scenes")
-        >>> index.add(regions=torch.rand(6, 36, 1280), boxes=torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(6, 36, 4))
+        >>> index.add(xmatch.RegionInputs(torch.rand(6, 36, 1280), torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(6, 36, 4)))
         6
         >>> store = ShardStore(Path("idx"), read_manifest(Path("idx")))
         >>> store.gather(torch.tensor([0, 5])).tokens.shape  # the 36 regions' tokens of rows 0 and 5

@@ -129,7 +129,7 @@ def read_bundle_spec(directory: str | os.PathLike) -> tuple[dict[str, Any], Path
                     f"{weights}: text_encoder -> {key} = {value!r} points outside the bundle; a bundle's "
                     "tokenizer and assets must be inside it (a relative path listed in its assets) or "
                     "a hub name. Save the model again with xmatch.save_pretrained, or build it from "
-                    f"your own spec with pretrained='{weights}'."
+                    f"your own spec with checkpoint='{weights}'."
                 )
     # bundles saved before an argument was renamed load without a warning: xmatch wrote them
     return with_current_argument_names(spec), weights

@@ -221,7 +221,7 @@ def spec_from_original_config(config: dict[str, Any], bert_source: str) -> dict[
 def check_fits(requested: Mapping[str, Any], converted: Mapping[str, Any], name: str, path: str | os.PathLike) -> None:
     """Refuse a checkpoint that converts to another kind of model than ``name`` describes.
 
-    ``build("tern-coco", pretrained="model_best.pth")`` takes the model from the checkpoint;
+    ``build("tern-coco", checkpoint="model_best.pth")`` takes the model from the checkpoint;
     the zoo entry (or spec) only names which model that should be. Their structure must agree:
     encoders, reasoner sharing, pooler, extra poolers and loss. Sizes come from the checkpoint.
 
@@ -246,7 +246,7 @@ def check_fits(requested: Mapping[str, Any], converted: Mapping[str, Any], name:
             continue
         if all(ours == theirs for _, ours, theirs in _structure(spec, converted)):
             fits.append(entry)
-    fixes = [f"build an entry it fits with pretrained= ({', '.join(fits)})"] if fits else []
+    fixes = [f"build an entry it fits with checkpoint= ({', '.join(fits)})"] if fits else []
     if all(label in ("pooler", "exclude_stopwords") for label, _, _ in differences):
         overrides: dict[str, Any] = {}
         for label, ours, _ in differences:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from xmatch.model.inputs import RegionInputs
 from xmatch.model.masks import lengths_to_mask
 
 #: xmatch pooler -> key suffix of the original outputs
@@ -84,7 +85,7 @@ def compare_with_original_outputs(model: torch.nn.Module, io_path: str | os.Path
     boxes = torch.from_numpy(io["boxes_norm"])
     mask = lengths_to_mask(torch.from_numpy(io["n_regions"]), regions.shape[1])
     with torch.no_grad():
-        img = model.encode_images(regions, boxes, mask)
+        img = model.encode_images(RegionInputs(regions, boxes, mask))
         txt = model.encode_texts([str(c) for c in io["captions"]])
     report = CheckReport(tolerance=tolerance)
     # (name, stored sets, their lengths key, how many trailing slots the original leaves out, normalise)

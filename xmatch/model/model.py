@@ -7,7 +7,6 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -47,7 +46,7 @@ class MatchingModel(nn.Module):
     Example:
         >>> model = xmatch.build("teran-mrsw-scenes").eval()
         >>> regions, boxes = torch.rand(3, 36, 1280), torch.tensor([0.1, 0.2, 0.5, 0.9]).expand(3, 36, 4)
-        >>> img = model.encode_images(regions=regions, boxes=boxes)
+        >>> img = model.encode_images(xmatch.RegionInputs(regions, boxes))
         >>> txt = model.encode_texts(["a red circle left of a blue seven"])
         >>> model.similarity(img, txt).shape
         torch.Size([3, 1])
@@ -104,9 +103,7 @@ class MatchingModel(nn.Module):
 
     def encode_images(
         self,
-        regions: torch.Tensor | np.ndarray | ImageInputs | None = None,
-        boxes: torch.Tensor | np.ndarray | None = None,
-        mask: torch.Tensor | np.ndarray | None = None,
+        inputs: ImageInputs | None = None,
         *,
         images: Sequence[Any] | torch.Tensor | None = None,
         batch_size: int | None = 64,
@@ -115,22 +112,26 @@ class MatchingModel(nn.Module):
         """Encode images into region embeddings, ``batch_size`` images at a time so that memory
         stays bounded for any number of images.
 
-        Region inputs are checked once, where they are (NumPy arrays and CPU tensors on the
-        CPU), and moved to the model's device batch by batch.
+        The images come as the typed inputs the image encoder reads (checked once, when they are
+        made, where they are: on the CPU for NumPy arrays and CPU tensors; moved to the model's
+        device batch by batch). For encoders that take pixels, ``images=[...]`` is the one
+        shorthand, as in open_clip and transformers: the pictures themselves.
 
         Args:
-            regions: ``[B, R, F]`` precomputed region features (a tensor or a NumPy array), or
-                the inputs as one :class:`~xmatch.model.inputs.RegionInputs` /
-                :class:`~xmatch.model.inputs.PixelInputs`.
-            boxes: ``[B, R, 4]`` boxes normalised to [0, 1] (``xmatch.normalize_boxes``).
-            mask: ``[B, R]`` bool, True for real regions (default: all real).
-            images: raw images, for encoders that take pixels.
+            inputs: :class:`~xmatch.model.inputs.RegionInputs` (precomputed region features,
+                their boxes normalised to [0, 1] and a mask) or
+                :class:`~xmatch.model.inputs.PixelInputs` (pictures).
+            images: instead of ``inputs``, for encoders that take pixels: a list of PIL images,
+                image paths or uint8 ``[H, W, 3]`` arrays, or one preprocessed float tensor
+                ``[B, 3, H, W]`` (what ``PixelInputs(images)`` holds).
             batch_size: images per forward pass (default 64; None: all at once).
             progress: show a progress bar (default: for long inputs, on a terminal).
 
         Raises:
-            ValueError: regions, boxes and mask are for different numbers of images (both
-                shapes are named), or are not what the image encoder reads.
+            TypeError: anything but typed inputs (region tensors: wrap them as
+                ``xmatch.RegionInputs(regions, boxes, mask)``), or both ``inputs`` and ``images``.
+            ValueError: inputs the image encoder does not read (regions for a pixel encoder,
+                pictures for a region encoder).
 
         Example:
             >>> model = xmatch.build("teran-mrsw-scenes").eval()
@@ -138,35 +139,35 @@ class MatchingModel(nn.Module):
             >>> model.encode_images(inputs).tokens.shape
             torch.Size([2, 36, 256])
         """
-        inputs = self._image_inputs(regions, boxes, mask, images)
+        inputs = self._image_inputs(inputs, images)
         device = self.device
         return self._batched(len(inputs), batch_size, lambda s: self._finish(
             self.image_encoder.encode(inputs[s].to(device)), self.image_projection, self.image_reasoner,
         ), progress, "images")
 
-    def _image_inputs(self, regions: Any, boxes: Any, mask: Any, images: Any) -> ImageInputs:
+    def _image_inputs(self, inputs: Any, images: Any) -> ImageInputs:
         """The typed inputs of :meth:`encode_images`'s arguments, checked against what the
         image encoder reads."""
         encoder = type(self.image_encoder).__name__
         reads = input_type_of(self.image_encoder)
-        if isinstance(regions, (RegionInputs, PixelInputs)):
-            if boxes is not None or mask is not None or images is not None:
-                raise TypeError("give encode_images either one RegionInputs / PixelInputs or the separate arguments, not both.")
-            if not isinstance(regions, reads):  # the wrong kind of images: a ValueError, as for images= to a region encoder
-                raise ValueError(f"the image encoder {encoder} reads {reads.__name__}, got {type(regions).__name__}.")  # noqa: TRY004
-            return regions
-        if reads is PixelInputs:
-            if images is None:
-                raise ValueError(f"the image encoder {encoder} takes images=...")
-            return PixelInputs(images)
+        if inputs is not None and images is not None:
+            raise TypeError("give encode_images either typed inputs or images=[...], not both.")
         if images is not None:
-            raise ValueError(
-                f"the image encoder {encoder} takes precomputed "
-                "regions=..., boxes=...; build a model with a pixel image encoder for raw images."
+            if reads is not PixelInputs:
+                raise ValueError(
+                    f"the image encoder {encoder} reads precomputed regions: pass "
+                    "xmatch.RegionInputs(regions, boxes, mask); build a model with a pixel image encoder for raw images."
+                )
+            return PixelInputs(images)
+        if not isinstance(inputs, (RegionInputs, PixelInputs)):
+            got = "nothing" if inputs is None else type(inputs).__name__
+            raise TypeError(
+                f"encode_images takes typed inputs, got {got}: wrap region features as "
+                "xmatch.RegionInputs(regions, boxes, mask); give pictures as images=[...] or xmatch.PixelInputs([...])."
             )
-        if regions is None or boxes is None:
-            raise ValueError("encode_images needs regions=[B, R, F] and boxes=[B, R, 4].")
-        return RegionInputs(*_region_tensors(regions, boxes, mask))
+        if not isinstance(inputs, reads):  # the wrong kind of images: a ValueError, as for images= to a region encoder
+            raise ValueError(f"the image encoder {encoder} reads {reads.__name__}, got {type(inputs).__name__}.")  # noqa: TRY004
+        return inputs
 
     def tokenize(self, texts: Sequence[str]) -> TokenBatch:
         """Tokenise captions with the text encoder's own tokenizer."""
@@ -290,27 +291,3 @@ def _pair_batch(batch: PairBatch | Mapping[str, Any]) -> PairBatch:
 def _at_least_float32(e: Embeddings) -> Embeddings:
     return e.to(torch.float32) if e.tokens.dtype in (torch.float16, torch.bfloat16) else e
 
-
-def _region_tensors(regions: Any, boxes: Any, mask: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Region inputs as tensors (NumPy arrays are accepted), moved to the model's device batch
-    by batch. Every argument must describe the same images."""
-    named = {"regions": regions, "boxes": boxes, "mask": mask}
-    tensors: dict[str, torch.Tensor | None] = {}
-    for name, value in named.items():
-        if value is None or isinstance(value, torch.Tensor):
-            tensors[name] = value
-        elif isinstance(value, np.ndarray):
-            tensors[name] = torch.from_numpy(value)
-        else:
-            raise TypeError(f"encode_images: {name} must be a torch tensor or a NumPy array, got {type(value).__name__}.")
-    reference = tensors["regions"]
-    for name in ("boxes", "mask"):
-        other = tensors[name]
-        # only the image axis needs checking here: slicing by it would drop images silently;
-        # every other shape problem is the image encoder's to name
-        if other is not None and reference.dim() == 3 and other.dim() >= 1 and other.shape[0] != reference.shape[0]:
-            raise ValueError(
-                f"encode_images: regions {tuple(reference.shape)} and {name} {tuple(other.shape)} are for "
-                f"{reference.shape[0]} and {other.shape[0]} images; pass the same images to every argument."
-            )
-    return tensors["regions"], tensors["boxes"], tensors["mask"]  # type: ignore[return-value]

@@ -53,7 +53,7 @@ def test_model_scores_and_loss_are_the_original_pipeline_before_and_after_traini
         # every parameter, which a layer SCAN does not have would make visible
         with torch.no_grad():
             expected, expected_loss = original_scores_and_loss(model, regions, CAPTIONS[:4])
-            scores = model.similarity(model.encode_images(regions, boxes), model.encode_texts(CAPTIONS[:4]))
+            scores = model.similarity(model.encode_images(xmatch.RegionInputs(regions, boxes)), model.encode_texts(CAPTIONS[:4]))
         # xmatch's final F.normalize divides by max(|x|, 1e-12), the original by |x| + 1e-8
         torch.testing.assert_close(scores, expected, rtol=1e-7, atol=1e-7)
         loss = model(batch).loss
@@ -103,12 +103,12 @@ def test_bundle_round_trip_gives_the_same_scores(tmp_path):
     torch.manual_seed(0)
     model = xmatch.build("scan-i2t-lse-coco", **TINY).eval()
     regions, boxes = (t.float() for t in inputs(seed=1))
-    before = model.similarity(model.encode_images(regions, boxes), model.encode_texts(CAPTIONS))
+    before = model.similarity(model.encode_images(xmatch.RegionInputs(regions, boxes)), model.encode_texts(CAPTIONS))
     xmatch.save_pretrained(model, tmp_path / "bundle")
     again = xmatch.build(f"local-dir:{tmp_path / 'bundle'}", pretrained=True).eval()
     assert again.spec == model.spec | {"text_encoder": again.spec["text_encoder"]}
     assert again.text_encoder.vocabulary == model.text_encoder.vocabulary
-    after = again.similarity(again.encode_images(regions, boxes), again.encode_texts(CAPTIONS))
+    after = again.similarity(again.encode_images(xmatch.RegionInputs(regions, boxes)), again.encode_texts(CAPTIONS))
     torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
@@ -134,7 +134,7 @@ def test_t2i_plus_i2t_ensemble_averages_the_two_models_scores():
 
     def scores(m):
         with torch.no_grad():
-            return m.similarity(m.encode_images(data.regions, data.boxes), m.encode_texts(CAPTIONS)).numpy()
+            return m.similarity(m.encode_images(xmatch.RegionInputs(data.regions, data.boxes)), m.encode_texts(CAPTIONS)).numpy()
 
     result = evaluate([t2i, i2t], data, "full", image_batch_size=2, progress=False)
     expected = evaluate_scores((scores(t2i) + scores(i2t)) / 2, "full", captions_per_image=1)

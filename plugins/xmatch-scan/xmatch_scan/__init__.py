@@ -16,7 +16,7 @@ Example:
     >>> import torch
     >>> model = xmatch.build("scan-t2i-avg-f30k", text_encoder={"vocab": ["a", "dog", "on", "the", "bench"]})
     >>> regions, boxes = torch.rand(2, 36, 2048), torch.zeros(2, 36, 4)  # precomputed bottom-up features
-    >>> model.similarity(model.encode_images(regions=regions, boxes=boxes), model.encode_texts(["a dog"])).shape
+    >>> model.similarity(model.encode_images(xmatch.RegionInputs(regions, boxes)), model.encode_texts(["a dog"])).shape
     torch.Size([2, 1])
 """
 

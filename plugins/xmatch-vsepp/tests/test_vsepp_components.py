@@ -113,7 +113,7 @@ def test_precomp_is_fc_then_l2norm_on_the_raw_feature():
     with torch.no_grad():
         model.image_projection.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]))
         model.image_projection.bias.copy_(torch.tensor([0.0, 0.0, -1.0]))
-    img = model.encode_images(regions=torch.tensor([[[3.0, 1.0]]]), boxes=torch.zeros(1, 1, 4))
+    img = model.encode_images(xmatch.RegionInputs(torch.tensor([[[3.0, 1.0]]]), torch.zeros(1, 1, 4)))
     # fc([3, 1]) = [3, 2, 3]; its norm is sqrt(22); the input is not normalised first (B2.37).
     torch.testing.assert_close(img.pooled, torch.tensor([[3.0, 2.0, 3.0]]) / 22**0.5)
     assert img.tokens.shape == (1, 0, 3)
@@ -246,7 +246,7 @@ def test_whole_model_is_the_original_pipeline_before_and_after_training():
         # VSE++ does not have (a caption projection) would make visible
         with torch.no_grad():
             expected, expected_loss = original_scores_and_loss(model, regions, captions)
-            scores = model.similarity(model.encode_images(regions, batch.images.boxes), model.encode_texts(captions))
+            scores = model.similarity(model.encode_images(batch.images), model.encode_texts(captions))
         torch.testing.assert_close(scores, expected, rtol=1e-12, atol=1e-12)
         loss = model(batch).loss
         torch.testing.assert_close(loss, expected_loss, rtol=1e-12, atol=1e-12)
