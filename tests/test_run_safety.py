@@ -279,7 +279,7 @@ def test_a_mistyped_scenes_path_is_refused_instead_of_generating_a_new_set(tmp_p
 
 def test_a_pixel_model_on_region_features_says_which_layout_to_use(data_root):
     class PixelEncoder:
-        takes_pixels = True
+        input_type = xmatch.PixelInputs
 
     class PixelModel:
         image_encoder = PixelEncoder()

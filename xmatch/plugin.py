@@ -49,10 +49,7 @@ Helpers:
 - backbone weights: :func:`load_backbone_weights` (a weights file or any :mod:`xmatch.io.hub`
   source, fetched and checked like zoo weights, loaded into a timm network);
 - errors: :class:`XmatchError` (derive a plugin's own errors from it), :class:`SpecError` (a
-  spec that cannot be built);
-- renames: a component argument is renamed with a class attribute ``renamed_arguments = {old: new}``
-  (specs with the old name build, with a DeprecationWarning); a class or function, with
-  ``__getattr__ = renamed_names(__name__, {old: new})`` in its module (:func:`renamed_names`).
+  spec that cannot be built).
 
 Names: a component class is called ``<Name><Kind>``, the kind being ``ImageEncoder``,
 ``TextEncoder``, ``Reasoner``, ``Pooler`` or ``Loss`` (``ScanT2IPooler``, ``OANCNNTextEncoder``);
@@ -111,7 +108,6 @@ from xmatch.components.text.words import (
     uniform_word_embedding,
     with_markers,
 )
-from xmatch.deprecation import renamed_names
 from xmatch.model.inputs import ImageInputs, PixelInputs, RegionInputs, input_type_of
 from xmatch.model.masks import last_true_mask, lengths_to_mask, pad_stack
 from xmatch.components.projection_init import init_projection_like_original
@@ -125,6 +121,6 @@ __all__ = [
     "WordTextEncoder", "ZooEntry", "check_region_inputs", "hinge_triplet", "init_projection_like_original",
     "input_type_of",    "last_true_mask", "lengths_to_mask", "load_backbone_weights", "load_vocabulary", "merge", "normalize_boxes", "pad_stack",
     "read_original_vocabulary", "register_dataset", "register_image_encoder", "register_loss", "register_model",
-    "register_pooler", "register_proposer", "register_reasoner", "register_text_encoder", "renamed_names", "split_words",
+    "register_pooler", "register_proposer", "register_reasoner", "register_text_encoder", "split_words",
     "tokenize_words", "uniform_word_embedding", "with_markers", "zoo_entries_from_toml",
 ]

@@ -19,7 +19,6 @@ from typing import Any, Literal
 import torch
 
 from xmatch.model.interfaces import Pooler
-from xmatch.deprecation import renamed_names
 from xmatch.model.embeddings import Embeddings
 
 Compat = Literal["clean", "original"]
@@ -191,9 +190,3 @@ class GlobalCosinePooler(Pooler):
                 "with a CLS slot (image_encoder cls_slot=true, a BERT text encoder)."
             )
         return img.pooled @ txt.pooled.T
-
-
-# the class names before they followed <Name><Kind>
-__getattr__ = renamed_names(__name__, {
-    "MrSw": "MrSwPooler", "MwSr": "MwSrPooler", "Symm": "SymmPooler", "MrAvgw": "MrAvgwPooler", "GlobalCosine": "GlobalCosinePooler",
-})

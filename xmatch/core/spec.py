@@ -22,7 +22,6 @@ import os
 import tomllib
 import types
 import typing
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -140,73 +139,6 @@ def _describe(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
-def renamed_arguments(table: Mapping[str, Any], builder: Callable[..., Any], path: str) -> Mapping[str, Any]:
-    """``table`` with the old spellings of renamed arguments replaced by the new ones, each with a
-    DeprecationWarning. A component declares its renames as ``renamed_arguments = {old: new}``
-    (a class attribute), so specs written before a rename keep building.
-
-    Example:
-        >>> class Encoder:
-        ...     renamed_arguments = {"model": "backbone"}
-        ...     def __init__(self, backbone: str = "resnet50") -> None: ...
-        >>> import warnings
-        >>> with warnings.catch_warnings():
-        ...     warnings.simplefilter("ignore")
-        ...     renamed_arguments({"name": "e", "model": "vgg19"}, Encoder, "model -> image_encoder")
-        {'name': 'e', 'backbone': 'vgg19'}
-    """
-    renames: Mapping[str, str] = getattr(builder, "renamed_arguments", {})
-    old = [k for k in renames if k in table]
-    if not old:
-        return table
-    out = dict(table)
-    for key in old:
-        new = renames[key]
-        if new in table:
-            raise SpecError(f"{path} -> {key}: the old name of '{new}', which is given too; keep only '{new}'.")
-        warnings.warn(
-            f"{path} -> {key}: the argument '{key}' is now called '{new}'; write {new} = {table[key]!r} in the "
-            "spec, or save a bundle again with xmatch.save_pretrained (the old name will stop working in a "
-            "future release).",
-            DeprecationWarning,
-            stacklevel=4,
-        )
-        out = {(new if k == key else k): v for k, v in out.items()}
-    return out
-
-
-def with_current_argument_names(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """``spec`` with every component's renamed arguments under their current names, silently:
-    for specs that xmatch wrote itself (a bundle's), which the user never typed. Tables whose
-    component is not registered are left as they are (building reports them).
-
-    Example:
-        >>> with_current_argument_names({"text_encoder": {"name": "bert", "source": "bert-base-uncased"}})
-        {'text_encoder': {'name': 'bert', 'backbone': 'bert-base-uncased'}}
-    """
-    out = dict(spec)
-    for key, kind in COMPONENTS.items():
-        if isinstance(spec.get(key), Mapping):
-            out[key] = current_argument_names(spec[key], kind)
-    return out
-
-
-def current_argument_names(table: Mapping[str, Any], kind: str) -> dict[str, Any]:
-    """One component table (of the registry ``kind``) with its renamed arguments under their
-    current names, silently (see :func:`with_current_argument_names`).
-
-    Example:
-        >>> current_argument_names({"name": "torchvision-detector", "model": "fcos_resnet50_fpn"}, "proposers")
-        {'name': 'torchvision-detector', 'backbone': 'fcos_resnet50_fpn'}
-    """
-    try:
-        renames: Mapping[str, str] = getattr(get_registry(kind).get(table["name"]), "renamed_arguments", {})
-    except (KeyError, RegistryError):
-        return dict(table)
-    # an old key is kept as it is when its new name is given too (building then reports both)
-    return {(renames[k] if k in renames and renames[k] not in table else k): v for k, v in table.items()}
-
-
 def check_component(table: Any, kind: str, path: str, injected: tuple[str, ...] = ()) -> dict[str, Any]:
     """Validate one component table against its builder; return it with defaults filled in
     and the registered spelling of its name."""
@@ -220,7 +152,6 @@ def check_component(table: Any, kind: str, path: str, injected: tuple[str, ...] 
         name = registry.canonical(table["name"])
     except RegistryError as exc:
         raise SpecError(f"{path} -> name: {exc}") from None
-    table = renamed_arguments(table, builder, path)
     sig = signature_of(builder)
     params = sig.parameters
     var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

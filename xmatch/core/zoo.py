@@ -7,20 +7,17 @@ import copy
 import fnmatch
 import importlib.resources
 import tomllib
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from xmatch.core.registry import RegistryError, get_registry, models
-from xmatch.core.sources import validate_weight_source, zoo_folder
+from xmatch.core.sources import PLUGINS_FILE, validate_weight_source, zoo_folder
 from xmatch.core.spec import merge, signature_of
 
 ENTRY_KEYS = {
     "base", "overrides", "spec", "description", "paper", "dataset", "params", "metrics",
     "weights", "license", "origin", "input", "notes",
 }
-#: old spellings of entry keys, still read (with a DeprecationWarning)
-RENAMED_KEYS = {"licence": "license"}
 
 
 @dataclass
@@ -82,17 +79,11 @@ class ZooEntry:
 
     __str__ = card
 
-    @property
-    def licence(self) -> str:
-        """Deprecated spelling of :attr:`license`."""
-        warnings.warn("ZooEntry.licence is deprecated; use ZooEntry.license.", DeprecationWarning, stacklevel=2)
-        return self.license
-
 
 def _read_zoo_files() -> dict[str, dict[str, Any]]:
     raw: dict[str, dict[str, Any]] = {}
     for resource in sorted(zoo_folder().iterdir(), key=lambda r: r.name):
-        if not resource.name.endswith(".toml"):
+        if not resource.name.endswith(".toml") or resource.name == PLUGINS_FILE:
             continue
         tables = _checked_tables(tomllib.loads(resource.read_text(encoding="utf-8")), resource.name)
         for name, table in tables.items():
@@ -104,29 +95,10 @@ def _read_zoo_files() -> dict[str, dict[str, Any]]:
 
 def _checked_tables(data: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
     for name, table in data.items():
-        if isinstance(table, dict):
-            data[name] = table = _renamed_keys(table, f"zoo entry '{name}' ({where})")
         unknown = set(table) - ENTRY_KEYS if isinstance(table, dict) else {"<not a table>"}
         if unknown:
             raise ValueError(f"zoo entry '{name}' ({where}) has unknown keys {sorted(unknown)}.")
     return data
-
-
-def _renamed_keys(table: dict[str, Any], where: str) -> dict[str, Any]:
-    """``table`` with old key spellings (``licence``) replaced by today's, each with a
-    DeprecationWarning naming the entry."""
-    for old, new in RENAMED_KEYS.items():
-        if old not in table:
-            continue
-        if new in table:
-            raise ValueError(f"{where} has both '{old}' and '{new}'; keep '{new}' (the spelling of packaging metadata).")
-        warnings.warn(
-            f"{where}: the key '{old}' is deprecated; spell it '{new}', as packaging metadata does.",
-            DeprecationWarning,
-            stacklevel=4,
-        )
-        table = {(new if key == old else key): value for key, value in table.items()}
-    return table
 
 
 def _resolve(name: str, raw: dict[str, dict[str, Any]], seen: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -199,8 +171,7 @@ def as_entry(name: str, obj: Any) -> ZooEntry:
     if isinstance(obj, ZooEntry):
         return copy.deepcopy(obj)  # callers may edit the spec they get; the registered entry stays
     if isinstance(obj, dict) and "spec" in obj:
-        fields = _renamed_keys({k: v for k, v in obj.items() if k != "name"}, f"zoo entry '{name}'")
-        return ZooEntry(name=name, **fields)
+        return ZooEntry(name=name, **{k: v for k, v in obj.items() if k != "name"})
     raise TypeError(f"zoo entry '{name}' must be a ZooEntry or a dict with a 'spec', got {type(obj).__name__}.")
 
 

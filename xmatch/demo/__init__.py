@@ -9,13 +9,5 @@ Example:
 """
 
 from xmatch.demo.run import DemoResult, run_demo
-from xmatch.deprecation import moved_names
 
 __all__ = ["DemoResult", "run_demo"]
-
-# what `from xmatch.demo import ...` gave when the demo was one module
-__getattr__ = moved_names(__name__, "xmatch.demo.run", {
-    "DEFAULT_MODEL", "DEFAULT_RECIPE", "RECIPES", "IMAGE_BATCH", "TEXT_BATCH", "Hit", "Ranking", "prepare_scenes",
-    "scenes_layout", "load_trained_model", "train_demo_model", "rank_texts_to_images", "rank_images_to_texts",
-    "token_labels", "figures_table", "SCORES_EXPLAINED", "POOLER_MARKS", "pick_queries", "showcase",
-})

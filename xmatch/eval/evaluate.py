@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ from xmatch.model.buckets import BucketedEmbeddings
 from xmatch.data.base import ImageTextDataset
 from xmatch.data.fit import check_images_fit
 from xmatch.eval.protocol import EvalResult, evaluate_blocks, fold_layout
-from xmatch.model.inputs import ImageBatch, image_inputs_of
+from xmatch.model.inputs import ImageBatch
 from xmatch.core.memory import release_free_memory
 from xmatch.model.model import MatchingModel
 from xmatch.core.progress import progress_bar
@@ -33,14 +33,13 @@ class RetrievalSet(Protocol):
 
     ``captions`` are ordered image by image, ``captions_per_image`` of each;
     ``image_batches(batch_size)`` yields, in image order, :class:`~xmatch.model.inputs.ImageBatch`
-    records (:func:`xmatch.data.collate_images` makes them; batch dicts with ``regions``,
-    ``boxes`` and ``region_mask`` or ``images`` still work, with a DeprecationWarning).
+    records (:func:`xmatch.data.collate_images` makes them).
     """
 
     captions: Sequence[str]
     captions_per_image: int
 
-    def image_batches(self, batch_size: int) -> Iterator[ImageBatch | Mapping[str, Any]]: ...
+    def image_batches(self, batch_size: int) -> Iterator[ImageBatch]: ...
 
 
 @dataclass
@@ -75,7 +74,7 @@ def encode_dataset(
     n_images = len(dataset.captions) // dataset.captions_per_image
     with progress_bar(total=n_images, desc="encode images", unit="img", show=progress) as bar:
         for batch in dataset.image_batches(image_batch_size):
-            parts.append(model.encode_images(image_inputs_of(batch)))
+            parts.append(model.encode_images(batch.images))
             release_free_memory()  # the batch's activations: growing batches never fit old heap holes
             bar.update(len(parts[-1]))
     if not parts:

@@ -38,7 +38,6 @@ from xmatch.extract.writers import (
     write_precomp,
     write_teran,
 )
-from xmatch.core.spec import current_argument_names
 
 logger = logging.getLogger(__name__)
 
@@ -300,10 +299,6 @@ def _prepare(out: Path, manifest: dict[str, Any], resume: bool, overwrite: bool,
                     "--overwrite to start again.")
         else:
             recorded = {k: old.get(k) for k in COMPARED}
-            pipeline = recorded.get("pipeline")
-            if isinstance(pipeline, dict) and isinstance(pipeline.get("proposer"), dict):
-                # a folder extracted before a proposer argument was renamed resumes all the same
-                recorded["pipeline"] = {**pipeline, "proposer": current_argument_names(pipeline["proposer"], "proposers")}
             differences = settings_differences(recorded, {k: manifest[k] for k in COMPARED})
             if differences:
                 return (f"error:--resume: {path} was made with other settings ({'; '.join(differences[:6])}); "

@@ -14,7 +14,7 @@ import torch
 from xmatch.core.sources import WEIGHTS_FILE
 from xmatch.io.files import move_into_place
 from xmatch.core.errors import XmatchError
-from xmatch.core.spec import COMPONENTS, OPTIONAL_COMPONENTS, merge, with_current_argument_names
+from xmatch.core.spec import COMPONENTS, OPTIONAL_COMPONENTS, merge
 
 FORMAT = "xmatch.model/1"
 
@@ -131,8 +131,7 @@ def read_bundle_spec(directory: str | os.PathLike) -> tuple[dict[str, Any], Path
                     "a hub name. Save the model again with xmatch.save_pretrained, or build it from "
                     f"your own spec with checkpoint='{weights}'."
                 )
-    # bundles saved before an argument was renamed load without a warning: xmatch wrote them
-    return with_current_argument_names(spec), weights
+    return spec, weights
 
 
 def _metadata_json(meta: dict[str, str], key: str, weights: Path, default: str | None = None) -> Any:

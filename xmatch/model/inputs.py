@@ -24,8 +24,7 @@ Example:
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +35,20 @@ if TYPE_CHECKING:
     from xmatch.model.interfaces import TokenBatch
 
 Index = int | slice | torch.Tensor
+
+
+def normalize_boxes(boxes_xyxy: torch.Tensor, sizes_wh: torch.Tensor) -> torch.Tensor:
+    """Divide pixel boxes ``[..., R, 4]`` by ``[W, H, W, H]`` of each image ``[..., 2]``.
+
+    The division runs in float64 and the result is float32, as in the original loader.
+
+    Example:
+        >>> normalize_boxes(torch.tensor([[[10., 20., 50., 40.]]]), torch.tensor([[100, 80]]))
+        tensor([[[0.1000, 0.2500, 0.5000, 0.5000]]])
+    """
+    sizes = torch.as_tensor(sizes_wh, dtype=torch.float64)
+    scale = torch.cat([sizes, sizes], dim=-1).unsqueeze(-2)
+    return (torch.as_tensor(boxes_xyxy, dtype=torch.float64) / scale).float()
 
 
 def check_region_shapes(
@@ -249,8 +262,8 @@ ImageInputs = RegionInputs | PixelInputs
 def input_type_of(encoder: Any) -> type[RegionInputs | PixelInputs]:
     """The input an image encoder (instance, class or registered builder) reads.
 
-    Encoders declare it with ``input_type``; ``takes_pixels = True``, the attribute used
-    before, is still read for builders that are not :class:`~xmatch.ImageEncoder` classes.
+    Encoders declare it with ``input_type``; a builder that declares none reads
+    :class:`RegionInputs`.
 
     Example:
         >>> from xmatch.components.image.bottomup import BottomUpImageEncoder
@@ -258,58 +271,11 @@ def input_type_of(encoder: Any) -> type[RegionInputs | PixelInputs]:
         'RegionInputs'
     """
     declared = getattr(encoder, "input_type", None)
-    if declared in (RegionInputs, PixelInputs):
-        return declared
-    return PixelInputs if getattr(encoder, "takes_pixels", False) is True else RegionInputs
-
-
-class _DictKeys:
-    """Read access under the keys of the batch dicts collate made before the typed batches,
-    with a DeprecationWarning (``batch["regions"]``, ``batch.get("image_ids")``, ``"images" in batch``)."""
-
-    def _legacy(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        images = self.images  # type: ignore[attr-defined]
-        if isinstance(images, RegionInputs):
-            out.update(regions=images.regions, boxes=images.boxes, region_mask=images.mask)
-        else:
-            out["images"] = images.images
-        for key in ("texts", "image_ids", "indices"):
-            value = getattr(self, key, None)
-            if value is not None:
-                out[key] = value
-        return out
-
-    def _warn(self, key: object) -> None:
-        warnings.warn(
-            f"{type(self).__name__}[{key!r}]: batches are typed records now; read batch.images "
-            "(.regions, .boxes, .mask or .images), batch.texts, batch.image_ids, batch.indices "
-            "(the dict keys will stop working in a future release).",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-
-    def __getitem__(self, key: str) -> Any:
-        self._warn(key)
-        return self._legacy()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self._warn(key)
-        return self._legacy().get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        self._warn(key)
-        return key in self._legacy()
-
-    def keys(self) -> Any:
-        self._warn("keys")
-        return self._legacy().keys()
-
-    __iter__ = None  # a record, not a sequence: iter() must not fall back to __getitem__(0)
+    return declared if declared in (RegionInputs, PixelInputs) else RegionInputs
 
 
 @dataclass(frozen=True, eq=False)
-class PairBatch(_DictKeys):
+class PairBatch:
     """A training batch: image ``k`` goes with caption ``k``.
 
     Attributes:
@@ -343,20 +309,6 @@ class PairBatch(_DictKeys):
                 f"and {len(self.texts)} captions."
             )
 
-    @classmethod
-    def from_dict(cls, batch: Mapping[str, Any]) -> PairBatch:
-        """The typed batch of a batch dict as collate made it before (``regions``, ``boxes``,
-        ``region_mask`` or ``images``; ``texts``; ``image_ids``; ``indices``).
-
-        Example:
-            >>> d = {"regions": torch.rand(1, 2, 4), "boxes": torch.zeros(1, 2, 4), "texts": ["a dog"]}
-            >>> PairBatch.from_dict(d).images.mask.tolist()
-            [[True, True]]
-        """
-        if "texts" not in batch:
-            raise ValueError("a training batch needs texts (the captions, one per image).")
-        return cls(image_inputs_from_dict(batch), batch["texts"], batch.get("image_ids"), batch.get("indices"))
-
     def __len__(self) -> int:
         return len(self.images)
 
@@ -380,7 +332,7 @@ class PairBatch(_DictKeys):
 
 
 @dataclass(frozen=True, eq=False)
-class ImageBatch(_DictKeys):
+class ImageBatch:
     """Images alone (evaluation and indexing encode each image once).
 
     Attributes:
@@ -406,39 +358,3 @@ class ImageBatch(_DictKeys):
     def pin_memory(self) -> ImageBatch:
         return ImageBatch(self.images.pin_memory(), None if self.image_ids is None else self.image_ids.pin_memory())
 
-
-def image_inputs_from_dict(batch: Mapping[str, Any]) -> ImageInputs:
-    """The image inputs of a batch dict: ``images`` (pixels), or ``regions``, ``boxes`` and
-    ``region_mask`` (or ``mask``).
-
-    Example:
-        >>> image_inputs_from_dict({"images": torch.rand(2, 3, 8, 8)}).images.shape
-        torch.Size([2, 3, 8, 8])
-    """
-    if batch.get("images") is not None:
-        return PixelInputs(batch["images"])
-    if batch.get("regions") is None or batch.get("boxes") is None:
-        raise ValueError("a batch needs images=... (pixels) or regions=[B, R, F] and boxes=[B, R, 4].")
-    mask = batch.get("region_mask")
-    return RegionInputs(batch["regions"], batch["boxes"], batch.get("mask") if mask is None else mask)
-
-
-def image_inputs_of(batch: ImageBatch | PairBatch | Mapping[str, Any]) -> ImageInputs:
-    """The image inputs of any image batch: typed, or a dict (with a DeprecationWarning).
-
-    Example:
-        >>> batch = ImageBatch(PixelInputs(torch.rand(1, 3, 8, 8)))
-        >>> type(image_inputs_of(batch)).__name__
-        'PixelInputs'
-    """
-    if isinstance(batch, (ImageBatch, PairBatch)):
-        return batch.images
-    if isinstance(batch, Mapping):
-        warnings.warn(
-            "image batches as dicts are deprecated; yield xmatch.ImageBatch records (xmatch.data.collate_images "
-            "makes them) (dicts will stop working in a future release).",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return image_inputs_from_dict(batch)
-    raise TypeError(f"expected an ImageBatch, a PairBatch or a batch dict, got {type(batch).__name__}.")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,20 +77,6 @@ class TokenBatch:
         return self.mask.shape[0]
 
 
-class _TakesPixels:
-    """``encoder.takes_pixels``, read on a class or an instance: the ``input_type`` of today,
-    as the boolean encoders declared before (with a DeprecationWarning)."""
-
-    def __get__(self, obj: object, owner: type) -> bool:
-        warnings.warn(
-            f"{owner.__name__}.takes_pixels is deprecated; compare {owner.__name__}.input_type with "
-            "xmatch.PixelInputs / xmatch.RegionInputs (takes_pixels will stop working in a future release).",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return owner.input_type is PixelInputs
-
-
 class ImageEncoder(nn.Module):
     """Turns region features (+ boxes) or pixels into a set of region features.
 
@@ -113,20 +98,6 @@ class ImageEncoder(nn.Module):
 
     output_dim: int
     input_type: type[RegionInputs | PixelInputs] = RegionInputs
-    takes_pixels = _TakesPixels()
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        declared = cls.__dict__.get("takes_pixels")
-        if isinstance(declared, bool):  # an encoder written before input_type
-            warnings.warn(
-                f"{cls.__name__}: takes_pixels = {declared} is deprecated; declare "
-                f"input_type = {'PixelInputs' if declared else 'RegionInputs'} (from xmatch.model.inputs).",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            if "input_type" not in cls.__dict__:
-                cls.input_type = PixelInputs if declared else RegionInputs
 
     def encode(self, inputs: RegionInputs | PixelInputs) -> EncoderOutput:
         """Encode typed inputs (what the model calls): ``forward(regions, boxes, mask)`` or

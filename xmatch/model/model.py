@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -224,13 +223,13 @@ class MatchingModel(nn.Module):
             raise ValueError(f"alignment takes one image and one text (img[k], txt[k]), got {len(img)} and {len(txt)}.")
         return img.tokens[0][img.mask[0]] @ txt.tokens[0][txt.mask[0]].T
 
-    def encode_batch(self, batch: PairBatch | Mapping[str, Any]) -> tuple[Embeddings, Embeddings]:
+    def encode_batch(self, batch: PairBatch) -> tuple[Embeddings, Embeddings]:
         """Encode a training batch of (image, caption) pairs: ``(images, captions)``.
 
-        ``batch`` is a :class:`~xmatch.model.inputs.PairBatch`, as :func:`xmatch.data.collate` makes
-        it (a batch dict of the old layout still works, with a DeprecationWarning).
+        ``batch`` is a :class:`~xmatch.model.inputs.PairBatch`, as :func:`xmatch.data.collate` makes it.
         """
-        batch = _pair_batch(batch)
+        if not isinstance(batch, PairBatch):
+            raise TypeError(f"a training batch is an xmatch.PairBatch (xmatch.data.collate makes one), got {type(batch).__name__}.")
         img = self.encode_images(batch.images, batch_size=None, progress=False)
         txt = self.encode_texts(batch.texts, batch_size=len(batch.texts))
         return img, txt
@@ -257,7 +256,7 @@ class MatchingModel(nn.Module):
                 scores[name] = pooler(img, txt, batch_layout=True)
             return self.loss(scores, image_ids)
 
-    def forward(self, batch: PairBatch | Mapping[str, Any]) -> LossOutput:
+    def forward(self, batch: PairBatch) -> LossOutput:
         """Training step: encode a batch of (image, caption) pairs and return the loss.
 
         ``batch`` is a :class:`~xmatch.model.inputs.PairBatch` (images, captions, optionally
@@ -269,23 +268,8 @@ class MatchingModel(nn.Module):
             >>> model(xmatch.PairBatch(images, ["a red circle", "a blue seven"])).loss.shape
             torch.Size([])
         """
-        batch = _pair_batch(batch)
         img, txt = self.encode_batch(batch)
         return self.batch_loss(img, txt, batch.image_ids)
-
-
-def _pair_batch(batch: PairBatch | Mapping[str, Any]) -> PairBatch:
-    if isinstance(batch, PairBatch):
-        return batch
-    if isinstance(batch, Mapping):
-        warnings.warn(
-            "training batches as dicts are deprecated; pass an xmatch.PairBatch (xmatch.data.collate makes one, "
-            "PairBatch.from_dict converts a dict) (dicts will stop working in a future release).",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return PairBatch.from_dict(batch)
-    raise TypeError(f"a training batch is an xmatch.PairBatch (xmatch.data.collate makes one), got {type(batch).__name__}.")
 
 
 def _at_least_float32(e: Embeddings) -> Embeddings:

@@ -20,9 +20,8 @@ import torch
 from torch import nn
 
 from xmatch.model.interfaces import EncoderOutput, ImageEncoder
-from xmatch.components.image.bottomup import normalize_boxes
+from xmatch.model.inputs import normalize_boxes
 from xmatch.components.image.timm_grid import _drop_own_keys, _keep_own_tensors
-from xmatch.deprecation import renamed_names
 from xmatch.model.inputs import PixelInputs, RegionInputs, input_type_of
 
 
@@ -152,7 +151,3 @@ def _region_encoder(table: Mapping[str, Any] | None, feature_dim: int) -> ImageE
             )
         checked["feature_dim"] = feature_dim
     return instantiate(checked, "image_encoders")
-
-
-# the class names before they followed <Name><Kind>
-__getattr__ = renamed_names(__name__, {"PixelRegionsEncoder": "PixelRegionsImageEncoder"})

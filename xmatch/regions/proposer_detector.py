@@ -75,7 +75,6 @@ class TorchvisionDetector(Proposer):
     """
 
     needs_pixels = True
-    renamed_arguments = {"model": "backbone"}
 
     def __init__(
         self,

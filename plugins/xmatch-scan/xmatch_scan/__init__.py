@@ -24,8 +24,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from xmatch.plugin import renamed_names
-
 from xmatch_scan.attention import aggregate, normalize_raw_scores, sum_max_scores, xattn_relevance, xattn_scores
 from xmatch_scan.image import ScanPrecompImageEncoder
 from xmatch_scan.init import init_like_original
@@ -45,9 +43,3 @@ __all__ = [
     "init_like_original", "load_original_vocab", "normalize_raw_scores", "paper_ensembles", "sum_max_scores",
     "xattn_relevance", "xattn_scores",
 ]
-
-# the class names before they followed <Name><Kind>
-__getattr__ = renamed_names(__name__, {
-    "ScanPrecompEncoder": "ScanPrecompImageEncoder", "ScanT2I": "ScanT2IPooler", "ScanI2T": "ScanI2TPooler",
-    "SumMaxT2I": "SumMaxT2IPooler", "SumMaxI2T": "SumMaxI2TPooler", "StackedCrossAttention": "StackedCrossAttentionPooler",
-})

@@ -14,7 +14,7 @@ exactly SCAN's ``l2norm(W f + b)``, the projection being SCAN's ``fc`` (``Linear
 
 from __future__ import annotations
 
-from xmatch.plugin import RegionFeaturesImageEncoder, renamed_names
+from xmatch.plugin import RegionFeaturesImageEncoder
 
 
 class ScanPrecompImageEncoder(RegionFeaturesImageEncoder):
@@ -34,7 +34,3 @@ class ScanPrecompImageEncoder(RegionFeaturesImageEncoder):
         >>> out.tokens.shape, out.tokens[0, 2].abs().sum().item(), out.content.sum().item()
         (torch.Size([2, 3, 8]), 0.0, 5)
     """
-
-
-# the class names before they followed <Name><Kind>
-__getattr__ = renamed_names(__name__, {"ScanPrecompEncoder": "ScanPrecompImageEncoder"})

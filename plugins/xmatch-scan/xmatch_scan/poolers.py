@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from xmatch.plugin import Embeddings, Pooler, renamed_names
+from xmatch.plugin import Embeddings, Pooler
 
 from xmatch_scan.attention import (
     AGG_FUNCS,
@@ -151,7 +151,3 @@ class SumMaxI2TPooler(SumMaxT2IPooler):
     """
 
     direction = "i2t"
-
-
-# the class names before they followed <Name><Kind>
-__getattr__ = renamed_names(__name__, {"ScanT2I": "ScanT2IPooler", "ScanI2T": "ScanI2TPooler", "SumMaxT2I": "SumMaxT2IPooler", "SumMaxI2T": "SumMaxI2TPooler"})

@@ -202,8 +202,10 @@ def test_image_encoder_errors(lite0):
         VSEPPImageEncoder("efficientnet_lite0", weights="/nonexistent/weights.pth")
     with pytest.raises(ValueError, match="not both"):
         VSEPPImageEncoder("efficientnet_lite0", pretrained=True, weights="/nonexistent/weights.pth")
-    with pytest.warns(DeprecationWarning, match="'checkpoint' is now called 'weights'"), \
-            pytest.raises(xmatch.SpecError, match="/nowhere.pth does not exist"):
+    with pytest.raises(xmatch.SpecError, match="/nowhere.pth does not exist"):
+        xmatch.build("vsepp-resnet152-coco", image_encoder={"backbone": "efficientnet_lite0", "weights": "/nowhere.pth"},
+                     text_encoder={"vocab": WORDS})
+    with pytest.raises(xmatch.SpecError, match=r"image_encoder -> checkpoint: 'vsepp-cnn' has no argument 'checkpoint'\. Arguments: .*weights"):
         xmatch.build("vsepp-resnet152-coco", image_encoder={"backbone": "efficientnet_lite0", "checkpoint": "/nowhere.pth"},
                      text_encoder={"vocab": WORDS})
     with pytest.raises(ValueError, match=r"float \[B, 3, H, W\]"):

@@ -13,27 +13,12 @@ from torch import nn
 
 from xmatch.model.interfaces import EncoderOutput, ImageEncoder
 from xmatch.components.reasoners import TransformerReasoner
-from xmatch.deprecation import renamed_names
 from xmatch.model.inputs import (
     RegionInputs,
     check_feature_dim,
     check_region_shapes,
     check_region_values,
 )
-
-
-def normalize_boxes(boxes_xyxy: torch.Tensor, sizes_wh: torch.Tensor) -> torch.Tensor:
-    """Divide pixel boxes ``[..., R, 4]`` by ``[W, H, W, H]`` of each image ``[..., 2]``.
-
-    The division runs in float64 and the result is float32, as in the original loader.
-
-    Example:
-        >>> normalize_boxes(torch.tensor([[[10., 20., 50., 40.]]]), torch.tensor([[100, 80]]))
-        tensor([[[0.1000, 0.2500, 0.5000, 0.5000]]])
-    """
-    sizes = torch.as_tensor(sizes_wh, dtype=torch.float64)
-    scale = torch.cat([sizes, sizes], dim=-1).unsqueeze(-2)
-    return (torch.as_tensor(boxes_xyxy, dtype=torch.float64) / scale).float()
 
 
 def box_geometry(boxes: torch.Tensor) -> torch.Tensor:
@@ -207,7 +192,3 @@ def _region_tensors(
         check_feature_dim(regions.regions, feature_dim)
         return regions.regions, regions.boxes, regions.mask
     return regions, boxes, check_region_inputs(regions, boxes, mask, feature_dim)  # type: ignore[arg-type]
-
-
-# the class names before they followed <Name><Kind>
-__getattr__ = renamed_names(__name__, {"BottomUpEncoder": "BottomUpImageEncoder"})

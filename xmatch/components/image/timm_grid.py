@@ -23,7 +23,6 @@ from torch import nn
 from xmatch.model.interfaces import EncoderOutput, ImageEncoder
 from xmatch.components.image.bottomup import BottomUpImageEncoder
 from xmatch.components.image.backbone import TimmBackbone
-from xmatch.deprecation import moved_names, renamed_names
 from xmatch.model.inputs import PixelInputs
 
 
@@ -49,7 +48,7 @@ class TimmGridImageEncoder(ImageEncoder):
 
     Args:
         backbone: any timm model name with a spatial feature map (CNNs; ViTs through their patch
-            grid); ``model`` in specs written before the rename.
+            grid).
         pretrained: timm's pretrained weights from its hub (needs the network or timm's cache).
         weights: instead, a local ``.safetensors`` / ``.pth`` file (strict load),
             ``package:<module>/<path>``, or ``"package:efficientnet-lite0"`` (the ImageNet weights
@@ -82,7 +81,6 @@ class TimmGridImageEncoder(ImageEncoder):
     """
 
     input_type = PixelInputs
-    renamed_arguments = {"model": "backbone"}
 
     def __init__(
         self,
@@ -221,19 +219,3 @@ def _keep_own_tensors(module: nn.Module, state_dict: dict[str, Any], prefix: str
     """``load_state_dict`` pre-hook: tensors the module does not save keep their current values."""
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         state_dict.setdefault(prefix + name, tensor.detach())
-
-
-# the class names before they followed <Name><Kind>, then the names that moved out with the
-# backbone and its weights
-__getattr__ = moved_names(
-    __name__,
-    "xmatch.components.image.backbone_weights",
-    {"PACKAGED_WEIGHTS", "PackagedWeights", "WeightsMismatchError", "load_backbone_weights", "load_by_name",
-     "load_by_position", "packaged_weights_file", "read_state_dict"},
-    fallback=moved_names(
-        __name__,
-        "xmatch.components.image.backbone",
-        {"create_timm_model", "to_pil"},
-        fallback=renamed_names(__name__, {"TimmGridEncoder": "TimmGridImageEncoder"}),
-    ),
-)

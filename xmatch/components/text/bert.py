@@ -37,8 +37,7 @@ class BertTextEncoder(TextEncoder):
 
     Args:
         backbone: hub id (``"bert-base-uncased"``), local directory, or
-            ``"package:<module>/<path>"`` for a model shipped inside a Python package
-            (``source`` in specs written before the rename).
+            ``"package:<module>/<path>"`` for a model shipped inside a Python package.
         layers: keep only the first N transformer layers (6 in TERN/TERAN); None keeps all.
         finetune: train the encoder's weights; False freezes them.
         pretrained: load the backbone's weights; False builds the same architecture with
@@ -53,8 +52,6 @@ class BertTextEncoder(TextEncoder):
         >>> enc(enc.tokenize(["a dog on a bench"])).tokens.shape  # doctest: +SKIP
         torch.Size([1, 7, 384])
     """
-
-    renamed_arguments = {"source": "backbone"}
 
     def __init__(
         self,

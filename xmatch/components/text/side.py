@@ -160,6 +160,5 @@ class TextSide:
         return cls(directory=directory, **data)
 
 
-#: spec arguments of a text encoder that name a file or folder of the text side ("source": the
-#: name of "backbone" in text sides built before the rename)
-_PATH_ARGUMENTS = ("vocab", "backbone", "source")
+#: spec arguments of a text encoder that name a file or folder of the text side
+_PATH_ARGUMENTS = ("vocab", "backbone")

@@ -44,8 +44,6 @@ Example:
     ['oan-coco', 'oan-f30k']
 """
 
-from xmatch.plugin import renamed_names
-
 from xmatch_oan.encoders import OANCNNTextEncoder, OANRegionImageEncoder
 from xmatch_oan.loss import OANLoss
 from xmatch_oan.poolers import OANIntraImagePooler, OANIntraTextPooler, OANPooler
@@ -55,9 +53,3 @@ __all__ = [
     "OANCNNTextEncoder", "OANContextReasoner", "OANIntraImagePooler", "OANIntraTextPooler", "OANLoss", "OANPooler",
     "OANRegionImageEncoder",
 ]
-
-# the class names before they followed <Name><Kind>
-__getattr__ = renamed_names(__name__, {
-    "OANRegionEncoder": "OANRegionImageEncoder", "OANTextCNN": "OANCNNTextEncoder",
-    "OANContextAttention": "OANContextReasoner",
-})

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from xmatch.plugin import EncoderOutput, RegionFeaturesImageEncoder, renamed_names, TokenBatch, WordTextEncoder
+from xmatch.plugin import EncoderOutput, RegionFeaturesImageEncoder, TokenBatch, WordTextEncoder
 
 
 class OANRegionImageEncoder(RegionFeaturesImageEncoder):
@@ -80,7 +80,3 @@ class OANCNNTextEncoder(WordTextEncoder):
             for k, conv in zip(self.kernel_sizes, self.convs, strict=True)
         ]
         return EncoderOutput(torch.cat(features, dim=1).transpose(1, 2), batch.mask, batch.content, global_slot=False)
-
-
-# the class names before they followed <Name><Kind>
-__getattr__ = renamed_names(__name__, {"OANRegionEncoder": "OANRegionImageEncoder", "OANTextCNN": "OANCNNTextEncoder"})

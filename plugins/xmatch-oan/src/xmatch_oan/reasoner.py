@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from xmatch.plugin import Reasoner, renamed_names
+from xmatch.plugin import Reasoner
 
 
 class OANContextReasoner(Reasoner):
@@ -61,7 +61,3 @@ class OANContextReasoner(Reasoner):
         alpha = logits.masked_fill(~mask[:, None, None, :], float("-inf")).softmax(dim=-1)
         context = torch.einsum("bkpq,bqd->bpd", alpha, x) / self.heads
         return x + context
-
-
-# the class names before they followed <Name><Kind>
-__getattr__ = renamed_names(__name__, {"OANContextAttention": "OANContextReasoner"})

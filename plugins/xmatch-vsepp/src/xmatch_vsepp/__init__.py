@@ -19,9 +19,4 @@ from xmatch_vsepp.init import init_like_original
 from xmatch_vsepp.order import OrderPooler
 from xmatch_vsepp.text import VSEPPTextEncoder
 
-from xmatch.plugin import renamed_names
-
 __all__ = ["OrderPooler", "VSEPPImageEncoder", "VSEPPPrecompImageEncoder", "VSEPPTextEncoder", "init_like_original"]
-
-# the class name before it followed <Name><Kind>
-__getattr__ = renamed_names(__name__, {"VSEPPPrecompEncoder": "VSEPPPrecompImageEncoder"})

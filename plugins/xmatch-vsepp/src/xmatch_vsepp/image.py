@@ -28,7 +28,6 @@ from xmatch.plugin import (
     RegionFeaturesImageEncoder,
     RegionInputs,
     load_backbone_weights,
-    renamed_names,
 )
 
 
@@ -48,7 +47,7 @@ class VSEPPImageEncoder(ImageEncoder):
             any weight source of :mod:`xmatch.io.hub` (a local ``.safetensors`` / ``.pth`` file,
             ``hf-hub:org/name/file.safetensors``, ...), fetched, checked and loaded as the timm
             encoders' ``weights=`` are (:func:`xmatch.plugin.load_backbone_weights`; a classifier in
-            the file is dropped); ``checkpoint`` in specs written before the rename.
+            the file is dropped).
         finetune: train the CNN (VSE++ ``--finetune``); False freezes its parameters.
         train_augment: random crop + flip while the module is in training mode.
 
@@ -59,7 +58,6 @@ class VSEPPImageEncoder(ImageEncoder):
     """
 
     input_type = PixelInputs
-    renamed_arguments = {"checkpoint": "weights"}
 
     def __init__(
         self,
@@ -160,7 +158,3 @@ class VSEPPPrecompImageEncoder(RegionFeaturesImageEncoder):
         # padded rows are zeros, so they add nothing to the sum
         summed, mask = self.real_regions(regions, boxes, mask)
         return EncoderOutput.global_vector(summed.sum(dim=1) / mask.sum(dim=1, keepdim=True).to(summed.dtype))
-
-
-# the class names before they followed <Name><Kind>
-__getattr__ = renamed_names(__name__, {"VSEPPPrecompEncoder": "VSEPPPrecompImageEncoder"})
