@@ -196,7 +196,7 @@ def test_local_weights_file_mapped_by_position(tmp_path):
 
 
 def test_image_encoder_errors(lite0):
-    with pytest.raises(ValueError, match="unknown timm backbone 'resnet153'"):
+    with pytest.raises(ValueError, match="'resnet153' is not a timm model. Did you mean resnet152"):
         VSEPPImageEncoder("resnet153")
     with pytest.raises(FileNotFoundError, match="/nonexistent/weights.pth does not exist"):
         VSEPPImageEncoder("efficientnet_lite0", weights="/nonexistent/weights.pth")

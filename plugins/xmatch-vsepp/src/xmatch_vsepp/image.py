@@ -27,7 +27,7 @@ from xmatch.plugin import (
     PixelInputs,
     RegionFeaturesImageEncoder,
     RegionInputs,
-    load_backbone_weights,
+    create_timm_model,
 )
 
 
@@ -68,29 +68,10 @@ class VSEPPImageEncoder(ImageEncoder):
         train_augment: bool = True,
     ) -> None:
         super().__init__()
-        import timm
         from timm.data import create_transform, resolve_data_config
 
-        if not timm.is_model(backbone):
-            close = timm.list_models(f"*{backbone.split('.')[0][:6]}*")[:8]
-            raise ValueError(
-                f"image encoder 'vsepp-cnn': unknown timm backbone '{backbone}'. Similar names: {close}; "
-                "see timm.list_models()."
-            )
-        if pretrained and weights is not None:
-            raise ValueError(
-                f"image encoder 'vsepp-cnn': give either pretrained=True (timm's weights for {backbone}) or "
-                f"weights={weights!r}, not both."
-            )
-        try:
-            self.cnn = timm.create_model(backbone, pretrained=pretrained, num_classes=0)
-        except (OSError, RuntimeError) as exc:
-            raise OSError(
-                f"image encoder 'vsepp-cnn': cannot load {backbone} weights from timm's hub (pretrained=True) ({exc}). "
-                "Give a file in timm's key layout (weights=...), go online, or build with pretrained=False."
-            ) from exc
-        if weights is not None:
-            load_backbone_weights(self.cnn, weights, model=backbone, headless=True)
+        # the shared loader: timm's hub, a file or a package, checked like every backbone's weights
+        self.cnn = create_timm_model(backbone, pretrained=pretrained, weights=weights, classifier=False)
         self.backbone = backbone
         self.output_dim = int(getattr(self.cnn, "head_hidden_size", None) or self.cnn.num_features)
         self.finetune = finetune
