@@ -277,3 +277,30 @@ def test_write_counts_rewrites_the_zoo_files(tmp_path):
 def test_word_level_entries_state_their_own_tokenizer(name):
     entry = xmatch.info(name)
     assert "bert" not in entry.input["tokenizer"] and entry.input["regions"] == 36
+
+
+def test_a_python_entry_inherits_from_its_base_like_a_toml_one():
+    with xmatch.core.registry.models.restored() as models:
+        models.register("teran-symm-scenes-py", {
+            "base": "teran-mrsw-scenes", "overrides": {"pooler": {"name": "Symm"}}, "description": "Symm on scenes",
+        })
+        entry = xmatch.info("teran-symm-scenes-py")
+        base = xmatch.info("teran-mrsw-scenes")
+        assert entry.spec == {**base.spec, "pooler": {**base.spec["pooler"], "name": "Symm"}}
+        assert (entry.description, entry.dataset, entry.params) == ("Symm on scenes", base.dataset, base.params)
+        assert entry.weights == [] and entry.metrics == {}  # they belong to the base's trained model
+        assert xmatch.build("teran-symm-scenes-py").pooler.__class__.__name__ == "SymmPooler"
+
+
+def test_a_python_entry_with_a_bad_base_is_a_clear_error():
+    with xmatch.core.registry.models.restored() as models:
+        models.register("py-unknown-base", {"base": "teran-nowhere"})
+        models.register("py-a", {"base": "py-b"})
+        models.register("py-b", {"base": "py-a"})
+        models.register("py-typo", {"base": "teran-mrsw-scenes", "overide": {}})
+        with pytest.raises(ValueError, match="'py-unknown-base' names the unknown base 'teran-nowhere'"):
+            xmatch.info("py-unknown-base")
+        with pytest.raises(ValueError, match="py-a -> py-b -> py-a form a cycle of bases"):
+            xmatch.info("py-a")
+        with pytest.raises(ValueError, match=r"'py-typo' has unknown keys \['overide'\]"):
+            xmatch.info("py-typo")

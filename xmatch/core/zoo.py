@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import fnmatch
 import importlib.resources
 import tomllib
@@ -110,9 +111,23 @@ def _resolve(name: str, raw: dict[str, dict[str, Any]], seen: tuple[str, ...] = 
         return table
     if base_name not in raw:
         raise ValueError(f"zoo entry '{name}' names the unknown base '{base_name}'.")
-    base = _resolve(base_name, raw, seen + (name,))
-    # The paper's figures and the weights belong to one trained model; everything else, the
-    # parameter count included, holds until the entry says otherwise (a test recounts params).
+    return inherit(_resolve(base_name, raw, seen + (name,)), table)
+
+
+def inherit(base: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:
+    """The fields of an entry that names ``base`` (the base's resolved fields): its
+    ``overrides`` merged into the base's spec, its other fields over the base's.
+
+    The paper's figures and the weights belong to one trained model and are not inherited;
+    everything else, the parameter count included, holds until the entry says otherwise (a
+    test recounts params).
+
+    Example:
+        >>> inherit({"spec": {"pooler": {"name": "MrSw"}}, "paper": "P", "weights": [{"source": "w"}]},
+        ...         {"overrides": {"pooler": {"name": "Symm"}}, "description": "d"})
+        {'paper': 'P', 'description': 'd', 'spec': {'pooler': {'name': 'Symm'}}}
+    """
+    base, table = copy.deepcopy(base), {k: v for k, v in table.items() if k != "base"}
     for key in ("metrics", "weights"):
         base.pop(key, None)
     spec = merge(base.pop("spec"), table.pop("overrides", {}))
@@ -164,15 +179,44 @@ def zoo_entries_from_toml(package: str, resource: str = "zoo.toml") -> dict[str,
     return {name: ZooEntry(name=name, **_resolve(name, raw)) for name in raw}
 
 
+_RESOLVING: list[str] = []  # the entries whose bases are being looked up, outermost first
+
+
 def as_entry(name: str, obj: Any) -> ZooEntry:
-    """Accept a ZooEntry, a dict of entry fields, or a callable returning either (plugins)."""
+    """Accept a ZooEntry, a dict of entry fields, or a callable returning either (plugins).
+
+    A dict may name a registered ``base`` entry and give ``overrides`` of its spec, as the
+    entries of a zoo TOML file do (:func:`inherit`).
+
+    Example:
+        >>> entry = as_entry("teran-symm-scenes", {"base": "teran-mrsw-scenes", "overrides": {"pooler": {"name": "Symm"}}})
+        >>> entry.spec["pooler"]["name"], entry.dataset, entry.weights
+        ('Symm', 'scenes', [])
+    """
     if callable(obj) and not isinstance(obj, ZooEntry):
         obj = obj()
     if isinstance(obj, ZooEntry):
         return copy.deepcopy(obj)  # callers may edit the spec they get; the registered entry stays
+    if isinstance(obj, dict) and "base" in obj:
+        unknown = set(obj) - ENTRY_KEYS - {"name"}
+        if unknown:
+            raise ValueError(f"zoo entry '{name}' has unknown keys {sorted(unknown)}.")
+        if name in _RESOLVING:
+            raise ValueError(f"zoo entries {' -> '.join([*_RESOLVING, name])} form a cycle of bases.")
+        _RESOLVING.append(name)
+        try:
+            base = info(obj["base"])
+        except RegistryError as exc:
+            raise ValueError(f"zoo entry '{name}' names the unknown base '{obj['base']}': {exc}") from None
+        finally:
+            _RESOLVING.pop()
+        fields = {k: v for k, v in dataclasses.asdict(base).items() if k != "name"}
+        return ZooEntry(name=name, **inherit(fields, {k: v for k, v in obj.items() if k != "name"}))
     if isinstance(obj, dict) and "spec" in obj:
         return ZooEntry(name=name, **{k: v for k, v in obj.items() if k != "name"})
-    raise TypeError(f"zoo entry '{name}' must be a ZooEntry or a dict with a 'spec', got {type(obj).__name__}.")
+    raise TypeError(
+        f"zoo entry '{name}' must be a ZooEntry, a dict with a 'spec', or a dict with a 'base', got {type(obj).__name__}."
+    )
 
 
 def match(names: list[str], pattern: str | None) -> list[str]:
