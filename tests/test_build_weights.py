@@ -130,7 +130,7 @@ def test_pretrained_true_with_a_checkpoint_says_to_pick_one(monkeypatch, trained
 
 
 @pytest.mark.parametrize("value, error, message", [
-    ("weights.bin", ValueError, r"checkpoint='weights.bin': expected a \.safetensors file or an original TERN/TERAN \.pth / \.tar"),
+    ("weights.bin", ValueError, r"checkpoint='weights.bin': expected a \.safetensors file or an original \.pth checkpoint \(TERN/TERAN's"),
     ("auto", ValueError, "expected a .safetensors file"),
     (1, TypeError, "checkpoint is a path to a weights file, got int"),
 ])

@@ -167,16 +167,17 @@ def scenes_layout(model: str | Mapping[str, Any] | MatchingModel) -> str:
         >>> scenes_layout("teran-mrsw-grid-scenes")
         'images'
     """
-    import xmatch
     from xmatch.core.registry import RegistryError, image_encoders
+    from xmatch.core.zoo import info
+    from xmatch.model.factory import build
 
     if isinstance(model, MatchingModel):
         return "images" if input_type_of(model.image_encoder) is PixelInputs else "regions"
     if isinstance(model, str):
         try:
-            spec = xmatch.info(model).spec
+            spec = info(model).spec
         except RegistryError:  # not a zoo name: the spec is the one the built model carries
-            spec = xmatch.build(model).spec
+            spec = build(model).spec
     else:
         spec = model
     encoder = image_encoders.get(spec["image_encoder"]["name"])
@@ -194,11 +195,12 @@ def load_trained_model(model: str) -> MatchingModel:
     Example:
         >>> net = load_trained_model("local-dir:my-model")  # needs a bundle of yours  # doctest: +SKIP
     """
-    import xmatch
     from xmatch.core.registry import RegistryError
+    from xmatch.core.zoo import info
+    from xmatch.model.factory import build
 
     try:
-        weights = bool(xmatch.info(model).weights)
+        weights = bool(info(model).weights)
     except RegistryError:  # a bundle carries its weights; build() explains any other name
         weights = not model.endswith(".toml")
     if not weights:
@@ -206,7 +208,7 @@ def load_trained_model(model: str) -> MatchingModel:
             f"'{model}' has no trained weights to show. Pick a model with weights (xmatch models --pretrained, "
             f"a local-dir: or hf-hub: bundle), or train it first: xmatch demo --model {model} --train."
         )
-    return xmatch.build(model, pretrained=True)
+    return build(model, pretrained=True)
 
 
 def train_demo_model(
@@ -228,8 +230,7 @@ def train_demo_model(
     Example:
         >>> net = train_demo_model("teran-mrsw-scenes", "runs/demo")  # trains a model (minutes)  # doctest: +SKIP
     """
-    import xmatch
-    from xmatch.model.factory import is_bundle_name
+    from xmatch.model.factory import build, is_bundle_name
     from xmatch.train import Trainer, load_recipe
 
     config = load_recipe(recipe)
@@ -241,11 +242,11 @@ def train_demo_model(
     train = prepare_scenes("train", size, root, progress, **options)
     val = prepare_scenes("val", size, root, progress, **options)
     torch.manual_seed(config.seed)
-    net = xmatch.build(model, pretrained=is_bundle_name(model))  # a bundle is trained further, a zoo entry from scratch
+    net = build(model, pretrained=is_bundle_name(model))  # a bundle is trained further, a zoo entry from scratch
     run_dir = Path(run_dir)
     Trainer(net, train, config, val_data=val, run_dir=run_dir, progress=progress).fit()
     best = run_dir / "best" if (run_dir / "best").is_dir() else run_dir / "final"
-    return xmatch.build(f"local-dir:{best}", pretrained=True)
+    return build(f"local-dir:{best}", pretrained=True)
 
 
 def rank_texts_to_images(

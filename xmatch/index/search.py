@@ -538,9 +538,9 @@ def create(
     if model_ref is not None and model_ref.startswith("local-dir:"):
         model_ref = "local-dir:" + str(Path(model_ref[len("local-dir:") :]).resolve())
     if model_ref is None:
-        import xmatch
+        from xmatch.io.bundle import save_pretrained
 
-        xmatch.save_pretrained(model, root / MODEL_FOLDER)
+        save_pretrained(model, root / MODEL_FOLDER)
     engine_record: dict[str, Any] = {"name": engine}
     if engine == "qdrant":
         engine_record |= {"location": qdrant or str((root / "qdrant").resolve()),
@@ -626,15 +626,15 @@ def _image_inputs(items: Any, method: str) -> ImageInputs:
 
 
 def _load_model(root: Path, manifest: dict[str, Any], name: str | None, device: Any) -> MatchingModel:
-    import xmatch
+    from xmatch.model.factory import build
 
     ref = name or manifest["model"].get("ref")
     if ref is None:
         bundle = root / MODEL_FOLDER
         if not bundle.is_dir():
             raise SearchIndexError(f"{root} records no model and has no {MODEL_FOLDER}/ bundle; pass model=... to open().")
-        return xmatch.build(f"local-dir:{bundle}", pretrained=True, device=device)
+        return build(f"local-dir:{bundle}", pretrained=True, device=device)
     if "=" in ref:  # NAME_OR_SPEC=WEIGHTS, as on the command line
         base, weights = ref.split("=", 1)
-        return xmatch.build(base, checkpoint=weights, device=device)
-    return xmatch.build(ref, pretrained=True, device=device)
+        return build(base, checkpoint=weights, device=device)
+    return build(ref, pretrained=True, device=device)

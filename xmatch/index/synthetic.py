@@ -122,10 +122,10 @@ def scoring_model(pooler: str = "MrSw", dim: int = 256) -> MatchingModel:
         >>> scoring_model("Symm", 16).pooler
         SymmPooler()
     """
-    import xmatch
+    from xmatch.model.factory import build
 
     torch.manual_seed(0)  # the same weights, hence the same fingerprint, every time
-    return xmatch.build({
+    return build({
         "embed_dim": dim,
         "image_encoder": {"name": "bottomup", "feature_dim": dim, "layers": 0, "box_hidden_dim": 16},
         "text_encoder": {"name": "bigru", "vocab": "zoo:weights/teran-mrsw-scenes/vocab.json",

@@ -156,8 +156,8 @@ def _check_weights_arguments(pretrained: object, checkpoint: object) -> None:
         raise TypeError(f"checkpoint is a path to a weights file, got {type(checkpoint).__name__}.")
     if not os.fspath(checkpoint).endswith(CHECKPOINT_SUFFIXES):
         raise ValueError(
-            f"checkpoint='{os.fspath(checkpoint)}': expected a .safetensors file or an original TERN/TERAN "
-            ".pth / .tar checkpoint."
+            f"checkpoint='{os.fspath(checkpoint)}': expected a .safetensors file or an original .pth checkpoint "
+            "(TERN/TERAN's .pth or .pth.tar)."
         )
 
 
