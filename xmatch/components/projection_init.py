@@ -44,8 +44,18 @@ def init_projection_like_original(
         ValueError: the model has no image projection, or has a text projection.
 
     Example:
-        >>> init_projection_like_original(model, "SCAN",  # needs a built SCAN model  # doctest: +SKIP {"scan-precomp": ScanPrecompImageEncoder},
-        ...                               {"scan-bigru": ScanBiGRUTextEncoder})  # doctest: +SKIP
+        >>> from xmatch.components.image.bottomup import BottomUpImageEncoder
+        >>> from xmatch.components.text.rnn import BiGRUTextEncoder
+        >>> model = xmatch.build({  # a VSE++-shaped model: a linear fc after the regions, none after the GRU
+        ...     "embed_dim": 8, "image_projection": True, "text_projection": False,
+        ...     "image_encoder": {"name": "bottomup", "feature_dim": 16, "layers": 0},
+        ...     "text_encoder": {"name": "bigru", "vocab": ["a", "dog"], "word_dim": 8, "hidden_dim": 4},
+        ...     "image_reasoner": {"name": "identity"}, "text_reasoner": {"name": "identity"},
+        ...     "pooler": {"name": "global-cosine"}, "loss": {"name": "hinge"}})
+        >>> model = init_projection_like_original(
+        ...     model, "VSE++", {"bottomup": BottomUpImageEncoder}, {"bigru": BiGRUTextEncoder})
+        >>> model.image_projection.bias.abs().sum().item()  # Xavier weights, zero bias
+        0.0
     """
     if not isinstance(model.image_encoder, tuple(image_encoders.values())) or not isinstance(
         model.text_encoder, tuple(text_encoders.values())

@@ -108,8 +108,8 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "") -> RunRecord:
-        """A record from :meth:`to_dict`'s data; also reads the plain result JSON of older
-        ``xmatch eval --json`` runs (no provenance; ranks only if written with ``--queries``)."""
+        """A record from :meth:`to_dict`'s data; also reads a plain result JSON
+        (:meth:`EvalResult.save_json`: no provenance; ranks only if written ``with_queries``)."""
         if not isinstance(data, Mapping) or "i2t" not in data or "t2i" not in data:
             raise ValueError(f"{source or 'the data'} is not an xmatch eval result (no 'i2t' / 't2i' figures).")
         queries = {f"{d}_ranks": np.asarray(r) for d, r in (data.get("ranks") or {}).items()}
@@ -190,7 +190,7 @@ def model_fingerprint(model: MatchingModel) -> str:
     try:
         spec = model.spec.get("pooler")
     except AttributeError:
-        spec = type(model.pooler).__name__.removesuffix("Pooler")  # the fingerprint of old runs
+        spec = type(model.pooler).__name__.removesuffix("Pooler")  # a model made without a spec: its pooler's class
     return _short_hash([encoders(model), spec, pooler])
 
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from xmatch.model.interfaces import EncoderOutput, TokenBatch
-from xmatch.components.text.words import (  # noqa: F401  (re-exported: their home before text_words)
+from xmatch.components.text.words import (  # noqa: F401  (re-exported beside the encoders built on them)
     SPECIALS,
     VOCAB_FILE,
     Vocabulary,
