@@ -133,3 +133,10 @@ def test_errors_are_one_line(tmp_path, capsys):
         main(["info"])
     assert main(["info", "teran-nope"]) == 2
     assert "Did you mean" in capsys.readouterr().err
+
+
+def test_word_classes_scenes_is_the_scenes_grammar_tagger():
+    from xmatch.cli.eval import word_classes_option
+
+    assert word_classes_option("scenes").classes == ("noun", "colour", "size", "adjective", "relation")
+    assert word_classes_option("nltk") == "nltk" and word_classes_option(None) is None

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
             records.append(run_protocols(
                 models, dataset, args.protocol, name=" + ".join(entry), model_names=entry, dataset_name=args.dataset,
                 relevance=relevance, fold_images=args.fold_images, groups=args.groups, caption_ids=args.caption_ids,
-                pmrp_dir=args.pmrp, word_classes=args.word_classes, probes=args.probe, probe_seed=args.probe_seed,
+                pmrp_dir=args.pmrp, word_classes=word_classes_option(args.word_classes), probes=args.probe, probe_seed=args.probe_seed,
                 image_batch_size=args.batch_size, text_batch_size=4 * args.batch_size,
             ))
             del models
@@ -144,3 +144,13 @@ def _relevance(args: argparse.Namespace, dataset: Any) -> dict[str, Any]:
                 dataset.captions, key, dataset.captions_per_image, cache_dir=args.relevance_cache, **options
             )
     return out
+
+
+def word_classes_option(source: str | None) -> Any:
+    """``--word-classes``: ``scenes`` is the scenes grammar's tagger; other values (``nltk``, a
+    JSON file) are read by the evaluation."""
+    if source == "scenes":
+        from xmatch.scenes.tagger import scenes_tagger
+
+        return scenes_tagger()
+    return source

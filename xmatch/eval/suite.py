@@ -258,7 +258,8 @@ def run_protocols(
         caption_ids: ``eccv-caption`` / ``cxc``: COCO annotation ids of the captions (see
             :func:`xmatch.eval.eccv.coco_ids`).
         pmrp_dir: ``eccv-caption``: folder with the plausible-match files, for PMRP.
-        word_classes: ``probes``: a tagger, ``"scenes"``, ``"nltk"`` or a word-list JSON file
+        word_classes: ``probes``: a tagger (the scenes grammar's is
+            :func:`xmatch.scenes.tagger.scenes_tagger`), ``"nltk"`` or a word-list JSON file
             (default: the one the dataset declares).
         probes: ``probes``: perturbations or their names (``shuffle``, ``drop-noun``...;
             default: :func:`~xmatch.eval.probes.default_probes`).
