@@ -18,7 +18,7 @@ from xmatch.core.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the modules of xmatch.cli that are not a command: the assembly, and what several commands share
-SHARED_MODULES = {"main", "model_arg", "options"}
+SHARED_MODULES = {"main", "options"}
 
 
 def test_every_command_is_one_module_with_add_parser_and_run():

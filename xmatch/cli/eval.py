@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     """Evaluate each MODEL (or their ensemble), print the tables, write what the options ask for."""
     import shlex
 
-    from xmatch.cli.model_arg import load_model_arg
+    from xmatch.model.factory import build_reference
     from xmatch.cli.options import open_data
     from xmatch.data.vocab import EVAL_FIX, check_captions
     from xmatch.eval.report import check_plotting, comparison_tables, write_report
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         relevance = _relevance(args, dataset)
         # several models are compared side by side; --ensemble averages their scores into one
         for entry in [names] if args.ensemble else [[m] for m in names]:
-            models = [load_model_arg(m, args.device) for m in entry]
+            models = [build_reference(m, args.device) for m in entry]
             for model in models:
                 check_captions(model, dataset.captions, f"{args.split} split", allow=args.allow_unknown_words,
                                fix=EVAL_FIX, allow_hint="--allow-unknown-words")

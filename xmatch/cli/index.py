@@ -46,7 +46,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Create (or, with ``--append``, continue) the index and prepare its stage-1 structure."""
-    from xmatch.cli.model_arg import load_model_arg
+    from xmatch.model.factory import build_reference
     from xmatch.cli.options import model_ref
     from xmatch.data import open_dataset
     from xmatch.index import create
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             print("xmatch index: name the MODEL to encode with (e.g. teran-mrsw-scenes).", file=sys.stderr)
             return 2
         else:
-            model = load_model_arg(args.model, args.device)
+            model = build_reference(args.model, args.device)
             index = create(args.out, model, side=args.side, model_ref=model_ref(args.model), dtype=args.dtype,
                            engine=args.engine, qdrant=args.qdrant, collection=args.collection)
         if args.data is None and args.dataset.lower() != "scenes":

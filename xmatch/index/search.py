@@ -626,7 +626,7 @@ def _image_inputs(items: Any, method: str) -> ImageInputs:
 
 
 def _load_model(root: Path, manifest: dict[str, Any], name: str | None, device: Any) -> MatchingModel:
-    from xmatch.model.factory import build
+    from xmatch.model.factory import build, build_reference
 
     ref = name or manifest["model"].get("ref")
     if ref is None:
@@ -634,7 +634,4 @@ def _load_model(root: Path, manifest: dict[str, Any], name: str | None, device: 
         if not bundle.is_dir():
             raise SearchIndexError(f"{root} records no model and has no {MODEL_FOLDER}/ bundle; pass model=... to open().")
         return build(f"local-dir:{bundle}", pretrained=True, device=device)
-    if "=" in ref:  # NAME_OR_SPEC=WEIGHTS, as on the command line
-        base, weights = ref.split("=", 1)
-        return build(base, checkpoint=weights, device=device)
-    return build(ref, pretrained=True, device=device)
+    return build_reference(ref, device=device)

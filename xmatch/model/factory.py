@@ -269,3 +269,19 @@ def _convert_original(
             f"{path} does not fit the converted spec: missing {missing[:10]}, unexpected {unexpected[:10]}."
         )
     return net
+
+
+def build_reference(reference: str, device: str | torch.device | None = None) -> MatchingModel:
+    """The model a reference names, with its weights: ``NAME`` / ``local-dir:DIR`` /
+    ``hf-hub:ORG/NAME`` (``pretrained=True``), or ``NAME_OR_SPEC=WEIGHTS`` (a ``.safetensors``
+    or original ``.pth`` file, ``checkpoint=``). The MODEL argument of ``xmatch eval`` and
+    ``xmatch index``, and the model an index records.
+
+    Example:
+        >>> build_reference("teran-mrsw-scenes").pooler.__class__.__name__
+        'MrSwPooler'
+    """
+    if "=" in reference:
+        name, weights = reference.split("=", 1)
+        return build(name, checkpoint=weights, device=device)
+    return build(reference, pretrained=True, device=device)
