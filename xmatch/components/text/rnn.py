@@ -23,17 +23,7 @@ import torch
 from torch import nn
 
 from xmatch.model.interfaces import EncoderOutput, TokenBatch
-from xmatch.components.text.words import (  # noqa: F401  (re-exported beside the encoders built on them)
-    SPECIALS,
-    VOCAB_FILE,
-    Vocabulary,
-    WordTextEncoder,
-    build_vocabulary,
-    load_vocabulary,
-    split_words,
-    uniform_word_embedding,
-    word_counts,
-)
+from xmatch.components.text.words import Vocabulary, WordTextEncoder, load_vocabulary, uniform_word_embedding
 from xmatch.core.sources import resolve_local_source
 
 
