@@ -25,12 +25,14 @@ from pathlib import Path
 import torch
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry")
-#: name -> (pipeline arguments, what the row is)
+#: name -> (pipeline table, as RegionPipeline.from_table reads it; what the row is)
 ROWS = {
     "grid-lite0": ({"proposer": "grid"}, "grid 6x6, EfficientNet-Lite0, shorter side 224"),
     "windows-lite0": ({"proposer": "windows"}, "windows 36, EfficientNet-Lite0, shorter side 224"),
-    "windows-lite0-448": ({"proposer": "windows", "image_size": 448}, "windows 36, EfficientNet-Lite0, shorter side 448"),
-    "windows-lite2": ({"proposer": "windows", "backbone": "efficientnet_lite2"}, "windows 36, EfficientNet-Lite2, shorter side 260 (256)"),
+    "windows-lite0-448": ({"proposer": "windows", "roi": {"image_size": 448}}, "windows 36, EfficientNet-Lite0, shorter side 448"),
+    "windows-lite2": (
+        {"proposer": "windows", "roi": {"backbone": "efficientnet_lite2"}}, "windows 36, EfficientNet-Lite2, shorter side 260 (256)"
+    ),
     # random weights (nothing is downloaded here): the network runs in full, but hardly any box
     # passes the 0.2 threshold, so the per-class NMS of a trained detector's boxes is not timed
     "detector-mobilenet": (
@@ -57,7 +59,7 @@ def measure(key: str, folder: Path, out: Path, workers: int, batch_size: int) ->
     from xmatch.extract import extract
     from xmatch.regions import RegionPipeline
 
-    pipeline = RegionPipeline(**ROWS[key][0])
+    pipeline = RegionPipeline.from_table(ROWS[key][0])
     extract(folder, out / "warm-up", pipeline, workers=0, batch_size=batch_size, progress=False)  # first-call costs
     shutil.rmtree(out / "warm-up")
     start = time.perf_counter()

@@ -34,7 +34,7 @@ TINY_ARGUMENTS = {
 COMPONENT_KWARGS = {
     "bert": lambda fixture_bert: {"backbone": fixture_bert, "pretrained": False},
     "timm-grid": {"backbone": "test_efficientnet", "image_size": 64, "finetune": True},
-    "pixel-regions": {"backbone": "test_efficientnet", "weights": "random", "image_size": 64,
+    "pixel-regions": {"roi": {"backbone": "test_efficientnet", "weights": "random", "image_size": 64},
                       "proposer": {"name": "windows", "regions": 5}, "encoder": {"name": "bottomup", "layers": 1, "ff_dim": 32}},
     "vsepp-cnn": {"backbone": "test_efficientnet", "finetune": True},
     "uncertainty": {"terms": ["main", "alignment"]},

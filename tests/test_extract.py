@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +20,11 @@ from PIL import Image
 
 import xmatch
 import xmatch.eval
-from xmatch.cli.main import main as cli
+from xmatch.cli.extract import roi_config
+from xmatch.cli.main import build_parser, main as cli
 from xmatch.data import open_dataset
 from xmatch.extract import extract
-from xmatch.regions import RegionPipeline, RoIFeatureExtractor, fingerprint, read_manifest, roi_features
+from xmatch.regions import RegionPipeline, RoIConfig, RoIFeatureExtractor, fingerprint, read_manifest, roi_features
 from xmatch.extract.captions import CaptionsError
 from xmatch.regions.features import InputSize, resolve_weights
 from xmatch.extract.run import ExtractError
@@ -31,7 +33,8 @@ from xmatch.extract.writers import npz_bytes
 from conftest import tiny_spec
 
 #: a tiny random backbone: fast, and its features are as good as any for plumbing
-PIPE = {"proposer": {"name": "windows", "regions": 6}, "backbone": "test_efficientnet", "weights": "random", "image_size": 64}
+ROI = {"backbone": "test_efficientnet", "weights": "random", "image_size": 64}
+PIPE = {"proposer": {"name": "windows", "regions": 6}, "roi": ROI}
 CLI_PIPE = ["--backbone", "test_efficientnet", "--weights", "random", "--image-size", "64", "--regions", "6", "--no-progress"]
 SPLITS = {"a.png": "train", "b.jpg": "train", "sub/c.png": "train", "d.png": "val", "e.png": "test", "f.png": "test"}
 SIZES = {"a.png": (64, 48), "b.jpg": (50, 70), "sub/c.png": (64, 48), "d.png": (90, 40), "e.png": (33, 33), "f.png": (64, 48)}
@@ -98,9 +101,35 @@ def test_input_size_keeps_the_aspect_and_the_stride():
     assert InputSize(224, 448, 32, "square").of(640, 480) == (224, 224)
 
 
+def test_roi_config_checks_its_settings():
+    assert RoIConfig() == RoIConfig.from_table(None) == RoIConfig.from_table({})
+    # xmatch extract's flags: one left out takes RoIConfig's default
+    parse = build_parser().parse_args
+    assert roi_config(parse(["extract", "photos", "--out", "feats"])) == RoIConfig()
+    flags = parse(["extract", "photos", "--out", "feats", "--backbone", "efficientnet_lite2", "--pretrained", "--max-size", "512"])
+    assert roi_config(flags) == RoIConfig("efficientnet_lite2", pretrained=True, max_size=512)
+    assert RoIConfig.from_table(ROI) == RoIConfig("test_efficientnet", weights="random", image_size=64)
+    with pytest.raises(ValueError, match="resize must be one of shorter, square, got 'crop'"):
+        RoIConfig(resize="crop")
+    with pytest.raises(ValueError, match="pool_bins must be at least 1 and pool_samples at least 0, got 0, 2"):
+        RoIConfig(pool_bins=0)
+    with pytest.raises(ValueError, match="image_size must be a positive number of pixels"):
+        RoIConfig(image_size=0)
+    with pytest.raises(TypeError, match="roi: max_size must be an integer, got '448'"):
+        RoIConfig.from_table({"max_size": "448"})
+    with pytest.raises(TypeError, match="pretrained must be true or false"):
+        RoIConfig(pretrained=1)
+    with pytest.raises(ValueError, match=r"roi -> pool_bin: not a RoI setting\. Did you mean 'pool_bins'\? Settings: backbone, weights, "):
+        RoIConfig.from_table({"pool_bin": 3})
+    with pytest.raises(ValueError, match=r"pipeline: unknown key\(s\) backbone; .*'roi'"):
+        RegionPipeline.from_table({"proposer": "windows", "backbone": "test_efficientnet"})
+    with pytest.raises(TypeError, match=r"roi must be a RoIConfig \(RoIConfig.from_table\(table\) for a table\), got dict"):
+        RegionPipeline("windows", ROI)
+
+
 @pytest.fixture(scope="module")
 def extractor() -> RoIFeatureExtractor:
-    return RoIFeatureExtractor("test_efficientnet", weights="random", image_size=64)
+    return RoIFeatureExtractor(RoIConfig.from_table(ROI))
 
 
 def test_features_do_not_depend_on_the_batch(extractor):
@@ -122,9 +151,11 @@ def test_weights_resolution_and_fingerprint(extractor):
     assert resolve_weights("efficientnet_lite2", "auto", False) == "package:efficientnet-lite2"
     with pytest.raises(ValueError, match="no offline weights are packaged for the backbone resnet18.*--weights"):
         resolve_weights("resnet18", "auto", False)
-    same = RoIFeatureExtractor("test_efficientnet", weights="random", image_size=64)
-    other = RoIFeatureExtractor("test_efficientnet", weights="random", image_size=64, seed=1)
+    same = RoIFeatureExtractor(RoIConfig.from_table(ROI))
+    other = RoIFeatureExtractor(RoIConfig.from_table({**ROI, "seed": 1}))
     assert same.fingerprint == extractor.fingerprint != other.fingerprint
+    assert other.roi == RoIConfig("test_efficientnet", weights="random", image_size=64, seed=1)
+    assert RoIFeatureExtractor(RoIConfig("efficientnet_lite0", image_size=64)).roi.weights == "package:efficientnet-lite0"
     assert extractor.fingerprint == fingerprint(extractor.backbone.net) and extractor.fingerprint.startswith("sha256:")
 
 
@@ -147,6 +178,9 @@ def test_extract_dataset_train_eval_loop(photos, tmp_path, fixture_bert):
     manifest = read_manifest(out)
     assert manifest["complete"] and manifest["splits"] == {"train": 3, "val": 1, "test": 2}
     assert manifest["pipeline"]["fingerprint"].startswith("sha256:") and manifest["feature_dim"] == 256
+    # the flags' settings, nested as RegionPipeline.settings() gives them, then what they resolved to
+    assert manifest["pipeline"]["roi"] == {**asdict(RoIConfig()), **ROI}
+    assert sorted(manifest["pipeline"]) == ["feature_dim", "fingerprint", "input", "proposer", "roi", "stride"]
     # read back as a newcomer would: the teran dataset, no options
     train = open_dataset("teran", out, split="train")
     assert train.num_images == 3 and train.captions_per_image == 5 and train.feature_dim == 256
@@ -154,9 +188,12 @@ def test_extract_dataset_train_eval_loop(photos, tmp_path, fixture_bert):
     assert item.regions.shape == (6, 256) and item.boxes.shape == (6, 4)
     np.testing.assert_array_equal(item.boxes[0], [0, 0, 1, 1])  # the whole picture, normalised by its own size
     # the very features the pipeline computes for that picture
-    pipe = RegionPipeline(**PIPE)
+    pipe = RegionPipeline.from_table(PIPE)
+    assert pipe.settings() == {key: manifest["pipeline"][key] for key in ("proposer", "roi")}
     direct = pipe.regions_of([photos / "b.jpg"])[0]
     np.testing.assert_allclose(item.regions, direct.features.numpy(), rtol=1e-5, atol=1e-6)
+    again = RegionPipeline.from_table(pipe.settings()).regions_of([photos / "b.jpg"])[0]
+    assert torch.equal(again.features, direct.features)
     # train a step and evaluate
     model = xmatch.build(tiny_spec(fixture_bert, image_encoder={"name": "bottomup", "feature_dim": 256, "layers": 1, "ff_dim": 32}))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -255,6 +292,8 @@ def test_resume_after_a_crash_gives_identical_files(photos, tmp_path, monkeypatc
         extract(photos, crashed, PIPE, batch_size=2, workers=0, progress=False)
     with pytest.raises(ExtractError, match=r"other settings \(batch_size: 2 -> 3"):
         extract(photos, crashed, PIPE, batch_size=3, workers=0, progress=False, resume=True)
+    with pytest.raises(ExtractError, match=r"other settings \(pipeline.fingerprint: .*; pipeline.roi.seed: 0 -> 1\)"):
+        extract(photos, crashed, {**PIPE, "roi": {**ROI, "seed": 1}}, batch_size=2, workers=0, progress=False, resume=True)
     result = extract(photos, crashed, PIPE, batch_size=2, workers=0, progress=False, resume=True)
     assert (result.extracted, result.skipped) == (4, 2)
     assert files_of(crashed) == files_of(clean)
@@ -296,6 +335,10 @@ def test_clear_errors_name_the_file(photos, tmp_path):
     (tmp_path / "foreign" / "bu_att").mkdir(parents=True)
     with pytest.raises(ExtractError, match="holds region features that xmatch extract did not write"):
         extract(make_photos(tmp_path / "p2"), tmp_path / "foreign", PIPE, progress=False)
+    (tmp_path / "older").mkdir()
+    (tmp_path / "older" / "extract.json").write_text(json.dumps({"format": "xmatch.extract/1"}))
+    with pytest.raises(ExtractError, match=r"manifest format xmatch.extract/1, this xmatch reads xmatch.extract/2; extract again with --overwrite"):
+        extract(tmp_path / "p2", tmp_path / "older", PIPE, progress=False, resume=True)
 
 
 # -- real kills and several processes (slow) -----------------------------------------------------

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 import xmatch
-from xmatch import Embeddings
+from xmatch import Embeddings, SpecError
 from xmatch.data import open_dataset
 from xmatch.extract import extract
 from xmatch.regions import on_pixels
 from xmatch.regions.manifest import ManifestError
 from xmatch.model.inputs import PixelInputs, RegionInputs
 
-from test_extract import PIPE, make_photos
+from test_extract import PIPE, ROI, make_photos
 
 WORDS = ["picture", "caption", "a", "png", "jpg", "0", "1", "2", "3", "4"]
 
@@ -89,7 +89,10 @@ def test_the_pixel_model_saves_without_its_backbone_and_rebuilds(extracted, tmp_
     pixels = on_pixels(teran().eval(), feats).eval()
     spec = pixels.spec["image_encoder"]
     assert spec["name"] == "pixel-regions" and spec["encoder"]["name"] == "bottomup"
-    assert spec["fingerprint"] == json.loads((feats / "extract.json").read_text())["pipeline"]["fingerprint"]
+    recorded = json.loads((feats / "extract.json").read_text())["pipeline"]
+    assert spec["fingerprint"] == recorded["fingerprint"]
+    assert (spec["proposer"], spec["roi"]) == (recorded["proposer"], recorded["roi"])
+    assert spec["roi"]["weights"] == "random" and spec["roi"]["image_size"] == 64
     keys = list(pixels.state_dict())
     assert not any("pipeline" in k for k in keys) and any(k.startswith("image_encoder.encoder.") for k in keys)
     xmatch.save_pretrained(pixels, tmp_path / "bundle")
@@ -108,12 +111,16 @@ def test_mismatches_are_refused(extracted):
     table = json.loads((feats / "extract.json").read_text())["pipeline"]
     with pytest.raises(ValueError, match="have the fingerprint sha256:.* but the region encoder was trained on features of weights sha256:0"):
         xmatch.build("teran-mrsw-scenes", image_encoder={
-            "name": "pixel-regions", "backbone": "test_efficientnet", "weights": "random", "image_size": 64,
+            "name": "pixel-regions", "roi": ROI,
             "proposer": table["proposer"], "fingerprint": "sha256:0", "encoder": {"name": "bottomup", "layers": 0}})
     with pytest.raises(ValueError, match="feature_dim: 12, but the backbone's features are 256-wide"):
         xmatch.build("teran-mrsw-scenes", image_encoder={
-            "name": "pixel-regions", "backbone": "test_efficientnet", "weights": "random", "image_size": 64,
-            "encoder": {"name": "bottomup", "feature_dim": 12}})
+            "name": "pixel-regions", "roi": ROI, "encoder": {"name": "bottomup", "feature_dim": 12}})
+    # the RoI settings are one nested table: a flat or misspelt key is refused, naming it
+    with pytest.raises(SpecError, match=r"image_encoder -> backbone: 'pixel-regions' has no argument 'backbone'.* Arguments: proposer, roi,"):
+        xmatch.build("teran-mrsw-scenes", image_encoder={"name": "pixel-regions", "backbone": "test_efficientnet"})
+    with pytest.raises(SpecError, match=r"image_encoder \(pixel-regions\): roi -> image_sise: not a RoI setting\. Did you mean 'image_size'"):
+        xmatch.build("teran-mrsw-scenes", image_encoder={"name": "pixel-regions", "roi": {**ROI, "image_sise": 64}})
     with pytest.raises(ValueError, match="already takes pixels"):
         on_pixels(on_pixels(teran(), feats), feats)
 
@@ -121,8 +128,7 @@ def test_mismatches_are_refused(extracted):
 def test_pixel_model_trains_on_pictures(extracted):
     photos, _ = extracted
     model = xmatch.build("teran-mrsw-scenes", image_encoder={
-        "name": "pixel-regions", "backbone": "test_efficientnet", "weights": "random", "image_size": 64,
-        "proposer": {"name": "grid", "regions": 4}, "encoder": {"name": "bottomup", "layers": 0, "box_hidden_dim": 16}})
+        "name": "pixel-regions", "roi": ROI, "proposer": {"name": "grid", "regions": 4}, "encoder": {"name": "bottomup", "layers": 0, "box_hidden_dim": 16}})
     ds = open_dataset("image-captions", photos / "captions.csv")
     out = model(next(iter(ds.loader(4, shuffle=False))))
     out.loss.backward()

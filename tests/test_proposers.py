@@ -210,7 +210,7 @@ def test_detector_weights_from_a_local_file(tmp_path):
 
 
 def test_a_registered_proposer_drives_the_extraction(tmp_path):
-    from xmatch.regions import Proposer, RegionPipeline
+    from xmatch.regions import Proposer, RegionPipeline, RoIConfig
     from xmatch.core.registry import proposers
 
     class Centre(Proposer):
@@ -227,10 +227,11 @@ def test_a_registered_proposer_drives_the_extraction(tmp_path):
     name = "test-centre"
     if name not in proposers:
         xmatch.core.registry.register_proposer(name)(Centre)
-    pipe = RegionPipeline(name, backbone="test_efficientnet", weights="random", image_size=64)
+    pipe = RegionPipeline(name, RoIConfig("test_efficientnet", weights="random", image_size=64))
     regions = pipe.regions_of([pictures()[0].image])[0]
     assert regions.boxes.tolist() == [[16, 12, 48, 36]] and regions.features.shape == (1, pipe.feature_dim)
     assert pipe.settings()["proposer"] == {"name": name, "regions": 1}
+    assert pipe.settings()["roi"]["backbone"] == "test_efficientnet" and pipe.settings()["roi"]["pool_bins"] == 2
 
 
 def test_the_detector_argument_is_backbone():

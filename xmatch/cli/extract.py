@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from xmatch.regions.config import RoIConfig
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -26,8 +29,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="proposer argument, e.g. source=boxes.json (boxes), model=fasterrcnn_resnet50_fpn_v2 (repeatable)")
     parser.add_argument("--regions", type=int, help="boxes per image (default: the proposer's, 36)")
     parser.add_argument("--min-regions", type=int, help="boxes, detector: pad to at least this many (default: --regions)")
-    parser.add_argument("--backbone", default="efficientnet_lite0", help="timm model (default: efficientnet_lite0)")
-    parser.add_argument("--weights", default="auto",
+    # no defaults here: a flag left out takes RoIConfig's
+    parser.add_argument("--backbone", help="timm model (default: efficientnet_lite0)")
+    parser.add_argument("--weights",
                         help="auto (packaged offline weights: EfficientNet-Lite0/1/2), a .safetensors / .pth file, or random")
     parser.add_argument("--pretrained", action="store_true", help="timm's hub weights instead (needs the network or its cache)")
     parser.add_argument("--image-size", type=int, help="shorter side fed to the backbone (default: its pretrained input size)")
@@ -59,18 +63,21 @@ def proposer_spec(args: argparse.Namespace) -> dict[str, Any]:
     return table
 
 
+def roi_config(args: argparse.Namespace) -> RoIConfig:
+    """The RoI settings from ``--backbone``, ``--weights``, ``--pretrained``, ``--image-size``,
+    ``--max-size`` (a flag left out keeps :class:`~xmatch.regions.config.RoIConfig`'s default)."""
+    from xmatch.regions.config import RoIConfig
+
+    given = {"backbone": args.backbone, "weights": args.weights, "image_size": args.image_size, "max_size": args.max_size}
+    return RoIConfig(pretrained=args.pretrained, **{k: v for k, v in given.items() if v is not None})
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the extraction the arguments describe and print what to do next."""
     from xmatch.extract.run import extract
+    from xmatch.regions.pipeline import RegionPipeline
 
-    pipeline = {
-        "proposer": proposer_spec(args),
-        "backbone": args.backbone,
-        "weights": args.weights,
-        "pretrained": args.pretrained,
-        "image_size": args.image_size,
-        "max_size": args.max_size,
-    }
+    pipeline = RegionPipeline(proposer_spec(args), roi_config(args))
     result = extract(
         args.images, args.out, pipeline, layout=args.layout, captions=args.captions, split=args.split,
         dtype=args.dtype, batch_size=args.batch_size, workers=args.workers, device=args.device,

@@ -112,8 +112,9 @@ def extract(
     Args:
         images: the image folder.
         out: the output folder (created).
-        pipeline: a :class:`RegionPipeline` or its arguments (default: ``windows`` proposals,
-            36 per image, EfficientNet-Lite0 with its packaged ImageNet weights).
+        pipeline: a :class:`RegionPipeline` or its settings table ``{"proposer": ..., "roi":
+            {...}}`` (:meth:`RegionPipeline.from_table`; default: ``windows`` proposals, 36 per
+            image, EfficientNet-Lite0 with its packaged ImageNet weights).
         layout: ``teran`` (``bu_att`` / ``bu_box`` + ``dataset_xmatch.json``, read by the
             ``teran`` dataset) or ``precomp`` (``<split>_ims.npy`` ..., read by ``scan-precomp``).
         captions: a captions file (Karpathy / COCO JSON, CSV, JSONL); default: found in the
@@ -137,11 +138,12 @@ def extract(
         FileNotFoundError: no images, a missing captions file or image.
         ExtractError: ``out`` holds another extraction (without ``resume`` / ``overwrite``),
             or one with other settings; every image unreadable.
-        ValueError: bad arguments, e.g. a layout that cannot hold the captions.
+        ValueError: bad arguments, e.g. a layout that cannot hold the captions, or an unknown
+            pipeline setting.
 
     Example:
         >>> from xmatch.extract import extract
-        >>> result = extract("my_photos", "feats", {"proposer": "windows"})  # needs the user's photos  # doctest: +SKIP
+        >>> result = extract("my_photos", "feats", {"proposer": "windows", "roi": {"image_size": 320}})  # needs the user's photos  # doctest: +SKIP
         >>> print(result.summary())  # doctest: +SKIP
         120 images (test 120) in feats (teran layout, 1280-d features): 120 extracted, 0 already done in 14.2 s
     """
@@ -156,7 +158,7 @@ def extract(
     procs = Processes.join(device)
     try:
         records, source = read_records(images, captions, split)
-        pipe = pipeline if isinstance(pipeline, RegionPipeline) else RegionPipeline(**dict(pipeline or {}))
+        pipe = pipeline if isinstance(pipeline, RegionPipeline) else RegionPipeline.from_table(pipeline or {})
         pipe = pipe.to(procs.device).eval()
         start = time.perf_counter()
         if layout == "precomp":

@@ -3,8 +3,9 @@
 A proposer (``grid``, ``windows``, ``boxes``, ``torchvision-detector`` or a plugin's, from
 the ``proposers`` registry / entry-point group ``xmatch_proposers``) gives each image's boxes;
 a timm backbone's feature map is pooled over them with RoI-align
-(:class:`RoIFeatureExtractor`); :class:`RegionPipeline` runs both, and :func:`on_pixels` turns
-a model trained on ``xmatch extract`` features into one that encodes pictures directly.
+(:class:`RoIFeatureExtractor`, its settings a :class:`RoIConfig`); :class:`RegionPipeline` runs
+both, and :func:`on_pixels` turns a model trained on ``xmatch extract`` features into one that
+encodes pictures directly.
 
 Example:
     >>> from xmatch.regions import on_pixels
@@ -16,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+from xmatch.regions.config import RoIConfig
 from xmatch.regions.features import RoIFeatureExtractor, fingerprint, roi_features
 from xmatch.regions.images import find_images, load_image
 from xmatch.regions.manifest import describe_features, read_manifest
@@ -24,7 +26,7 @@ from xmatch.regions.pixels import on_pixels, pixel_encoder_table
 from xmatch.regions.proposals import ImageInfo, Proposals, Proposer, pyramid_boxes, select_and_pad
 
 __all__ = [
-    "ImageInfo", "Proposals", "Proposer", "RegionPipeline", "Regions", "RoIFeatureExtractor", "build_proposer",
-    "describe_features", "find_images", "fingerprint", "load_image", "on_pixels", "pixel_encoder_table",
-    "pyramid_boxes", "read_manifest", "roi_features", "select_and_pad",
+    "ImageInfo", "Proposals", "Proposer", "RegionPipeline", "Regions", "RoIConfig", "RoIFeatureExtractor",
+    "build_proposer", "describe_features", "find_images", "fingerprint", "load_image", "on_pixels",
+    "pixel_encoder_table", "pyramid_boxes", "read_manifest", "roi_features", "select_and_pad",
 ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -28,12 +28,7 @@ from torch import nn
 
 from xmatch.components.image.backbone_weights import PACKAGED_WEIGHTS
 from xmatch.components.image.backbone import TimmBackbone
-
-#: ``weights`` value for a seeded random initialisation (tests: such features mean nothing)
-RANDOM_WEIGHTS = "random"
-#: ``weights`` value that picks the packaged offline weights of the backbone
-AUTO_WEIGHTS = "auto"
-RESIZE_MODES = ("shorter", "square")
+from xmatch.regions.config import AUTO_WEIGHTS, RANDOM_WEIGHTS, RoIConfig
 
 
 def resolve_weights(backbone: str, weights: str, pretrained: bool) -> str | None:
@@ -49,12 +44,12 @@ def resolve_weights(backbone: str, weights: str, pretrained: bool) -> str | None
         'package:efficientnet-lite0'
     """
     if pretrained:
-        if weights not in (AUTO_WEIGHTS, None):
+        if weights != AUTO_WEIGHTS:
             raise ValueError(f"give either pretrained=True (timm's weights for {backbone}) or weights={weights!r}, not both.")
         return None
     if weights == RANDOM_WEIGHTS:
         return None
-    if weights in (AUTO_WEIGHTS, None):
+    if weights == AUTO_WEIGHTS:
         packaged = [name for name, entry in PACKAGED_WEIGHTS.items() if entry.model == backbone]
         if packaged:
             return f"package:{packaged[0]}"
@@ -159,69 +154,46 @@ class RoIFeatureExtractor(nn.Module):
     """A frozen timm backbone whose feature map is pooled over pixel boxes.
 
     Args:
-        backbone: a timm model name with a spatial feature map.
-        weights: ``"auto"`` (the packaged offline weights of the backbone:
-            ``package:efficientnet-lite0`` / ``-lite1`` / ``-lite2``), a local ``.safetensors`` /
-            ``.pth`` file, ``package:<module>/<path>``, or ``"random"`` (seeded by ``seed``).
-        pretrained: timm's own weights from its hub instead (needs the network or its cache).
-        image_size: target of the shorter side (default: the pretrained config's input size,
-            224 for EfficientNet-Lite0).
-        max_size: cap on the longer side (default: twice ``image_size``).
-        resize: ``"shorter"`` (keep the aspect ratio) or ``"square"`` (squash; ViTs).
-        pool_bins, pool_samples: RoI-align bins per side and bilinear samples per bin side (0 =
-            adaptive), averaged; the defaults (2, 2) are the scenes benchmark's.
-        seed: seed of a random initialisation.
+        roi: the backbone, its weights, the resizing and the pooling (default: EfficientNet-Lite0
+            with its packaged offline weights, shorter side 224, 2 x 2 bins of 2 x 2 samples).
+
+    Attributes:
+        roi: the settings that rebuild this extractor, ``weights`` resolved to its source
+            (``"auto"`` -> ``"package:efficientnet-lite0"``).
+
+    Raises:
+        ValueError: weights that cannot be resolved (:func:`resolve_weights`), or a token
+            (ViT-like) backbone without ``resize="square"``.
+        TypeError: ``roi`` is not a :class:`RoIConfig` (a table: :meth:`RoIConfig.from_table`).
 
     Example:
-        >>> ex = RoIFeatureExtractor("efficientnet_lite0")  # needs a picture and the packaged backbone  # doctest: +SKIP
+        >>> ex = RoIFeatureExtractor(RoIConfig("efficientnet_lite0"))  # needs a picture and the packaged backbone  # doctest: +SKIP
         >>> pixels = ex.prepare(pil_image)                   # doctest: +SKIP
         >>> ex([pixels], [torch.tensor([[0., 0., 64., 64.]])], [pil_image.size])[0].shape  # doctest: +SKIP
         torch.Size([1, 1280])
     """
 
-    def __init__(
-        self,
-        backbone: str = "efficientnet_lite0",
-        *,
-        weights: str = AUTO_WEIGHTS,
-        pretrained: bool = False,
-        image_size: int | None = None,
-        max_size: int | None = None,
-        resize: str = "shorter",
-        pool_bins: int = 2,
-        pool_samples: int = 2,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, roi: RoIConfig | None = None) -> None:
         super().__init__()
-        if resize not in RESIZE_MODES:
-            raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {resize!r}.")
-        if pool_bins < 1 or pool_samples < 0:
-            raise ValueError(f"pool_bins must be at least 1 and pool_samples at least 0, got {pool_bins}, {pool_samples}.")
-        source = resolve_weights(backbone, weights, pretrained)
+        roi = RoIConfig() if roi is None else roi
+        if not isinstance(roi, RoIConfig):
+            raise TypeError(f"roi must be a RoIConfig (RoIConfig.from_table(table) for a table), got {type(roi).__name__}.")
+        source = resolve_weights(roi.backbone, roi.weights, roi.pretrained)
         with torch.random.fork_rng(devices=[]):  # a random initialisation is reproducible from the seed
-            torch.manual_seed(seed)
-            self.backbone = TimmBackbone(backbone, pretrained=pretrained, weights=source, image_size=image_size, crop_pct=1.0)
+            torch.manual_seed(roi.seed)
+            self.backbone = TimmBackbone(roi.backbone, pretrained=roi.pretrained, weights=source,
+                                         image_size=roi.image_size, crop_pct=1.0)
         self.backbone.requires_grad_(False).eval()
         self.backbone.to(memory_format=torch.channels_last)  # CPU convolutions run about a third faster
-        self.settings = {
-            "backbone": backbone,
-            "weights": RANDOM_WEIGHTS if source is None and not pretrained else (source or AUTO_WEIGHTS),
-            "pretrained": pretrained,
-            "image_size": image_size,
-            "max_size": max_size,
-            "resize": resize,
-            "pool_bins": pool_bins,
-            "pool_samples": pool_samples,
-            "seed": seed,
-        }
+        self.roi = replace(roi, weights=RANDOM_WEIGHTS if source is None and not roi.pretrained else (source or AUTO_WEIGHTS))
         config = self.backbone.data_config
-        side = int(config["input_size"][-1]) if image_size is None else int(image_size)
+        side = int(config["input_size"][-1]) if roi.image_size is None else roi.image_size
         self.stride = _stride(self.backbone)
-        if self.backbone._tokens and resize != "square":
-            raise ValueError(f"{backbone} is a token (ViT-like) backbone with a fixed input size; use resize='square'.")
-        self.input = InputSize(side, int(max_size or 2 * side), self.stride, resize, str(config.get("interpolation", "bicubic")))
+        if self.backbone._tokens and roi.resize != "square":
+            raise ValueError(f"{roi.backbone} is a token (ViT-like) backbone with a fixed input size; use resize='square'.")
+        self.input = InputSize(side, roi.max_size or 2 * side, self.stride, roi.resize,
+                               str(config.get("interpolation", "bicubic")))
         self.feature_dim = self.backbone.feature_dim
-        self.bins, self.samples = pool_bins, pool_samples
         # plain tensors, not buffers: the extractor's state is the backbone's weights alone
         self.mean = torch.tensor(config["mean"], dtype=torch.float32).view(1, 3, 1, 1)
         self.std = torch.tensor(config["std"], dtype=torch.float32).view(1, 3, 1, 1)
@@ -240,8 +212,9 @@ class RoIFeatureExtractor(nn.Module):
         return self._fingerprint
 
     def describe(self) -> dict[str, Any]:
-        """The settings that rebuild this extractor, plus what they resolved to."""
-        return {**self.settings, "feature_dim": self.feature_dim, "stride": self.stride,
+        """``{"roi": <the settings that rebuild this extractor>}`` plus what they resolved to
+        (feature width, stride, input rule, weights fingerprint)."""
+        return {"roi": asdict(self.roi), "feature_dim": self.feature_dim, "stride": self.stride,
                 "input": asdict(self.input), "fingerprint": self.fingerprint}
 
     def prepare(self, image: Any) -> torch.Tensor:
@@ -263,7 +236,8 @@ class RoIFeatureExtractor(nn.Module):
         x = self.normalize(pixels).contiguous(memory_format=torch.channels_last)
         x = x.to(next(self.backbone.parameters()).dtype)
         fmap = self.backbone(x)
-        return [f.float() for f in roi_features(fmap, boxes, fmap.shape[-1] / pixels.shape[-1], self.bins, self.samples)]
+        pooled = roi_features(fmap, boxes, fmap.shape[-1] / pixels.shape[-1], self.roi.pool_bins, self.roi.pool_samples)
+        return [f.float() for f in pooled]
 
     @torch.no_grad()
     def forward(

@@ -31,9 +31,10 @@ class PixelRegionsImageEncoder(ImageEncoder):
     Args:
         proposer: the proposer's name or spec table (``{"name": "windows", "regions": 36}``;
             ``grid``, ``windows``, ``boxes``, ``torchvision-detector`` or a plugin's).
-        backbone, weights, pretrained, image_size, max_size, resize, pool_bins, pool_samples,
-            seed: the RoI features, as :class:`xmatch.regions.features.RoIFeatureExtractor`
-            (``weights="auto"``: the packaged offline weights of EfficientNet-Lite0/1/2).
+        roi: the RoI features' settings as a table (``{"backbone": "efficientnet_lite0", "weights":
+            "auto", "image_size": 224}``; keys and defaults of
+            :class:`xmatch.regions.config.RoIConfig`; ``weights = "auto"``: the packaged offline
+            weights of EfficientNet-Lite0/1/2).
         fingerprint: ``sha256:...`` of the backbone weights the region encoder was trained
             with (``extract.json``); checked at build time, so that features of other weights
             are never fed to it silently.
@@ -46,7 +47,7 @@ class PixelRegionsImageEncoder(ImageEncoder):
     or uint8 HWC arrays; the output carries each region's box normalised to its picture.
 
     Example:
-        >>> enc = PixelRegionsImageEncoder({"name": "windows"}, encoder={"name": "bottomup", "layers": 1})  # needs a photo and the packaged backbone (seconds)  # doctest: +SKIP
+        >>> enc = PixelRegionsImageEncoder({"name": "windows"}, {"image_size": 224}, encoder={"name": "bottomup", "layers": 1})  # needs a photo and the packaged backbone (seconds)  # doctest: +SKIP
         >>> out = enc(["photo.jpg"])  # doctest: +SKIP
         >>> out.tokens.shape, out.boxes.shape  # I-CLS slot + 36 regions  # doctest: +SKIP
         (torch.Size([1, 37, 1280]), torch.Size([1, 37, 4]))
@@ -57,30 +58,21 @@ class PixelRegionsImageEncoder(ImageEncoder):
     def __init__(
         self,
         proposer: str | Mapping[str, Any] = "windows",
-        backbone: str = "efficientnet_lite0",
-        weights: str = "auto",
-        pretrained: bool = False,
-        image_size: int | None = None,
-        max_size: int | None = None,
-        resize: str = "shorter",
-        pool_bins: int = 2,
-        pool_samples: int = 2,
-        seed: int = 0,
+        roi: Mapping[str, Any] | None = None,
         fingerprint: str | None = None,
         encoder: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        from xmatch.regions.config import RoIConfig
         from xmatch.regions.pipeline import RegionPipeline
 
-        self.pipeline = RegionPipeline(
-            proposer, backbone=backbone, weights=weights, pretrained=pretrained, image_size=image_size,
-            max_size=max_size, resize=resize, pool_bins=pool_bins, pool_samples=pool_samples, seed=seed,
-        )
+        self.pipeline = RegionPipeline(proposer, RoIConfig.from_table(roi))
         self.feature_dim = self.pipeline.feature_dim
-        if fingerprint is not None and fingerprint != self.pipeline.extractor.fingerprint:
+        extractor = self.pipeline.extractor
+        if fingerprint is not None and fingerprint != extractor.fingerprint:
             raise ValueError(
-                f"the {backbone} weights '{self.pipeline.extractor.settings['weights']}' have the fingerprint "
-                f"{self.pipeline.extractor.fingerprint}, but the region encoder was trained on features of weights "
+                f"the {extractor.roi.backbone} weights '{extractor.roi.weights}' have the fingerprint "
+                f"{extractor.fingerprint}, but the region encoder was trained on features of weights "
                 f"{fingerprint} (spec image_encoder.fingerprint, from extract.json); use the same weights."
             )
         self.encoder = _region_encoder(encoder, self.feature_dim)

@@ -11,7 +11,8 @@ from typing import Any
 from xmatch.core.errors import XmatchError
 
 MANIFEST = "extract.json"
-FORMAT = "xmatch.extract/1"
+#: version 2: the pipeline as ``{"proposer": ..., "roi": ...}`` plus what they resolved to
+FORMAT = "xmatch.extract/2"
 
 
 class ManifestError(XmatchError, ValueError):
@@ -30,7 +31,7 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
 
     Example:
         >>> m = read_manifest("feats")  # needs an extraction folder  # doctest: +SKIP
-        >>> m["pipeline"]["backbone"], m["feature_dim"], m["complete"]  # doctest: +SKIP
+        >>> m["pipeline"]["roi"]["backbone"], m["feature_dim"], m["complete"]  # doctest: +SKIP
         ('efficientnet_lite0', 1280, True)
     """
     path = manifest_path(folder)
@@ -40,7 +41,11 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ManifestError(f"{path} is not readable JSON ({exc}); extract again with --overwrite.") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    found = doc.get("format") if isinstance(doc, dict) else None
+    if isinstance(found, str) and found.startswith("xmatch.extract/") and found != FORMAT:
+        raise ManifestError(f"{path} was written in the manifest format {found}, this xmatch reads {FORMAT}; "
+                            "extract again with --overwrite.")
+    if found != FORMAT:
         raise ManifestError(f"{path} is not an xmatch extract manifest (format {FORMAT}).")
     return doc
 
@@ -75,8 +80,9 @@ def describe_features(root: str | os.PathLike | None) -> str | None:
     except ManifestError:
         return None
     pipeline = doc.get("pipeline", {})
+    roi = pipeline.get("roi", {})
     proposer = pipeline.get("proposer", {}).get("name", "?")
     return (
-        f"{manifest_path(folder)}: {doc.get('feature_dim')}-d features of {pipeline.get('backbone')} "
-        f"({pipeline.get('weights')}), proposer {proposer}"
+        f"{manifest_path(folder)}: {doc.get('feature_dim')}-d features of {roi.get('backbone')} "
+        f"({roi.get('weights')}), proposer {proposer}"
     )

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from xmatch.regions.features import AUTO_WEIGHTS, InputSize, RoIFeatureExtractor
+from xmatch.regions.config import RoIConfig
+from xmatch.regions.features import InputSize, RoIFeatureExtractor
 from xmatch.regions.images import load_image
 from xmatch.regions.proposals import ImageInfo, Proposer
 
@@ -115,37 +116,45 @@ class RegionPipeline(nn.Module):
 
     Args:
         proposer: a registered proposer's name or spec table (``{"name": "windows"}``).
-        backbone, weights, pretrained, image_size, max_size, resize, pool_bins, pool_samples,
-            seed: as :class:`RoIFeatureExtractor`.
+        roi: the RoI features' settings (default: EfficientNet-Lite0 with its packaged offline
+            weights, see :class:`~xmatch.regions.config.RoIConfig`).
 
     Example:
-        >>> pipe = RegionPipeline({"name": "windows", "regions": 36})  # needs the user's photos and the packaged backbone  # doctest: +SKIP
+        >>> pipe = RegionPipeline({"name": "windows", "regions": 36}, RoIConfig(image_size=320))  # needs the user's photos and the packaged backbone  # doctest: +SKIP
         >>> regions = pipe.regions_of(["my_photos/rex.jpg"])[0]  # doctest: +SKIP
         >>> regions.features.shape, regions.boxes.shape  # doctest: +SKIP
         (torch.Size([36, 1280]), torch.Size([36, 4]))
     """
 
-    def __init__(
-        self,
-        proposer: str | Mapping[str, Any] = "windows",
-        backbone: str = "efficientnet_lite0",
-        weights: str = AUTO_WEIGHTS,
-        pretrained: bool = False,
-        image_size: int | None = None,
-        max_size: int | None = None,
-        resize: str = "shorter",
-        pool_bins: int = 2,
-        pool_samples: int = 2,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, proposer: str | Mapping[str, Any] = "windows", roi: RoIConfig | None = None) -> None:
         super().__init__()
         self.proposer_table = proposer_table(proposer)
         self.proposer = build_proposer(self.proposer_table)
-        self.extractor = RoIFeatureExtractor(
-            backbone, weights=weights, pretrained=pretrained, image_size=image_size, max_size=max_size,
-            resize=resize, pool_bins=pool_bins, pool_samples=pool_samples, seed=seed,
-        )
+        self.extractor = RoIFeatureExtractor(roi)
         self.feature_dim = self.extractor.feature_dim
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any]) -> RegionPipeline:
+        """A pipeline from its settings table, as :meth:`settings` returns it and
+        ``extract.json`` records it: ``{"proposer": ..., "roi": {...}}`` (either may be left out).
+
+        Raises:
+            ValueError: a key other than ``proposer`` and ``roi``, or an unknown or bad RoI
+                setting (named).
+            xmatch.SpecError: an unknown proposer or proposer argument.
+
+        Example:
+            >>> pipe = RegionPipeline.from_table({"proposer": "grid", "roi": {"image_size": 320}})  # needs the packaged backbone  # doctest: +SKIP
+            >>> RegionPipeline.from_table(pipe.settings()).settings() == pipe.settings()  # doctest: +SKIP
+            True
+        """
+        unknown = sorted(set(table) - {"proposer", "roi"})
+        if unknown:
+            raise ValueError(
+                f"pipeline: unknown key(s) {', '.join(unknown)}; a pipeline table holds 'proposer' (a proposer's name "
+                "or table) and 'roi' (RoI settings: backbone, weights, image_size...)."
+            )
+        return cls(table.get("proposer", "windows"), RoIConfig.from_table(table.get("roi")))
 
     @property
     def fixed_regions(self) -> bool:
@@ -153,15 +162,14 @@ class RegionPipeline(nn.Module):
         return getattr(self.proposer, "min_regions", self.proposer.regions) == self.proposer.regions
 
     def settings(self) -> dict[str, Any]:
-        """The arguments that rebuild this pipeline (``RegionPipeline(**settings)``), the
-        weights resolved to their source."""
-        return {"proposer": dict(self.proposer_table), **self.extractor.settings}
+        """The table that rebuilds this pipeline (:meth:`from_table`): ``{"proposer": <full
+        proposer table>, "roi": <RoI settings, the weights resolved to their source>}``."""
+        return {"proposer": dict(self.proposer_table), "roi": asdict(self.extractor.roi)}
 
     def describe(self) -> dict[str, Any]:
         """:meth:`settings` plus what they resolved to (feature width, stride, input rule,
         weights fingerprint)."""
-        extra = {k: v for k, v in self.extractor.describe().items() if k not in self.extractor.settings}
-        return {**self.settings(), **extra}
+        return {"proposer": dict(self.proposer_table), **self.extractor.describe()}
 
     def loader(self) -> PictureLoader:
         """The picklable picture loader for this pipeline (decode, keep the picture for a

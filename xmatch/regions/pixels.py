@@ -10,10 +10,6 @@ from typing import Any
 from xmatch.regions.manifest import ManifestError, manifest_path, read_manifest
 from xmatch.model.inputs import PixelInputs, input_type_of
 
-#: the manifest's pipeline keys that rebuild the extraction (the rest is what they resolved to)
-PIPELINE_ARGS = ("proposer", "backbone", "weights", "pretrained", "image_size", "max_size", "resize",
-                 "pool_bins", "pool_samples", "seed")
-
 
 def pixel_encoder_table(features: str | os.PathLike | Mapping[str, Any], encoder: Mapping[str, Any]) -> dict[str, Any]:
     """The ``pixel-regions`` image encoder table that reproduces the extraction of ``features``
@@ -26,7 +22,7 @@ def pixel_encoder_table(features: str | os.PathLike | Mapping[str, Any], encoder
     """
     manifest = features if isinstance(features, Mapping) else read_manifest(features)
     pipeline = manifest["pipeline"]
-    return {"name": "pixel-regions", **{k: copy.deepcopy(pipeline[k]) for k in PIPELINE_ARGS},
+    return {"name": "pixel-regions", "proposer": copy.deepcopy(pipeline["proposer"]), "roi": dict(pipeline["roi"]),
             "fingerprint": pipeline["fingerprint"], "encoder": dict(encoder)}
 
 

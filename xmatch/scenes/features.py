@@ -16,7 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from xmatch.regions.features import RANDOM_WEIGHTS, RoIFeatureExtractor, roi_features
+from xmatch.regions.config import RANDOM_WEIGHTS, RoIConfig
+from xmatch.regions.features import RoIFeatureExtractor, roi_features
 
 #: jittered copies of every object's box among the proposals
 JITTERS_PER_OBJECT = 3
@@ -99,10 +100,10 @@ class RegionFeatureExtractor:
     """
 
     def __init__(self, backbone: str, weights: str | None, image_size: int, seed: int = 0) -> None:
-        self.extractor = RoIFeatureExtractor(
+        self.extractor = RoIFeatureExtractor(RoIConfig(
             backbone, weights=RANDOM_WEIGHTS if weights is None else weights, image_size=image_size,
             resize="square", pool_bins=POOL_BINS, pool_samples=POOL_SAMPLES, seed=seed,
-        )
+        ))
         self.backbone = self.extractor.backbone
         self.image_size = image_size
         self.feature_dim = self.extractor.feature_dim

@@ -1,0 +1,120 @@
+"""The settings of region features, written once: :class:`RoIConfig`.
+
+``xmatch extract`` (its flags), :class:`~xmatch.regions.pipeline.RegionPipeline`, the
+``pixel-regions`` image encoder (its ``roi`` table) and the manifest ``extract.json`` all hold
+the same nine settings; this is where their defaults and their checks live.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+#: ``weights`` value for a seeded random initialisation (tests: such features mean nothing)
+RANDOM_WEIGHTS = "random"
+#: ``weights`` value that picks the packaged offline weights of the backbone
+AUTO_WEIGHTS = "auto"
+RESIZE_MODES = ("shorter", "square")
+
+
+@dataclass(frozen=True)
+class RoIConfig:
+    """How region features are computed: the backbone and its weights, the resizing, the pooling.
+
+    Attributes:
+        backbone: a timm model name with a spatial feature map.
+        weights: ``"auto"`` (the packaged offline weights of the backbone:
+            ``package:efficientnet-lite0`` / ``-lite1`` / ``-lite2``), a local ``.safetensors`` /
+            ``.pth`` file, ``package:<module>/<path>``, or ``"random"`` (seeded by ``seed``).
+        pretrained: timm's own weights from its hub instead (needs the network or its cache).
+        image_size: target of the shorter side (None: the pretrained config's input size, 224
+            for EfficientNet-Lite0).
+        max_size: cap on the longer side (None: twice ``image_size``).
+        resize: ``"shorter"`` (keep the aspect ratio) or ``"square"`` (squash; ViTs).
+        pool_bins: RoI-align bins per side, averaged (the scenes benchmark's 2).
+        pool_samples: bilinear samples per bin side (0: adaptive; the scenes benchmark's 2).
+        seed: seed of a random initialisation.
+
+    Raises:
+        ValueError: a setting out of its range (the message names it and what it accepts).
+        TypeError: a setting of the wrong type (e.g. ``image_size="224"``).
+
+    Example:
+        >>> roi = RoIConfig(image_size=320)
+        >>> roi.backbone, roi.weights, roi.max_size, roi.pool_bins
+        ('efficientnet_lite0', 'auto', None, 2)
+        >>> RoIConfig(resize="crop")
+        Traceback (most recent call last):
+        ...
+        ValueError: resize must be one of shorter, square, got 'crop'.
+    """
+
+    backbone: str = "efficientnet_lite0"
+    weights: str = AUTO_WEIGHTS
+    pretrained: bool = False
+    image_size: int | None = None
+    max_size: int | None = None
+    resize: str = "shorter"
+    pool_bins: int = 2
+    pool_samples: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("backbone", "weights"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise TypeError(f"{name} must be a non-empty string, got {value!r}.")
+        if not isinstance(self.pretrained, bool):
+            raise TypeError(f"pretrained must be true or false, got {self.pretrained!r}.")
+        for name in ("image_size", "max_size", "pool_bins", "pool_samples", "seed"):
+            value = getattr(self, name)
+            if not (value is None and name in ("image_size", "max_size")) and not _is_int(value):
+                raise TypeError(f"{name} must be an integer, got {value!r}.")
+        for name in ("image_size", "max_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be a positive number of pixels (or None: the default), got {value}.")
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}.")
+        if self.pool_bins < 1 or self.pool_samples < 0:
+            raise ValueError(
+                f"pool_bins must be at least 1 and pool_samples at least 0, got {self.pool_bins}, {self.pool_samples}."
+            )
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any] | None, path: str = "roi") -> RoIConfig:
+        """The settings of a spec or manifest table (missing keys take their defaults).
+
+        Raises:
+            ValueError: an unknown key (close matches and every setting listed), or a bad
+                value; the message starts with ``path``.
+            TypeError: ``table`` is not a table, or a value of the wrong type.
+
+        Example:
+            >>> RoIConfig.from_table({"backbone": "efficientnet_lite2", "image_size": 256}).image_size
+            256
+            >>> RoIConfig.from_table({"pool_bin": 3})
+            Traceback (most recent call last):
+            ...
+            ValueError: roi -> pool_bin: not a RoI setting. Did you mean 'pool_bins'? Settings: backbone, weights, pretrained, image_size, max_size, resize, pool_bins, pool_samples, seed.
+        """
+        if table is None:
+            return cls()
+        if not isinstance(table, Mapping):
+            raise TypeError(f"{path}: expected a table of RoI settings, got {table!r}.")
+        known = [f.name for f in fields(cls)]
+        for key in table:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=3)
+                hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+                raise ValueError(f"{path} -> {key}: not a RoI setting.{hint} Settings: {', '.join(known)}.")
+        try:
+            return cls(**table)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{path}: {exc}") from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
