@@ -61,7 +61,7 @@ import torch.nn.functional as F
 
 import xmatch
 from xmatch.model.buckets import BucketedEmbeddings
-from xmatch.components.poolers import OUTPUT_COLUMNS_MULTIPLE
+from xmatch.components.alignment import OUTPUT_COLUMNS_MULTIPLE
 from xmatch.model.embeddings import Embeddings
 from xmatch.eval import Encoded
 from xmatch.eval.protocol import evaluate_scores
@@ -186,7 +186,7 @@ def interleaved_rates(model: xmatch.MatchingModel, img: BucketedEmbeddings, txt:
     a_img, a_txt = ip[:ic], bucket[:tc]
     rows_a, rows_b, dim = ic * ip.tokens.shape[1], tc * bucket.tokens.shape[1], ip.dim
     # the reference at its best: BLAS is far slower when its output columns are not a multiple
-    # of 16 (the pooler pads its products to such a width on a CPU, see poolers.py)
+    # of 16 (pairwise_cosines pads its products to such a width on a CPU, see alignment.py)
     rows_b += -rows_b % OUTPUT_COLUMNS_MULTIPLE
     a, b = torch.randn(rows_a, dim, device=device), torch.randn(dim, rows_b, device=device)
     real = 2 * int(a_img.mask.sum()) * int(a_txt.mask.sum()) * dim

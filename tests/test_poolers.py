@@ -141,18 +141,3 @@ def test_automatic_blocks_are_balanced_and_bounded():
     ic, _ = pooler.chunk_sizes(img[:256], txt)
     assert ic == 64, "256 images in equal chunks (80 + 80 + 80 + 16 would make a thin last block)"
 
-
-def test_cpu_products_are_padded_to_whole_column_widths_with_the_same_scores():
-    # BLAS runs far below its rate when the product's columns are not a multiple of 16
-    from xmatch.components.poolers import OUTPUT_COLUMNS_MULTIPLE, AlignmentPooler
-
-    g = torch.Generator().manual_seed(0)
-    img = torch.randn(3, 5, 64, generator=g)
-    txt = torch.randn(7, 3, 64, generator=g)  # 21 word columns
-    a = AlignmentPooler.alignment(
-        Embeddings(img, torch.ones(3, 5, dtype=torch.bool)), Embeddings(txt, torch.ones(7, 3, dtype=torch.bool))
-    )
-    assert OUTPUT_COLUMNS_MULTIPLE == 16 and a.shape == (3, 5, 7, 3)
-    assert a.stride() == (5 * 32, 32, 3, 1), "the product's rows are 32 columns wide, 21 of them kept"
-    unpadded = (img.reshape(-1, 64) @ txt.reshape(-1, 64).T).view(3, 5, 7, 3)
-    assert torch.equal(a, unpadded)

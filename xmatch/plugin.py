@@ -13,7 +13,9 @@ Base classes (subclass one, declare it under the entry-point group ``xmatch_<kin
   features on (padded slots zeroed, inputs checked); :class:`WordTextEncoder` gives a
   word-level text encoder its vocabulary, tokenizer, unknown-word measure and saved assets;
   :class:`RNNTextEncoder`, :class:`BiGRUTextEncoder`, :class:`BiLSTMTextEncoder` are the
-  recurrent encoders to extend (SCAN's text encoder is a :class:`BiGRUTextEncoder`).
+  recurrent encoders to extend (SCAN's text encoder is a :class:`BiGRUTextEncoder`);
+  :class:`AlignmentPooler` is the base of a pooler that takes maxima of the region x word
+  cosine matrix (its ``alignment``, ``region_max`` and ``word_max`` apply the masks).
 
 Records passed between components:
 
@@ -35,6 +37,8 @@ The word-level text pipeline (one for every word-id encoder):
 
 Helpers:
 
+- the region x word cosine matrix: :func:`pairwise_cosines` (``[n_img, R, n_txt, W]`` in one
+  matmul, the CPU column padding included; every token pooler starts from it);
 - masks: :func:`lengths_to_mask`, :func:`last_true_mask`, :func:`pad_stack`;
 - input checks: :func:`check_region_inputs`, :func:`normalize_boxes`;
 - losses: :func:`hinge_triplet` (VSE++'s hinge with hardest or summed negatives);
@@ -90,6 +94,7 @@ from xmatch import Embeddings, EncoderOutput, ImageEncoder, Loss, LossOutput, Ma
 from xmatch import SpecError, TextEncoder, XmatchError, TokenBatch, ZooEntry, normalize_boxes, zoo_entries_from_toml
 from xmatch import register_dataset, register_image_encoder, register_loss, register_model, register_pooler
 from xmatch import register_proposer, register_reasoner, register_text_encoder
+from xmatch.components.alignment import AlignmentPooler, pairwise_cosines
 from xmatch.components.image.bottomup import RegionFeaturesImageEncoder, check_region_inputs
 from xmatch.components.image.backbone_weights import load_backbone_weights
 from xmatch.components.losses import hinge_triplet
@@ -114,12 +119,13 @@ from xmatch.components.projection_init import init_projection_like_original
 from xmatch.core.spec import merge
 
 __all__ = [
-    "BiGRUTextEncoder", "BiLSTMTextEncoder", "END", "Embeddings", "EncoderOutput", "ImageEncoder", "ImageInputs", "Loss",
+    "AlignmentPooler", "BiGRUTextEncoder", "BiLSTMTextEncoder", "END", "Embeddings", "EncoderOutput", "ImageEncoder", "ImageInputs", "Loss",
     "LossOutput", "MatchingModel", "PixelInputs", "Pooler", "RNNTextEncoder", "Reasoner", "RegionFeaturesImageEncoder",
     "RegionInputs",
     "START", "SpecError", "XmatchError", "TextEncoder", "TokenBatch", "TokenCoverage", "VOCAB_FILE", "Vocabulary",
     "WordTextEncoder", "ZooEntry", "check_region_inputs", "hinge_triplet", "init_projection_like_original",
     "input_type_of",    "last_true_mask", "lengths_to_mask", "load_backbone_weights", "load_vocabulary", "merge", "normalize_boxes", "pad_stack",
+    "pairwise_cosines",
     "read_original_vocabulary", "register_dataset", "register_image_encoder", "register_loss", "register_model",
     "register_pooler", "register_proposer", "register_reasoner", "register_text_encoder", "split_words",
     "tokenize_words", "uniform_word_embedding", "with_markers", "zoo_entries_from_toml",

@@ -3,7 +3,9 @@
 TERAN (Messina et al., ACM TOMM 2021) pools the region x word cosine matrix ``A``:
 ``MrSw = sum_words max_regions A``, ``MwSr = sum_regions max_words A``,
 ``Symm = MrSw + MwSr`` and ``MrAvgw = MrSw / number of words``. TERN (ICPR 2020) scores the
-cosine of the two CLS outputs (``global-cosine``).
+cosine of the two CLS outputs (``global-cosine``). The four alignment poolers derive from
+:class:`~xmatch.components.alignment.AlignmentPooler`, which computes ``A`` with
+:func:`~xmatch.components.alignment.pairwise_cosines` and takes its maxima.
 
 Masked positions never win a max (they are ``-inf``). With ``compat="original"`` the pooler
 reproduces the original code, which zero-fills masked cells *before* the max: every max over a
@@ -18,44 +20,14 @@ from typing import Any, Literal
 
 import torch
 
+from xmatch.components.alignment import AlignmentPooler
 from xmatch.model.interfaces import Pooler
 from xmatch.model.embeddings import Embeddings
 
 Compat = Literal["clean", "original"]
 
 
-#: a CPU matmul's output columns are padded to a multiple of this: on an AVX-512 CPU,
-#: [2304 x 1024] @ [1024 x N] ran at 117-130 GFLOP/s for odd N and at 184-194 for N % 16 == 0
-#: (2 threads, 2026-11-26); the padded columns' scores equal the unpadded ones bit for bit
-OUTPUT_COLUMNS_MULTIPLE = 16
-
-
-def _flat_alignment(img_tokens: torch.Tensor, txt_tokens: torch.Tensor) -> torch.Tensor:
-    # One large matmul instead of an einsum keeps BLAS at full speed: [i r, t w].
-    d = img_tokens.shape[-1]
-    words = txt_tokens.reshape(-1, d)
-    n = words.shape[0]
-    extra = -n % OUTPUT_COLUMNS_MULTIPLE if words.device.type == "cpu" else 0
-    if extra:
-        # zero rows make whole-width products; slicing them off leaves a view that splits
-        # into [i, r, t, w] like the unpadded product
-        words = torch.cat([words, words.new_zeros(extra, d)])
-    return (img_tokens.reshape(-1, d) @ words.T)[:, :n]
-
-
-def _pad_with_a_real_token(e: Embeddings) -> torch.Tensor:
-    """Tokens where every padded slot repeats the item's first real token: the padding then
-    never changes a max, so the large alignment matrix needs no masking pass."""
-    if e.tokens.device.type == "cpu" and bool(e.mask.all()):
-        # nothing to fill (image regions usually): no copy. On a GPU the check would be a
-        # wait for the device, dearer than the copy.
-        return e.tokens
-    first_real = e.mask.to(torch.uint8).argmax(dim=1)
-    first = e.tokens[torch.arange(len(e), device=e.tokens.device), first_real]
-    return torch.where(e.mask[..., None], e.tokens, first[:, None])
-
-
-class AlignmentPooler(Pooler):
+class TeranPooler(AlignmentPooler):
     """Shared machinery of the TERAN poolers (see the module docstring).
 
     Args:
@@ -81,43 +53,25 @@ class AlignmentPooler(Pooler):
         return {"region_width": self.region_slots, "word_width": self.word_slots}
 
     @staticmethod
-    def alignment(img: Embeddings, txt: Embeddings) -> torch.Tensor:
-        """``[i, r, t, w]`` region x word cosines with padded slots that never win a max."""
-        n_i, r, _ = img.tokens.shape
-        n_t, w, _ = txt.tokens.shape
-        return _flat_alignment(_pad_with_a_real_token(img), _pad_with_a_real_token(txt)).view(n_i, r, n_t, w)
-
-    @staticmethod
-    def _no_candidates(best: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
-        # an item without any real token has no candidate for the max, as with -inf masking
-        return best.masked_fill(empty, float("-inf")) if bool(empty.any()) else best
-
-    def region_max(self, a: torch.Tensor, img: Embeddings, region_width: int | None) -> torch.Tensor:
-        """Per image, text and word: the best region ``[i, t, w]``."""
-        best = self._no_candidates(a.amax(dim=1), ~img.mask.any(dim=1)[:, None, None])
-        if region_width is not None:
-            padded = (img.lengths < region_width)[:, None, None]
-            best = torch.where(padded, best.clamp_min(0), best)
-        return best
-
-    def word_max(self, a: torch.Tensor, txt: Embeddings, word_width: int | None) -> torch.Tensor:
-        """Per image, text and region: the best word ``[i, t, r]``."""
-        best = self._no_candidates(a.amax(dim=3).transpose(1, 2), ~txt.mask.any(dim=1)[None, :, None])
-        if word_width is not None:
-            padded = (txt.lengths < word_width)[None, :, None]
-            best = torch.where(padded, best.clamp_min(0), best)
-        return best
+    def _zero_candidate(best: torch.Tensor, narrower: torch.Tensor) -> torch.Tensor:
+        # the original's zero-filled cells: a max over a set narrower than the padded width
+        # also sees a 0
+        return torch.where(narrower, best.clamp_min(0), best)
 
     def mrsw(self, a: torch.Tensor, img: Embeddings, txt: Embeddings, region_width: int | None) -> torch.Tensor:
-        best = self.region_max(a, img, region_width)
+        best = self.region_max(a, img)
+        if region_width is not None:
+            best = self._zero_candidate(best, (img.lengths < region_width)[:, None, None])
         return best.masked_fill(~txt.mask[None], 0).sum(dim=2)
 
     def mwsr(self, a: torch.Tensor, img: Embeddings, txt: Embeddings, word_width: int | None) -> torch.Tensor:
-        best = self.word_max(a, txt, word_width)
+        best = self.word_max(a, txt)
+        if word_width is not None:
+            best = self._zero_candidate(best, (txt.lengths < word_width)[None, :, None])
         return best.masked_fill(~img.mask[:, None], 0).sum(dim=2)
 
 
-class MrSwPooler(AlignmentPooler):
+class MrSwPooler(TeranPooler):
     """Sum over words of the best region (TERAN's default).
 
     Example:
@@ -130,7 +84,7 @@ class MrSwPooler(AlignmentPooler):
         return self.mrsw(self.alignment(img, txt), img, txt, region_width)
 
 
-class MwSrPooler(AlignmentPooler):
+class MwSrPooler(TeranPooler):
     """Sum over regions of the best word.
 
     Example:
@@ -143,7 +97,7 @@ class MwSrPooler(AlignmentPooler):
         return self.mwsr(self.alignment(img, txt), img, txt, word_width)
 
 
-class SymmPooler(AlignmentPooler):
+class SymmPooler(TeranPooler):
     """``MrSw + MwSr``.
 
     Example:
@@ -157,7 +111,7 @@ class SymmPooler(AlignmentPooler):
         return self.mrsw(a, img, txt, region_width) + self.mwsr(a, img, txt, word_width)
 
 
-class MrAvgwPooler(AlignmentPooler):
+class MrAvgwPooler(TeranPooler):
     """``MrSw`` divided by the number of words of each text.
 
     Example:

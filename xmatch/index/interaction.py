@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 from xmatch.model.interfaces import Pooler
 from xmatch.components.poolers import (
-    AlignmentPooler,
     GlobalCosinePooler,
     MrAvgwPooler,
     MrSwPooler,
     MwSrPooler,
     SymmPooler,
+    TeranPooler,
 )
 
 
@@ -68,7 +68,7 @@ def interaction(pooler: Pooler, name: str | None = None) -> Interaction | None:
         return None
     found = _TERAN.get(type(pooler))
     if found is not None:
-        clean = isinstance(pooler, AlignmentPooler) and pooler.compat == "clean"
+        clean = isinstance(pooler, TeranPooler) and pooler.compat == "clean"
         return Interaction(found.text_sum, found.image_sum, found.per_word, bounded=clean)
     return _BY_NAME.get((name or "").lower(), GENERIC)
 

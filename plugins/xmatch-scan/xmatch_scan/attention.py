@@ -4,7 +4,8 @@ Lee, Chen, Hua, Hu, He. "Stacked Cross Attention for Image-Text Matching", ECCV 
 its code (kuanghuei/SCAN, ``model.py``: ``func_attention``, ``xattn_score_t2i``,
 ``xattn_score_i2t``). For regions ``v_i`` and words ``e_j``:
 
-1. raw scores ``s_ij = v_i . e_j`` (the cosine, both sides being unit vectors);
+1. raw scores ``s_ij = v_i . e_j`` (the cosine, both sides being unit vectors), every region
+   with every word of a block at once (:func:`xmatch.plugin.pairwise_cosines`);
 2. normalised over the *query* axis for each context element (``raw_feature_norm``; the
    default ``clipped_l2norm`` is a LeakyReLU of slope 0.1 followed by an L2 norm whose eps
    1e-8 is added to the norm, as in the code, where the paper writes ``[.]_+``);
@@ -32,6 +33,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from xmatch.plugin import pairwise_cosines
 
 Direction = Literal["t2i", "i2t"]
 RawFeatureNorm = Literal["clipped_l2norm", "l2norm", "clipped_l1norm", "l1norm", "softmax", "clipped", "no_norm"]
@@ -112,14 +114,6 @@ def zero_padding(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return tokens.masked_fill(~mask.unsqueeze(-1), 0.0)
 
 
-def region_word_scores(regions: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
-    """Dot products ``[I, R, T, W]`` of every region of every image with every word of every
-    caption, as one large matmul (BLAS at full speed)."""
-    n_img, n_reg, d = regions.shape
-    n_txt, n_word, _ = words.shape
-    return (regions.reshape(-1, d) @ words.reshape(-1, d).T).view(n_img, n_reg, n_txt, n_word)
-
-
 def _cosine(dot: torch.Tensor, sq_norm_a: torch.Tensor, sq_norm_b: torch.Tensor) -> torch.Tensor:
     # (x1 . x2) / max(|x1| |x2|, eps), as the original cosine_similarity; clamping the squared
     # product keeps the gradient finite where a norm is 0.
@@ -161,7 +155,7 @@ def xattn_relevance(
     regions, words = zero_padding(regions, region_mask), zero_padding(words, word_mask)
     n_img, n_reg, _ = regions.shape
     n_txt, n_word, _ = words.shape
-    s = region_word_scores(regions, words)  # [I, R, T, W]
+    s = pairwise_cosines(regions, words)  # [I, R, T, W], 0 at padded slots
     region_axis = region_mask[:, :, None, None]
     word_axis = word_mask[None, None]
     if direction == "t2i":
@@ -225,7 +219,7 @@ def sum_max_scores(
         tensor([[2.]])
     """
     check_choice(direction, DIRECTIONS, "direction")
-    s = region_word_scores(zero_padding(regions, region_mask), zero_padding(words, word_mask))
+    s = pairwise_cosines(zero_padding(regions, region_mask), zero_padding(words, word_mask))
     if direction == "t2i":
         best = s.masked_fill(~region_mask[:, :, None, None], float("-inf")).amax(dim=1)  # [I, T, W]
         return best.masked_fill(~word_mask[None], 0.0).sum(dim=-1)

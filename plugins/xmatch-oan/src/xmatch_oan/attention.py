@@ -8,12 +8,15 @@ For a query set ``A`` and a context set ``B`` of unit vectors (``s_pq = [a_p . b
 
 ``cos(a_p, att_p)`` is computed without materialising ``att_p``: ``a_p . att_p =
 sum_q alpha_pq (a_p . b_q)`` and ``|att_p|^2 = alpha_p^T G_B alpha_p`` with ``G_B`` the Gram
-matrix of ``B``, so a block of pairs costs what its cosine matrix costs.
+matrix of ``B``, so a block of pairs costs what its cosine matrix
+(:func:`xmatch.plugin.pairwise_cosines`) costs.
 """
 
 from __future__ import annotations
 
 import torch
+
+from xmatch.plugin import pairwise_cosines
 
 
 def _relevance(
@@ -65,10 +68,7 @@ def setwise_cosine(
     """
     a = a.masked_fill(~a_mask.unsqueeze(-1), 0)
     b = b.masked_fill(~b_mask.unsqueeze(-1), 0)
-    na, p, d = a.shape
-    nb, q, _ = b.shape
-    # One flat matmul keeps BLAS at full speed: [na P, nb Q] -> [na, nb, P, Q].
-    c = (a.reshape(-1, d) @ b.reshape(-1, d).T).view(na, p, nb, q).transpose(1, 2)
+    c = pairwise_cosines(a, b).transpose(1, 2)  # [na, nb, P, Q], 0 at padded slots
     a_to_b = _relevance(c, a_mask[:, None], b_mask[None], (b @ b.transpose(1, 2))[None], lambda_ab, eps)
     b_to_a = _relevance(
         c.transpose(2, 3), b_mask[None], a_mask[:, None], (a @ a.transpose(1, 2))[:, None], lambda_ba, eps
