@@ -50,8 +50,10 @@ Helpers:
   :func:`register_text_encoder`, :func:`register_reasoner`, :func:`register_pooler`,
   :func:`register_loss`, :func:`register_model`, :func:`register_dataset`,
   :func:`register_proposer` (region proposers for ``xmatch extract``);
-- backbone weights: :func:`load_backbone_weights` (a weights file or any :mod:`xmatch.io.hub`
-  source, fetched and checked like zoo weights, loaded into a timm network);
+- backbones: :func:`create_timm_model` (a timm network with its weights from timm's hub, a
+  file or a package, as xmatch's own image encoders make theirs), :func:`load_backbone_weights`
+  (a weights file or any :mod:`xmatch.io.hub` source, fetched and checked like zoo weights,
+  loaded into a timm network);
 - errors: :class:`XmatchError` (derive a plugin's own errors from it), :class:`SpecError` (a
   spec that cannot be built).
 
@@ -96,6 +98,7 @@ from xmatch import register_dataset, register_image_encoder, register_loss, regi
 from xmatch import register_proposer, register_reasoner, register_text_encoder
 from xmatch.components.alignment import AlignmentPooler, pairwise_cosines
 from xmatch.components.image.bottomup import RegionFeaturesImageEncoder, check_region_inputs
+from xmatch.components.image.backbone import create_timm_model
 from xmatch.components.image.backbone_weights import load_backbone_weights
 from xmatch.components.losses import hinge_triplet
 from xmatch.components.text.rnn import BiGRUTextEncoder, BiLSTMTextEncoder, RNNTextEncoder
@@ -119,14 +122,14 @@ from xmatch.components.projection_init import init_projection_like_original
 from xmatch.core.spec import merge
 
 __all__ = [
-    "AlignmentPooler", "BiGRUTextEncoder", "BiLSTMTextEncoder", "END", "Embeddings", "EncoderOutput", "ImageEncoder", "ImageInputs", "Loss",
-    "LossOutput", "MatchingModel", "PixelInputs", "Pooler", "RNNTextEncoder", "Reasoner", "RegionFeaturesImageEncoder",
-    "RegionInputs",
-    "START", "SpecError", "XmatchError", "TextEncoder", "TokenBatch", "TokenCoverage", "VOCAB_FILE", "Vocabulary",
-    "WordTextEncoder", "ZooEntry", "check_region_inputs", "hinge_triplet", "init_projection_like_original",
-    "input_type_of",    "last_true_mask", "lengths_to_mask", "load_backbone_weights", "load_vocabulary", "merge", "normalize_boxes", "pad_stack",
-    "pairwise_cosines",
-    "read_original_vocabulary", "register_dataset", "register_image_encoder", "register_loss", "register_model",
-    "register_pooler", "register_proposer", "register_reasoner", "register_text_encoder", "split_words",
-    "tokenize_words", "uniform_word_embedding", "with_markers", "zoo_entries_from_toml",
+    "AlignmentPooler", "BiGRUTextEncoder", "BiLSTMTextEncoder", "check_region_inputs", "create_timm_model",
+    "Embeddings", "EncoderOutput", "END", "hinge_triplet", "ImageEncoder", "ImageInputs",
+    "init_projection_like_original", "input_type_of", "last_true_mask", "lengths_to_mask",
+    "load_backbone_weights", "load_vocabulary", "Loss", "LossOutput", "MatchingModel", "merge",
+    "normalize_boxes", "pad_stack", "pairwise_cosines", "PixelInputs", "Pooler", "read_original_vocabulary",
+    "Reasoner", "RegionFeaturesImageEncoder", "RegionInputs", "register_dataset", "register_image_encoder",
+    "register_loss", "register_model", "register_pooler", "register_proposer", "register_reasoner",
+    "register_text_encoder", "RNNTextEncoder", "SpecError", "split_words", "START", "TextEncoder",
+    "TokenBatch", "TokenCoverage", "tokenize_words", "uniform_word_embedding", "VOCAB_FILE", "Vocabulary",
+    "with_markers", "WordTextEncoder", "XmatchError", "zoo_entries_from_toml", "ZooEntry",
 ]

@@ -23,7 +23,7 @@ from xmatch.index.errors import (
     SearchIndexError,
     WrongSideError,
 )
-from xmatch.index.fingerprint import model_fingerprint
+from xmatch.model.fingerprint import model_fingerprint
 from xmatch.index.results import Hit, SearchResult
 from xmatch.index.search import SearchIndex, create, default_candidates, open
 
