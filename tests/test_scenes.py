@@ -344,7 +344,7 @@ def test_pooling_averages_the_map_over_the_box():
 def test_extractor_preprocessing_is_timms_transform(folder):
     from PIL import Image
 
-    extractor = RegionFeatureExtractor("test_efficientnet", None, CANVAS)
+    extractor = RegionFeatureExtractor("test_efficientnet", "random", CANVAS)
     images = [np.asarray(Image.open(folder / "images" / f"{k}.png")) for k in range(3)]
     reference = timm.data.create_transform(
         **timm.data.resolve_data_config(

@@ -49,7 +49,6 @@ KARPATHY_FILE = "dataset_scenes.json"
 SIZES_FILE = "sizes.json"
 FEATURES_FILE = "features.json"
 DEFAULT_WEIGHTS = "package:efficientnet-lite0"
-RANDOM_WEIGHTS = "random"
 
 PathArg = str | os.PathLike
 
@@ -313,7 +312,7 @@ def write_features(
     meta = json.loads((scenes / METADATA_FILE).read_text(encoding="utf-8"))
     canvas = int(meta["params"]["canvas"])
     records = meta["scenes"]
-    extractor = RegionFeatureExtractor(backbone, None if weights == RANDOM_WEIGHTS else weights, canvas, seed)
+    extractor = RegionFeatureExtractor(backbone, weights, canvas, seed)
     (folder / "bu_att").mkdir()
     (folder / "bu_box").mkdir()
     bar = progress_bar(total=len(records), desc=f"scenes: {backbone} region features", unit="img", show=progress)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from xmatch.regions.config import RANDOM_WEIGHTS, RoIConfig
+from xmatch.regions.config import RoIConfig
 from xmatch.regions.features import RoIFeatureExtractor, roi_features
 
 #: jittered copies of every object's box among the proposals
@@ -88,8 +88,9 @@ class RegionFeatureExtractor:
 
     Args:
         backbone: a timm model name.
-        weights: as :func:`xmatch.components.image.backbone.create_timm_model`; None = random
-            initialisation seeded by ``seed`` (for tests: such features mean nothing).
+        weights: as :class:`xmatch.regions.config.RoIConfig`'s: a weight source, ``"auto"``,
+            or ``"random"`` for a random initialisation seeded by ``seed`` (for tests: such
+            features mean nothing).
         image_size: the backbone's input side = the images' side.
         seed: seed of a random initialisation.
 
@@ -99,9 +100,9 @@ class RegionFeatureExtractor:
         (1, 1, 1280)
     """
 
-    def __init__(self, backbone: str, weights: str | None, image_size: int, seed: int = 0) -> None:
+    def __init__(self, backbone: str, weights: str, image_size: int, seed: int = 0) -> None:
         self.extractor = RoIFeatureExtractor(RoIConfig(
-            backbone, weights=RANDOM_WEIGHTS if weights is None else weights, image_size=image_size,
+            backbone, weights=weights, image_size=image_size,
             resize="square", pool_bins=POOL_BINS, pool_samples=POOL_SAMPLES, seed=seed,
         ))
         self.backbone = self.extractor.backbone
