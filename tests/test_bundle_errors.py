@@ -211,6 +211,28 @@ def test_the_safe_loader_reads_what_it_allows(tmp_path):
         load_torch_file(tmp_path / "missing.pth")
 
 
+class Payload:
+    """Creates ``marker`` when unpickled by an unrestricted unpickler."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_the_safe_loader_never_runs_a_hostile_pickle(tmp_path):
+    marker = tmp_path / "MARKER"
+    path = tmp_path / "hostile.pth"
+    torch.save({"w": torch.ones(2), "hook": Payload(marker)}, path)
+    with pytest.raises(CheckpointReadError, match=r"holds the Python object [\w.]+, which xmatch never unpickles") as info:
+        load_torch_file(path, what="a trainer state")
+    assert_clear(info.value, path)
+    assert not marker.exists()
+    torch.load(path, weights_only=False)  # the control: the payload is live
+    assert marker.exists()
+
+
 # -- optional packages: the error gives the pip command ---------------------------------------
 
 

@@ -22,7 +22,8 @@ import torch
 from xmatch.model.interfaces import EncoderOutput, TextEncoder, TokenBatch
 from xmatch.components.text.side import TextSide, TokenCoverage
 from xmatch.model.masks import lengths_to_mask
-from xmatch.core.sources import resolve_local_source
+from xmatch.core.sources import PICKLE_SUFFIXES, resolve_local_source
+from xmatch.io.safe_load import CheckpointReadError
 from xmatch.components.text.stopwords import ENGLISH_STOPWORDS
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,8 @@ logger = logging.getLogger(__name__)
 #: special tokens of a word-level BERT tokenizer, in id order (BERT's own names)
 WORD_LEVEL_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_DIR = "text_encoder"
+#: the weight files a backbone directory may hold (one file, or the index of a sharded set)
+SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 
 
 class BertTextEncoder(TextEncoder):
@@ -40,7 +43,8 @@ class BertTextEncoder(TextEncoder):
             ``"package:<module>/<path>"`` for a model shipped inside a Python package.
         layers: keep only the first N transformer layers (6 in TERN/TERAN); None keeps all.
         finetune: train the encoder's weights; False freezes them.
-        pretrained: load the backbone's weights; False builds the same architecture with
+        pretrained: load the backbone's weights, from ``model.safetensors`` only (a pickled
+            ``pytorch_model.bin`` is refused unread); False builds the same architecture with
             random weights (used when a checkpoint provides them).
         max_length: longest token sequence; longer captions are truncated with a warning.
         exclude_stopwords: leave English stop words out of the alignment (TERAN ablation).
@@ -85,8 +89,20 @@ class BertTextEncoder(TextEncoder):
             config.num_hidden_layers = layers
         extra: dict[str, Any] = {"add_pooling_layer": False} if config.model_type == "bert" else {}
         if pretrained:
-            with _quiet_transformers():
-                self.model, loading = AutoModel.from_pretrained(location, config=config, output_loading_info=True, **extra)
+            _check_local_weights(location, backbone)
+            try:
+                with _quiet_transformers():
+                    # safetensors only: transformers' other loaders unpickle pytorch_model.bin
+                    self.model, loading = AutoModel.from_pretrained(
+                        location, config=config, output_loading_info=True, use_safetensors=True, **extra
+                    )
+            except OSError as exc:
+                raise OSError(
+                    f"text encoder 'bert': cannot load the weights of '{backbone}' ({exc}). xmatch loads a "
+                    "backbone's weights from model.safetensors only, never from a pickle such as "
+                    "pytorch_model.bin; give a hub id that publishes model.safetensors, or a local directory "
+                    "that holds it."
+                ) from exc
             _report_missing_weights(loading, backbone)
         else:
             self.model = AutoModel.from_config(config, **extra)
@@ -265,6 +281,34 @@ class BertTextEncoder(TextEncoder):
         self.tokenizer.save_pretrained(target)
         self.model.config.save_pretrained(target)
         return {"backbone": "text_encoder", "pretrained": False}
+
+
+def _check_local_weights(location: str, backbone: str) -> None:
+    """Refuse a local backbone directory without safetensors weights, before transformers looks
+    for other weight files.
+
+    A pickle (``pytorch_model.bin``, ``*.pt``) can run code while it is loaded, and torch's
+    refusal of a hostile one advises loading it with ``weights_only=False``, which would run it.
+    xmatch never unpickles a backbone: it names the file and how to convert it instead.
+    """
+    folder = Path(location)
+    if not folder.is_dir() or any((folder / name).is_file() for name in SAFETENSORS_WEIGHTS):
+        return  # a hub id (transformers fetches model.safetensors only), or safetensors weights
+    pickles = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(PICKLE_SUFFIXES))
+    if not pickles:
+        raise FileNotFoundError(
+            f"text encoder 'bert': '{backbone}' ({folder}) holds no weights ({' or '.join(SAFETENSORS_WEIGHTS)}); "
+            "add them, or build the encoder with random weights (pretrained = false) when a checkpoint "
+            "provides them."
+        )
+    raise CheckpointReadError(
+        f"text encoder 'bert': the weights of '{backbone}' are a pickle, {pickles[0]}"
+        f"{f' (and {len(pickles) - 1} more)' if len(pickles) > 1 else ''}, and xmatch never unpickles model "
+        "weights: loading a pickle can run any code it holds. Convert them once to safetensors, where you "
+        f"trust the file: python -c \"import transformers; m = transformers.AutoModel.from_pretrained('{folder}'); "
+        f"m.save_pretrained('{folder}')\" writes {folder / SAFETENSORS_WEIGHTS[0]} (torch reads the pickle as "
+        "tensors only); or download the model's model.safetensors into the directory."
+    )
 
 
 @contextlib.contextmanager
