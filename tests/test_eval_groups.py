@@ -129,6 +129,22 @@ def test_group_result_round_trips_as_plain_data():
     assert again == r
 
 
+def test_group_table_says_n_a_where_a_kind_has_no_pairs():
+    """A group of three has no Winoground scores: its kind shows n/a (with why), never a bare
+    '-' or a chance of 0.0."""
+    owner = np.repeat(np.arange(5), 2)
+    scores = np.eye(5).repeat(2, axis=1)
+    mixed = score_groups(scores, GroupSet([Group((0, 1), "pair"), Group((2, 3, 4), "trio")], owner))
+    lines = mixed.table().splitlines()
+    trio = next(line for line in lines if line.startswith("trio")).split()
+    assert trio[1:] == ["1", "100.0", "100.0", "n/a", "n/a", "n/a"]
+    assert next(line for line in lines if line.startswith("pair")).split()[-3:] == ["100.0", "100.0", "100.0"]
+    assert lines[-1].startswith("n/a: no groups of two (pairs)")
+    only_trios = score_groups(scores, GroupSet([Group((2, 3, 4), "trio")], owner)).table().splitlines()
+    chance = next(line for line in only_trios if line.startswith("chance")).split()
+    assert chance[-3:] == ["n/a", "n/a", "n/a"]  # not 0.0: there is no chance level without pairs
+
+
 # --- the scenes twins, declared through the interface --------------------------------------
 
 

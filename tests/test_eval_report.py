@@ -14,8 +14,9 @@ from PIL import Image
 import xmatch
 from xmatch.cli.main import main
 from xmatch.eval import evaluate_scores
-from xmatch.eval.report import comparison_tables, rank_histogram, recall_curve
-from xmatch.eval.suite import load_records, parse_protocols, run_protocols
+from xmatch.eval import report
+from xmatch.eval.report import comparison_tables, group_table, rank_histogram, recall_curve, recall_table
+from xmatch.eval.suite import RunRecord, load_records, parse_protocols, run_protocols
 
 pytest.importorskip("timm")
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
@@ -73,6 +74,104 @@ def test_curves_and_histograms_from_ranks():
     assert rank_histogram(ranks).tolist() == [40.0, 20.0, 20.0, 0.0, 0.0, 0.0, 0.0, 20.0]
 
 
+# -- rendering: what a table or plot shows for a figure that is not a plain number ---------
+
+
+def _perfect(name: str) -> RunRecord:
+    return RunRecord(name, evaluate_scores(np.eye(3).repeat(5, axis=1), "full"))
+
+
+def test_tables_write_nan_and_inf_apart_from_not_computed():
+    broken, scored = _perfect("broken"), _perfect("scored")
+    broken.result.i2t["r1"], broken.result.t2i["r5"], broken.result.t2i["medr"] = np.nan, np.inf, -np.inf
+    scored.result.i2t["ndcg_rougel"], scored.result.t2i["ndcg_rougel"] = 0.5, np.float32("nan")
+    table = recall_table([broken, scored])
+    text = table.text()
+    rows = {line.split()[0]: line.split() for line in text.splitlines()[3:5]}
+    # model, i2t R@1 R@5 R@10, t2i R@1 R@5 R@10, i2t medr, t2i medr, i2t NDCG, t2i NDCG, rsum
+    assert rows["broken"][1] == "NaN" and rows["broken"][5] == "inf" and rows["broken"][8] == "-inf"
+    assert rows["broken"][9:11] == ["-", "-"], "NDCG was not computed for this model"
+    assert rows["scored"][9:11] == ["0.5000", "NaN"] and rows["scored"][1] == "100.0"
+    assert "NaN: the figure came out as not-a-number" in text and "inf / -inf: the figure came out infinite" in text
+    page = table.html()
+    assert "<td>NaN</td>" in page and "<td>inf</td>" in page and "<td>-inf</td>" in page and "<td>-</td>" in page
+    assert "the figure came out infinite" in page
+    # a table of plain numbers carries no legend
+    assert recall_table([_perfect("fine")]).text().splitlines()[-1].startswith("fine")
+
+
+def _groups(kinds: int, pairs_every: int = 2, value: float = 62.5) -> dict:
+    """Group figures of ``kinds`` kinds; every other kind has no pairs (no Winoground scores)."""
+    by_kind = {}
+    for k in range(kinds):
+        pairs = k % pairs_every == 0
+        by_kind[f"kind-{k:02d}" + ("-with-a-longer-name" if k == 1 else "")] = {
+            "t2i": value, "i2t": 100.0 - value, "text": 50.0 if pairs else None, "image": 50.0 if pairs else None,
+            "group": 25.0 if pairs else None, "t2i_chance": 50.0, "i2t_chance": 33.3,
+            "text_chance": 25.0 if pairs else None, "image_chance": 25.0 if pairs else None,
+            "group_chance": 100 / 6 if pairs else None, "groups": 2 + k, "pairs": 2 + k if pairs else 0,
+        }
+    overall = {**by_kind[min(by_kind)], "groups": sum(r["groups"] for r in by_kind.values())}
+    return {"overall": overall, "by_kind": by_kind if kinds > 1 else {}}
+
+
+def test_group_table_says_n_a_with_the_reason_where_a_kind_has_no_pairs():
+    record = _perfect("m")
+    record.extras["groups"] = _groups(3)
+    table = group_table([record])
+    lines = table.text().splitlines()
+    no_pairs = next(line for line in lines if "kind-01" in line).split()
+    assert no_pairs[-5:] == ["62.5", "37.5", "n/a", "n/a", "n/a"]
+    assert next(line for line in lines if "kind-02" in line).split()[-3:] == ["50.0", "50.0", "25.0"]
+    assert any(line.startswith("n/a: no groups of two (pairs) of this kind") for line in lines)
+    assert "<td>n/a</td>" in table.html() and "defined on pairs only" in table.html()
+
+
+def _texts_overlap(fig) -> list[tuple[str, str]]:
+    """Pairs of drawn texts (tick labels, values, titles, legend, footer) whose boxes overlap."""
+    import matplotlib.text
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    inside = fig.bbox.padded(1)
+    assert all(inside.contains(b.x0, b.y0) and inside.contains(b.x1, b.y1) for _, b in boxes), "a text leaves the figure"
+    return [(a, b) for k, (a, box) in enumerate(boxes) for b, other in boxes[k + 1 :] if box.overlaps(other)]
+
+
+@pytest.mark.parametrize("kinds", [1, 3, 10, 30])
+def test_group_kinds_plot_stays_legible_for_any_number_of_kinds(kinds, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    drawn = []
+    save = report._save
+    monkeypatch.setattr(report, "_save", lambda fig, path, records: drawn.append(fig) or save(fig, path, records))
+    records = []
+    for k, value in enumerate((62.5, 100.0)):  # two models: two bars and two values per slot
+        record = _perfect(f"model-{k}")
+        record.extras["groups"] = _groups(kinds, value=value)
+        records.append(record)
+    assert report.plot_group_kinds(records, tmp_path / "group_kinds.png") == tmp_path / "group_kinds.png"
+    (fig,) = drawn
+    assert _texts_overlap(fig) == []
+    axes = fig.axes[0]
+    assert len(axes.get_yticklabels()) == max(kinds, 1) + (kinds > 1)  # the kinds and "all"
+    marks = [t.get_text() for ax in fig.axes for t in ax.texts if t.get_text() == "n/a"]
+    assert len(marks) == 2 * (kinds // 2) * (len(fig.axes) == 3), "a kind without pairs: its Winoground slots say n/a"
+    if marks:
+        assert any("n/a: no groups of two (pairs)" in t.get_text() for t in fig.texts)
+
+
+def test_report_page_explains_its_marks(tmp_path):
+    pytest.importorskip("matplotlib")
+    record = _perfect("m")
+    record.result.i2t["r1"] = np.nan
+    page = report.write_report([record], tmp_path)["html"].read_text()
+    assert "Marks in the tables and plots" in page and "<b>n/a</b>" in page and "<td>NaN</td>" in page
+
+
 def test_extra_protocols_refuse_before_encoding(bundles, scenes_root, monkeypatch):
     from xmatch.scenes.dataset import open_scenes
     from xmatch.eval import suite
@@ -87,6 +186,21 @@ def test_extra_protocols_refuse_before_encoding(bundles, scenes_root, monkeypatc
         run_protocols(model, test, "groups")
     with pytest.raises(ValueError, match="--word-classes"):
         run_protocols(model, test, "probes")
+
+
+def test_scenes_fingerprint_tells_two_feature_sets_of_the_same_scenes_apart(scenes_root):
+    from xmatch.eval.suite import dataset_fingerprint
+    from xmatch.scenes.dataset import open_scenes
+
+    def split(**options):
+        return open_scenes(scenes_root, "test", size="tiny", backbone="test_efficientnet", weights="random",
+                           progress=False, **options)
+
+    default, fewer = split(), split(regions=12)
+    assert default.captions == fewer.captions and default.image_names == fewer.image_names
+    assert dataset_fingerprint(default) != dataset_fingerprint(fewer)
+    assert dataset_fingerprint(split()) == dataset_fingerprint(default)
+    assert dataset_fingerprint(split(layout="images")) not in (dataset_fingerprint(default), dataset_fingerprint(fewer))
 
 
 def test_old_result_files_load_without_provenance(tmp_path: Path):

@@ -352,6 +352,13 @@ class TeranDataset(ImageTextDataset):
         boxes = check_boxes(load_npy(box_path, "teran boxes", mmap=False), str(box_path), len(regions))
         return RegionImage(regions, normalize_pixel_boxes(boxes, self.image_size(i), str(box_path), self.size_source))
 
+    def feature_files(self) -> list[Path]:
+        """The files the split's images are read from, image by image: the region features,
+        the boxes and, when the sizes come from the pictures' headers, the picture."""
+        pictures = self._image_files or [None] * self.num_images
+        return [path for name, picture in zip(self.image_names, pictures)
+                for path in (self._att / f"{name}.npz", self._box / f"{name}.npy", picture) if path is not None]
+
 
 def _karpathy_sizes(
     images_meta: list[Any],

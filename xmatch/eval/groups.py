@@ -220,6 +220,11 @@ def _image_finder(names: list[str]) -> Callable[[Any, str], int]:
     return find
 
 
+def _cell(value: float | None) -> str:
+    """A figure in the table: ``n/a`` where it cannot be computed (None), NaN as ``nan``."""
+    return f"{'n/a':>8s}" if value is None else f"{value:8.1f}"
+
+
 @dataclass
 class GroupResult:
     """Group figures, in percent: overall and per kind of difference.
@@ -245,10 +250,11 @@ class GroupResult:
         head = f"{'kind':14s}{'groups':>7s}" + "".join(f"{f:>8s}" for f in FIGURES)
         rows = [head]
         for name, row in [*sorted(self.by_kind.items()), ("all", self.overall)]:
-            cells = "".join(f"{row[f]:8.1f}" if row.get(f) is not None else f"{'-':>8s}" for f in FIGURES)
-            rows.append(f"{name:14s}{row['groups']:7d}{cells}")
-        chance = "".join(f"{self.overall.get(f + '_chance') or 0:8.1f}" for f in FIGURES)
-        rows.append(f"{'chance':14s}{'':7s}{chance}")
+            rows.append(f"{name:14s}{row['groups']:7d}" + "".join(_cell(row.get(f)) for f in FIGURES))
+        rows.append(f"{'chance':14s}{'':7s}" + "".join(_cell(self.overall.get(f + "_chance")) for f in FIGURES))
+        if any(row.get(f) is None for row in [self.overall, *self.by_kind.values()] for f in FIGURES):
+            rows.append("n/a: no groups of two (pairs) of that kind; the Winoground scores (text, image, group) "
+                        "are defined on pairs only.")
         return "\n".join(rows)
 
 

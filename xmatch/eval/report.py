@@ -22,8 +22,10 @@ import base64
 import html
 import json
 import logging
+import math
+import numbers
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,79 @@ RANK_BINS = ((1, 1), (2, 2), (3, 5), (6, 10), (11, 20), (21, 50), (51, 100), (10
 PROBE_FIGURE = "r1"
 
 
+# -- how figures are written -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NotApplicable:
+    """A figure that cannot be computed for these data (shown ``n/a``), and why.
+
+    Example:
+        >>> str(NotApplicable("no pairs of this kind"))
+        'n/a'
+    """
+
+    reason: str
+
+    def __str__(self) -> str:
+        return "n/a"
+
+
+#: a figure that was not computed: the protocol was not asked for, or the result file lacks it
+NOT_COMPUTED = "-"
+#: what each mark means (the report's legend)
+LEGEND = {
+    NOT_COMPUTED: "not computed (the protocol was not asked for, or the result file lacks the figure)",
+    "n/a": "cannot be computed for these data (the reason is given beside the table or plot)",
+    "NaN": "the figure came out as not-a-number (e.g. a score matrix holding NaN): check the scores",
+    "inf / -inf": "the figure came out infinite: check the scores",
+}
+
+
+def format_figure(value: Any, digits: int = 1) -> str:
+    """A figure as the report writes it: a number with ``digits`` decimals, ``-`` when it was
+    not computed (None), ``n/a`` when it cannot be (:class:`NotApplicable`), and ``NaN``,
+    ``inf`` or ``-inf`` when it came out non-finite (never ``-``: a broken figure must not look
+    like a missing one).
+
+    Example:
+        >>> [format_figure(v) for v in (66.83, 3, None, NotApplicable("no pairs"), float("nan"), float("-inf"))]
+        ['66.8', '3', '-', 'n/a', 'NaN', '-inf']
+    """
+    if value is None:
+        return NOT_COMPUTED
+    if isinstance(value, (str, NotApplicable)):
+        return str(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.number)):
+        return str(value)
+    if isinstance(value, (numbers.Integral, np.integer)):
+        return str(int(value))
+    number = float(value)
+    if math.isnan(number):
+        return "NaN"
+    if math.isinf(number):
+        return "inf" if number > 0 else "-inf"
+    return f"{number:.{digits}f}"
+
+
+def legend_lines(values: Sequence[Any]) -> list[str]:
+    """The legend entries of the marks among ``values`` (``n/a`` with its reasons), in
+    :data:`LEGEND` order; nothing for plain numbers.
+
+    Example:
+        >>> legend_lines([1.0, float("nan"), NotApplicable("no pairs of this kind")])
+        ['n/a: no pairs of this kind', 'NaN: the figure came out as not-a-number (e.g. a score matrix holding NaN): check the scores']
+    """
+    shown = {format_figure(v) for v in values if v is None or isinstance(v, (NotApplicable, numbers.Real, np.number))}
+    reasons = list(dict.fromkeys(v.reason for v in values if isinstance(v, NotApplicable)))
+    lines = [f"n/a: {reason}" for reason in reasons]
+    if "NaN" in shown:
+        lines.append(f"NaN: {LEGEND['NaN']}")
+    if shown & {"inf", "-inf"}:
+        lines.append(f"inf / -inf: {LEGEND['inf / -inf']}")
+    return lines
+
+
 # -- tables --------------------------------------------------------------------------------
 
 
@@ -49,12 +124,18 @@ PROBE_FIGURE = "r1"
 class Table:
     """A titled table that renders as aligned text or as HTML.
 
+    Cells are strings, numbers (``digits`` decimals; NaN and infinities written ``NaN``,
+    ``inf``, ``-inf``), None (not computed: ``-``) or :class:`NotApplicable` (``n/a``, its
+    reason listed under the table), see :func:`format_figure`.
+
     Attributes:
         title: the heading.
         columns: column names.
-        rows: cells (strings, numbers, None for '-'); a row starting with a non-empty cell
-            after rows with empty first cells starts a new block.
+        rows: the cells; a row starting with a non-empty cell after rows with empty first
+            cells starts a new block.
         note: a line under the table.
+        digits: decimals of a number.
+        column_digits: decimals of the numbers of some columns, by column name.
     """
 
     title: str
@@ -62,33 +143,34 @@ class Table:
     rows: list[list[Any]] = field(default_factory=list)
     note: str = ""
     digits: int = 1
+    column_digits: dict[str, int] = field(default_factory=dict)
 
-    def _cell(self, value: Any) -> str:
-        if value is None:
-            return "-"
-        if isinstance(value, float):
-            return f"{value:.{self.digits}f}" if np.isfinite(value) else "-"
-        return str(value)
+    def _cell(self, value: Any, column: int) -> str:
+        return format_figure(value, self.column_digits.get(self.columns[column], self.digits))
+
+    def notes(self) -> list[str]:
+        """The lines under the table: its note, then the legend of the marks it shows."""
+        return ([self.note] if self.note else []) + legend_lines([v for row in self.rows for v in row])
 
     def text(self) -> str:
-        cells = [self.columns] + [[self._cell(v) for v in row] for row in self.rows]
+        cells = [self.columns] + [[self._cell(v, k) for k, v in enumerate(row)] for row in self.rows]
         widths = [max(len(r[k]) for r in cells) for k in range(len(self.columns))]
         # names left, numbers right
         text = [all(isinstance(row[k], str) or row[k] is None for row in self.rows) for k in range(len(widths))]
         line = lambda r: "  ".join(c.ljust(w) if t else c.rjust(w) for c, w, t in zip(r, widths, text)).rstrip()  # noqa: E731
         out = [self.title, line(cells[0]), "  ".join("-" * w for w in widths)]
         out += [line(r) for r in cells[1:]]
-        if self.note:
-            out.append(self.note)
+        out += self.notes()
         return "\n".join(out)
 
     def html(self) -> str:
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
         body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(self._cell(v))}</td>" for v in row) + "</tr>" for row in self.rows
+            "<tr>" + "".join(f"<td>{html.escape(self._cell(v, k))}</td>" for k, v in enumerate(row)) + "</tr>"
+            for row in self.rows
         )
-        note = f'<p class="note">{html.escape(self.note)}</p>' if self.note else ""
-        return f"<h2>{html.escape(self.title)}</h2><table><tr>{head}</tr>{body}</table>{note}"
+        notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in self.notes())
+        return f"<h2>{html.escape(self.title)}</h2><table><tr>{head}</tr>{body}</table>{notes}"
 
 
 def _fingerprints(record: RunRecord) -> str:
@@ -116,14 +198,40 @@ def recall_table(records: Sequence[RunRecord]) -> Table:
     columns = ["model", *(f"{d} R@{k}" for d in ("i2t", "t2i") for k in (1, 5, 10)), "i2t medr", "t2i medr",
                *(f"{d} {n.replace('ndcg_', 'NDCG ')}" for n in ndcg for d in ("i2t", "t2i")), "rsum"]
     protocols = sorted({r.result.protocol for r in records})
-    table = Table(f"Recall@K ({', '.join(protocols)})", columns)
+    table = Table(f"Recall@K ({', '.join(protocols)})", columns,
+                  column_digits={c: 4 for c in columns if "NDCG" in c})
     for r in records:
         res = r.result
-        table.rows.append([r.name, *(getattr(res, d)[f"r{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10)),
+        table.rows.append([r.name, *(getattr(res, d).get(f"r{k}") for d in ("i2t", "t2i") for k in (1, 5, 10)),
                            res.i2t.get("medr"), res.t2i.get("medr"),
-                           *(f"{getattr(res, d).get(n, float('nan')):.4f}" for n in ndcg for d in ("i2t", "t2i")),
-                           res.rsum])
+                           *(getattr(res, d).get(n) for n in ndcg for d in ("i2t", "t2i")), res.rsum])
     return table
+
+
+#: the Winoground scores, defined on groups of two only
+WINOGROUND = ("text", "image", "group")
+#: why a kind without pairs has no Winoground scores
+NO_PAIRS = NotApplicable("no groups of two (pairs) of this kind: the Winoground scores (text, image, group) are "
+                         "defined on pairs only")
+
+
+def group_figure(row: Mapping[str, Any], figure: str) -> Any:
+    """A figure of a group result row (``t2i``, ``group``, ``group_chance``...): None when the
+    row does not hold it (not computed), :class:`NotApplicable` when it is recorded as
+    undefined (a Winoground score of a kind without pairs), else the number.
+
+    Example:
+        >>> group_figure({"t2i": 50.0, "group": None, "pairs": 0}, "group")
+        NotApplicable(reason='no groups of two (pairs) of this kind: the Winoground scores (text, image, group) are defined on pairs only')
+    """
+    if figure not in row:
+        return None
+    value = row[figure]
+    if value is not None:
+        return value
+    if figure.removesuffix("_chance") in WINOGROUND:
+        return NO_PAIRS
+    return NotApplicable("no queries of this kind")
 
 
 def group_table(records: Sequence[RunRecord]) -> Table | None:
@@ -137,8 +245,9 @@ def group_table(records: Sequence[RunRecord]) -> Table | None:
     for r in with_groups:
         g = r.extras["groups"]
         for k, (kind, row) in enumerate([*sorted(g["by_kind"].items()), ("all", g["overall"])]):
-            table.rows.append([r.name if k == 0 else "", kind, row["groups"], *(row.get(f) for f in GROUP_FIGURES)])
-    table.rows.append(["chance", "", "", *(chance.get(f"{f}_chance") for f in GROUP_FIGURES)])
+            table.rows.append([r.name if k == 0 else "", kind, row.get("groups"),
+                               *(group_figure(row, f) for f in GROUP_FIGURES)])
+    table.rows.append(["chance", "", "", *(group_figure(chance, f"{f}_chance") for f in GROUP_FIGURES)])
     table.note = ("t2i: a caption's own image beats every other image of its group; i2t: an image's own caption "
                   "beats every caption of the other members; text / image / group: Winoground scores over pairs.")
     return table
@@ -257,14 +366,24 @@ def rank_histogram(ranks: np.ndarray) -> np.ndarray:
     return 100.0 * np.array([h.mean() for h in hits])
 
 
-def _footer(fig: Any, records: Sequence[RunRecord]) -> None:
+def _footer_lines(records: Sequence[RunRecord]) -> list[str]:
     lines = []
     for r in records:
         p = r.provenance
         data = p.get("dataset") or {}
         lines.append(f"{r.name}: protocol {p.get('protocol', r.result.protocol)} · split {p.get('split')} · "
                      f"dataset {data.get('name', '?')} {data.get('fingerprint', '?')} · model {_fingerprints(r)}")
-    fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, color="#555555", va="bottom", ha="left", family="monospace")
+    return lines
+
+
+def _footer_text(fig: Any, lines: Sequence[str]) -> Any:
+    return fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, color="#555555", va="bottom", ha="left",
+                    family="monospace")
+
+
+def _footer(fig: Any, records: Sequence[RunRecord]) -> None:
+    lines = _footer_lines(records)
+    _footer_text(fig, lines)
     fig.subplots_adjust(bottom=0.14 + 0.035 * len(lines))
 
 
@@ -308,17 +427,33 @@ def plot_recall_curves(records: Sequence[RunRecord], path: str | os.PathLike) ->
     return _save(fig, Path(path), usable)
 
 
-def _bars(ax: Any, labels: Sequence[str], series: Sequence[tuple[str, Sequence[float | None]]],
+def _finite(value: Any) -> float | None:
+    """The value as a float when it is a finite number, else None (a mark is drawn instead)."""
+    if isinstance(value, (numbers.Real, np.number)) and not isinstance(value, (bool, np.bool_)):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return None
+
+
+#: how a mark (``n/a``, ``-``, ``NaN``, ``inf``) is drawn in a plot, beside its empty slot
+MARK_STYLE = {"fontsize": 7, "color": "#888888", "fontstyle": "italic"}
+
+
+def _bars(ax: Any, labels: Sequence[str], series: Sequence[tuple[str, Sequence[Any]]],
           colours: Sequence[Any]) -> None:
     width = 0.8 / max(len(series), 1)
     x = np.arange(len(labels))
     for k, ((name, values), colour) in enumerate(zip(series, colours)):
-        heights = [np.nan if v is None else v for v in values]
+        heights = [np.nan if (number := _finite(v)) is None else number for v in values]
         bars = ax.bar(x + (k - (len(series) - 1) / 2) * width, heights, width, label=name, color=colour)
-        for bar, value in zip(bars, heights):
-            if np.isfinite(value):
-                ax.annotate(f"{round(value) + 0:.0f}", (bar.get_x() + bar.get_width() / 2, max(value, 0)), ha="center",
+        for bar, value, height in zip(bars, values, heights):
+            centre = bar.get_x() + bar.get_width() / 2
+            if np.isfinite(height):
+                ax.annotate(f"{round(height) + 0:.0f}", (centre, max(height, 0)), ha="center",
                             va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
+            else:  # the empty slot says why it is empty
+                ax.annotate(format_figure(value), (centre, 0), ha="center", va="bottom", xytext=(0, 1),
+                            textcoords="offset points", rotation=90, **MARK_STYLE)
     ax.set_xticks(x, labels=labels)
     ax.grid(True, axis="y", alpha=0.3)
 
@@ -343,37 +478,124 @@ def plot_rank_distribution(records: Sequence[RunRecord], path: str | os.PathLike
     return _save(fig, Path(path), usable)
 
 
-def plot_group_kinds(records: Sequence[RunRecord], path: str | os.PathLike) -> Path | None:
-    """Group accuracy (t2i, i2t) and Winoground group score per kind of difference."""
+#: the group-kinds figure's layout, in inches: a panel's width, the gap between panels, the
+#: room for the right margin, and per kind the height of one bar (a 7-point value fits beside it)
+GROUP_PANEL_IN, GROUP_GAP_IN, GROUP_RIGHT_IN, GROUP_BAR_IN = 3.4, 0.3, 0.3, 0.17
+#: behind a value written beside its bar: the chance line stays visible, the digits readable
+VALUE_BOX = {"boxstyle": "square,pad=0.05", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
+GROUP_TITLES = {"t2i": "t2i: own image beats the group's others", "i2t": "i2t: own caption beats the others'",
+                "group": "Winoground group score (pairs)"}
+
+
+def _kind_label(usable: Sequence[RunRecord], kind: str) -> str:
+    for r in usable:  # the first record that has the kind gives its size
+        g = r.extras["groups"]
+        row = g["overall"] if kind == "all" else g["by_kind"].get(kind)
+        if row is not None and row.get("groups") is not None:
+            return f"{kind} ({row['groups']} groups)"
+    return kind
+
+
+def _inches(artists: Sequence[Any], renderer: Any, dpi: float) -> float:
+    """The widest of ``artists`` (drawn text), in inches."""
+    return max((a.get_window_extent(renderer).width / dpi for a in artists if a.get_text()), default=0.0)
+
+
+def group_kinds_figure(records: Sequence[RunRecord]) -> Any:
+    """The figure of :func:`plot_group_kinds`, not saved (None when no record has groups).
+
+    One row per kind of difference (and ``all``), one horizontal bar per model, the value
+    beside its bar; a figure that cannot be computed (a Winoground score of a kind without
+    pairs) leaves its slot empty with ``n/a`` written in it and the reason under the panels.
+    The figure grows with the number of kinds and models and the width of the longest kind
+    name, so no label overprints another whatever their number.
+
+    Example:
+        >>> fig = group_kinds_figure(records)  # records of `run_protocols(..., "full,groups")`  # doctest: +SKIP
+        >>> fig.savefig("kinds.png")  # doctest: +SKIP
+    """
     plt = _pyplot()
     usable = [r for r in records if "groups" in r.extras]
     if not usable:
         return None
     kinds = sorted({k for r in usable for k in r.extras["groups"]["by_kind"]}) + ["all"]
-    panels = [f for f in ("t2i", "i2t", "group") if any(r.extras["groups"]["overall"].get(f) is not None for r in usable)]
-    titles = {"t2i": "t2i: own image beats the group's others", "i2t": "i2t: own caption beats the others'",
-              "group": "Winoground group score (pairs)"}
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.8 + 0.25 * len(usable)), squeeze=False)
-    colours = _colours(len(usable))
-    counts = usable[0].extras["groups"]
-    labels = [f"{k}\n({(counts['by_kind'].get(k) or counts['overall'])['groups']} groups)" for k in kinds]
-    for ax, figure in zip(axes[0], panels):
-        series = []
-        for r in usable:
-            g = r.extras["groups"]
-            rows = [g["by_kind"].get(k) or (g["overall"] if k == "all" else {}) for k in kinds]
-            series.append((r.name, [row.get(figure) for row in rows]))
-        _bars(ax, labels, series, colours)
-        chance = usable[0].extras["groups"]["overall"].get(f"{figure}_chance")
+    # a panel whose figure is recorded, even as undefined everywhere: its slots then say n/a
+    panels = [f for f in ("t2i", "i2t", "group") if any(f in r.extras["groups"]["overall"] for r in usable)] or ["t2i"]
+    n, rows = len(usable), len(kinds)
+    row_in = max(0.3, GROUP_BAR_IN * n + 0.1)
+    footer = _footer_lines(usable)
+    handles_per_row = min(n + 1, 4)  # the models and the chance line
+    top_in = 0.45 + 0.22 * -(-(n + 1) // handles_per_row) + 0.35  # title, legend rows, panel titles
+    values = {f: [(r.name, [group_figure(_kind_row(r, k), f) for k in kinds]) for r in usable] for f in panels}
+    reasons = legend_lines([v for series in values.values() for _, vs in series for v in vs])
+    bottom_in = 0.6 + 0.18 * len(reasons) + 0.14 * len(footer) + 0.1
+    height = top_in + rows * row_in + bottom_in
+
+    fig = plt.figure(figsize=(GROUP_PANEL_IN * len(panels), height))
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    colours = _colours(n)
+    bar = 0.8 / n
+    y = np.arange(rows)
+    for ax, figure in zip(axes, panels):
+        for k, ((name, vals), colour) in enumerate(zip(values[figure], colours)):
+            at = y + (k - (n - 1) / 2) * bar
+            widths = [np.nan if (number := _finite(v)) is None else number for v in vals]
+            ax.barh(at, widths, bar, label=name, color=colour)
+            for centre, value, width in zip(at, vals, widths):
+                if np.isfinite(width):
+                    ax.annotate(f"{width:.1f}", (max(width, 0), centre), xytext=(2, 0), textcoords="offset points",
+                                ha="left", va="center", fontsize=7, bbox=VALUE_BOX)
+                else:
+                    ax.annotate(format_figure(value), (0, centre), xytext=(2, 0), textcoords="offset points",
+                                ha="left", va="center", **MARK_STYLE)
+        chance = _finite(usable[0].extras["groups"]["overall"].get(f"{figure}_chance"))
         if chance is not None:
-            ax.axhline(chance, color="black", linestyle="--", linewidth=1, label="chance")
-        ax.set_ylim(0, 105)
-        ax.set_ylabel("percent")
-        ax.set_title(titles[figure], fontsize=10)
-    axes[0][-1].legend(loc="upper right", fontsize=8)
-    fig.suptitle("Hard-negative groups by kind of difference")
-    _footer(fig, usable)
-    return _save(fig, Path(path), usable)
+            ax.axvline(chance, color="black", linestyle="--", linewidth=1, label="chance")
+        ax.axhline(rows - 1.5, color="#999999", linewidth=0.8)  # "all" below, apart from the kinds
+        ax.set_xlim(0, 112)  # room for "100.0" beside a full bar
+        ax.set_xticks([0, 20, 40, 60, 80, 100])
+        ax.set_xlabel("percent")
+        ax.set_title(GROUP_TITLES[figure], fontsize=9)
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[0].set_yticks(y, labels=[_kind_label(usable, k) for k in kinds], fontsize=8)
+    axes[0].set_ylim(rows - 0.5, -0.5)  # the first kind on top, "all" last
+    handles, labels = axes[-1].get_legend_handles_labels()
+    legend = fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.45 / height),
+                        ncol=handles_per_row, fontsize=8, frameon=False)
+    title = fig.suptitle("Hard-negative groups by kind of difference", y=1 - 0.1 / height, va="top")
+    notes = [fig.text(0.01, (0.12 + 0.14 * len(footer) + 0.18 * k) / height, line, fontsize=8, va="bottom",
+                      ha="left") for k, line in enumerate(reversed(reasons))]
+    footer_text = _footer_text(fig, footer)
+    footer_text.set_y(0.08 / height)  # in inches from the bottom, however tall the figure
+
+    # Measured once drawn: the kind names set the left margin, the widest line the width.
+    fig.canvas.draw()
+    renderer, dpi = fig.canvas.get_renderer(), fig.dpi
+    left_in = _inches(axes[0].get_yticklabels(), renderer, dpi) + 0.2
+    panels_in = left_in + len(panels) * GROUP_PANEL_IN + (len(panels) - 1) * GROUP_GAP_IN + GROUP_RIGHT_IN
+    lines_in = _inches([footer_text, title, *notes], renderer, dpi) + 0.3
+    legend_in = legend.get_window_extent(renderer).width / dpi + 0.3
+    width = max(panels_in, lines_in, legend_in)
+    panel_in = (width - left_in - GROUP_RIGHT_IN - (len(panels) - 1) * GROUP_GAP_IN) / len(panels)
+    fig.set_size_inches(width, height)
+    fig.subplots_adjust(left=left_in / width, right=1 - GROUP_RIGHT_IN / width, top=1 - top_in / height,
+                        bottom=bottom_in / height, wspace=GROUP_GAP_IN / panel_in)
+    return fig
+
+
+def _kind_row(record: RunRecord, kind: str) -> dict[str, Any]:
+    """A record's group figures of ``kind`` (``all``: overall); empty when it has none."""
+    g = record.extras["groups"]
+    return g["overall"] if kind == "all" else g["by_kind"].get(kind) or {}
+
+
+def plot_group_kinds(records: Sequence[RunRecord], path: str | os.PathLike) -> Path | None:
+    """Group accuracy (t2i, i2t) and Winoground group score per kind of difference
+    (:func:`group_kinds_figure`), saved as a PNG."""
+    fig = group_kinds_figure(records)
+    if fig is None:
+        return None
+    return _save(fig, Path(path), [r for r in records if "groups" in r.extras])
 
 
 def plot_probe_costs(records: Sequence[RunRecord], path: str | os.PathLike) -> Path | None:
@@ -409,7 +631,8 @@ PLOTS: dict[str, tuple[Callable[[Sequence[RunRecord], Any], Path | None], str]] 
     "group_kinds": (plot_group_kinds, "Within a group of near-identical items (e.g. the scenes twins), how often the "
                     "right one wins, per kind of difference. The dashed line is chance for random scores; a model "
                     "that scores both members of a pair alike falls below it on the Winoground scores, which need "
-                    "two comparisons to go opposite ways."),
+                    "two comparisons to go opposite ways. n/a marks a figure that cannot be computed: a kind "
+                    "without pairs (groups of two) has no Winoground score."),
     "probe_costs": (plot_probe_costs, "R@1 lost when every caption is altered. A model that reads word order loses "
                     "recall under shuffling; a bag-of-words model loses none."),
 }
@@ -436,6 +659,8 @@ def _html_page(records: Sequence[RunRecord], figures: dict[str, Path], command: 
     parts.append("<p class='note'>Figures are percentages unless stated. i2t = an image queries the captions; "
                  "t2i = a caption queries the images. The last table says how every number was computed "
                  "(protocol, split, dataset and model fingerprints); the plots carry the same in their footers.</p>")
+    marks = "; ".join(f"<b>{html.escape(mark)}</b> {html.escape(meaning)}" for mark, meaning in LEGEND.items())
+    parts.append(f"<p class='note'>Marks in the tables and plots: {marks}.</p>")
     all_tables = tables(records)
     parts.append(all_tables[0].html())
     for key, path in figures.items():
@@ -485,7 +710,8 @@ def write_report(records: Sequence[RunRecord], out: str | os.PathLike, *, comman
 
 
 __all__ = [
-    "Table", "check_plotting", "comparison_tables", "cxc_table", "eccv_table", "group_table", "plot_group_kinds",
-    "plot_probe_costs", "plot_rank_distribution", "plot_recall_curves", "probe_table", "provenance_table",
-    "rank_histogram", "recall_curve", "recall_table", "tables", "write_report",
+    "LEGEND", "NOT_COMPUTED", "NotApplicable", "Table", "check_plotting", "comparison_tables", "cxc_table",
+    "eccv_table", "format_figure", "group_figure", "group_kinds_figure", "group_table", "legend_lines",
+    "plot_group_kinds", "plot_probe_costs", "plot_rank_distribution", "plot_recall_curves", "probe_table",
+    "provenance_table", "rank_histogram", "recall_curve", "recall_table", "tables", "write_report",
 ]

@@ -168,9 +168,97 @@ def _short_hash(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+#: of each feature file the dataset fingerprint reads its first and last bytes (FEATURE_EDGE_BYTES
+#: each) and FEATURE_BLOCKS blocks spread evenly between them: bounded work for any file size
+FEATURE_EDGE_BYTES = 64 * 1024
+FEATURE_BLOCKS = 8
+FEATURE_BLOCK_BYTES = 4 * 1024
+#: ...and about this much over all the files of a split at most: when a split has many files (one
+#: per image), each file's sample shrinks, down to FEATURE_MIN_EDGE_BYTES at each end
+FEATURE_SAMPLE_BUDGET = 64 * 1024 * 1024
+FEATURE_MIN_EDGE_BYTES = 4 * 1024
+
+
+def feature_files(dataset: Any) -> list[Path] | None:
+    """The files a split's images are read from, in image order, for its fingerprint.
+
+    A layout lists its own with a ``feature_files()`` method (``teran``: the region features,
+    boxes and any pictures its sizes come from; a plugin's layout may do the same); for the
+    others: ``scan-precomp``'s feature, box and size arrays, ``image-captions``' pictures. The
+    scenes benchmark and the folders ``xmatch extract`` writes are read through these layouts.
+    None when a layout says nothing.
+
+    Example:
+        >>> np.save("test_ims.npy", np.ones((2, 36, 8), np.float32))
+        >>> _ = Path("test_caps.txt").write_text("".join(f"caption {k}\\n" for k in range(10)))
+        >>> np.save("test_boxes.npy", np.tile(np.float32([0.1, 0.1, 0.5, 0.5]), (2, 36, 1)))
+        >>> from xmatch.data import PrecompDataset
+        >>> [p.name for p in feature_files(PrecompDataset(".", "test", boxes_normalized=True))]
+        ['test_ims.npy', 'test_boxes.npy']
+    """
+    declared = getattr(dataset, "feature_files", None)
+    if callable(declared):
+        return [Path(p) for p in declared()]
+    from xmatch.data import ImageCaptionsDataset, PrecompDataset
+
+    if isinstance(dataset, PrecompDataset):
+        return [p for p in (dataset.features_file, dataset.boxes_file, dataset.sizes_file) if p is not None]
+    if isinstance(dataset, ImageCaptionsDataset):
+        return [Path(p) for p in dataset.image_paths]
+    return None
+
+
+def _sample_spans(size: int, edge: int, blocks: int, block: int) -> list[tuple[int, int]]:
+    """(offset, length) of the bytes sampled from a file of ``size`` bytes: all of a small
+    file; else both ends and ``blocks`` blocks evenly spaced between them."""
+    if size <= 2 * edge + blocks * block:
+        return [(0, size)]
+    inner = size - 2 * edge - block
+    middle = [(edge + inner * k // max(blocks - 1, 1), block) for k in range(blocks)]
+    return [(0, edge), *middle, (size - edge, edge)]
+
+
+def files_digest(files: Sequence[str | os.PathLike]) -> str:
+    """sha256 over each file's name, size and a sample of its bytes (both ends and a few blocks
+    between them, see :data:`FEATURE_EDGE_BYTES`), in order: two feature sets of the same
+    captions differ, a moved folder does not, and a file of any size costs a few reads.
+
+    The sample catches another extraction (another backbone, weights or region count changes
+    every file's bytes and most files' sizes) and a rewritten or truncated file; a change in the
+    unsampled middle of a large file with its size kept is not seen (hash the files yourself,
+    :func:`xmatch.io.files.sha256_file`, when that matters).
+
+    Raises:
+        xmatch.data.DataError: a file cannot be read (named).
+
+    Example:
+        >>> _ = Path("a.npy").write_bytes(b"one"), Path("b.npy").write_bytes(b"two")
+        >>> files_digest(["a.npy", "b.npy"]) == files_digest(["a.npy", "b.npy"]) != files_digest(["b.npy", "a.npy"])
+        True
+    """
+    from xmatch.data.errors import DataError
+
+    files = [Path(f) for f in files]
+    edge = min(FEATURE_EDGE_BYTES, max(FEATURE_MIN_EDGE_BYTES, FEATURE_SAMPLE_BUDGET // (2 * max(len(files), 1))))
+    block = min(FEATURE_BLOCK_BYTES, edge // 4)
+    digest = hashlib.sha256()
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                digest.update(f"{path.name}\0{size}\0".encode())
+                for offset, length in _sample_spans(size, edge, FEATURE_BLOCKS, block):
+                    f.seek(offset)
+                    digest.update(f.read(length))
+        except OSError as exc:
+            raise DataError(f"{path}: cannot be read for the dataset fingerprint ({exc.strerror or exc}).") from None
+    return digest.hexdigest()
+
+
 def dataset_fingerprint(dataset: Any) -> str:
-    """12 hex digits over the split's layout, name, captions and image names (not its path:
-    a moved folder is the same data).
+    """12 hex digits over the split's layout, name, captions and image names, and over its
+    feature files' names, sizes and a sample of their bytes (:func:`files_digest`): another
+    caption or another feature set of the same captions changes it, a moved folder does not.
 
     Example:
         >>> dataset_fingerprint(open_dataset("scenes", None, split="test"))  # generates the scenes benchmark (minutes)  # doctest: +SKIP
@@ -178,7 +266,8 @@ def dataset_fingerprint(dataset: Any) -> str:
     """
     from xmatch.io.run_folder import data_fingerprint
 
-    return _short_hash(data_fingerprint(dataset))
+    files = feature_files(dataset)
+    return _short_hash([data_fingerprint(dataset), None if files is None else files_digest(files)])
 
 
 def model_fingerprint(model: MatchingModel) -> str:
@@ -373,6 +462,6 @@ def _resolve_needs(dataset: Any, extras: Sequence[str], groups: Any, caption_ids
 
 
 __all__ = [
-    "EXTRA_PROTOCOLS", "RunRecord", "dataset_fingerprint", "load_records", "model_fingerprint", "parse_protocols",
-    "run_protocols", "save_records",
+    "EXTRA_PROTOCOLS", "RunRecord", "dataset_fingerprint", "feature_files", "files_digest", "load_records",
+    "model_fingerprint", "parse_protocols", "run_protocols", "save_records",
 ]
