@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from xmatch.core.errors import XmatchError
 from xmatch.model.buckets import BucketedEmbeddings
 from xmatch.eval.evaluate import Encoded, RetrievalSet, ensemble_blocks, score_blocks
 from xmatch.eval.protocol import PROTOCOLS, EvalResult, evaluate_blocks, fold_layout
@@ -43,6 +44,13 @@ EXTRA_PROTOCOLS = ("eccv-caption", "cxc", "groups", "probes")
 #: the extras that read the whole [images, captions] matrix
 WHOLE_MATRIX = ("eccv-caption", "cxc", "groups")
 RECORD_FORMAT = "xmatch-eval/1"
+#: what a result file is, for messages
+RESULT_FILE = "the JSON that xmatch eval --json or --report writes (results.json)"
+
+
+class ResultFileError(XmatchError, ValueError):
+    """An eval result file that cannot be read back: not UTF-8 JSON, or not the layout
+    ``xmatch eval --json`` writes (the message names the file and what is wrong)."""
 
 
 def parse_protocols(text: str | Sequence[str]) -> tuple[str, tuple[str, ...]]:
@@ -109,12 +117,15 @@ class RunRecord:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "") -> RunRecord:
         """A record from :meth:`to_dict`'s data; also reads a plain result JSON
-        (:meth:`EvalResult.save_json`: no provenance; ranks only if written ``with_queries``)."""
-        if not isinstance(data, Mapping) or "i2t" not in data or "t2i" not in data:
-            raise ValueError(f"{source or 'the data'} is not an xmatch eval result (no 'i2t' / 't2i' figures).")
+        (:meth:`EvalResult.save_json`: no provenance; ranks only if written ``with_queries``).
+
+        Raises:
+            ResultFileError: ``data`` is not in that layout (the message names ``source``).
+        """
+        _check_record(data, source or "the data")
         queries = {f"{d}_ranks": np.asarray(r) for d, r in (data.get("ranks") or {}).items()}
         for key in ("i2t_ranks", "t2i_ranks"):
-            if key not in queries and key in data.get("queries", {}):
+            if key not in queries and key in (data.get("queries") or {}):
                 queries[key] = np.asarray(data["queries"][key])
         result = EvalResult(
             protocol=str(data.get("protocol", "?")), i2t=dict(data["i2t"]), t2i=dict(data["t2i"]),
@@ -131,6 +142,11 @@ def load_records(path: str | os.PathLike) -> list[RunRecord]:
     """The records of a JSON file written by ``xmatch eval --json`` or ``--report``
     (``results.json``): one record, or ``{"runs": [...]}``.
 
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ResultFileError: the file is not UTF-8 JSON, or not in that layout (the message names the
+            file, and the run within it).
+
     Example:
         >>> [r.name for r in load_records("out/results.json")]  # needs a results file  # doctest: +SKIP
         ['teran-mrsw-scenes', 'tern-scenes']
@@ -140,11 +156,43 @@ def load_records(path: str | os.PathLike) -> list[RunRecord]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"result file {path} does not exist.") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}.") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ResultFileError(f"result file {path} is not UTF-8 JSON ({reason}); expected {RESULT_FILE}.") from None
     if isinstance(data, Mapping) and isinstance(data.get("runs"), list):
         return [RunRecord.from_dict(d, f"{path}[{k}]") for k, d in enumerate(data["runs"])]
     return [RunRecord.from_dict(data, str(path))]
+
+
+def _check_record(data: Any, source: str) -> None:
+    """Refuse data that :meth:`RunRecord.from_dict` cannot read as a record, naming the field."""
+
+    def refuse(problem: str) -> ResultFileError:
+        return ResultFileError(f"{source} is not an xmatch eval result: {problem}; expected {RESULT_FILE}.")
+
+    if not isinstance(data, Mapping) or "i2t" not in data or "t2i" not in data:
+        raise refuse("no 'i2t' / 't2i' figures")
+    for direction in ("i2t", "t2i"):
+        figures = data[direction]
+        if not isinstance(figures, Mapping):
+            raise refuse(f"'{direction}' is {type(figures).__name__}, not an object of figures")
+        odd = [k for k, v in figures.items() if v is not None and not _is_number(v)]
+        if odd:
+            raise refuse(f"'{direction}' -> '{odd[0]}' is {figures[odd[0]]!r}, not a number")
+    if data.get("rsum") is not None and not _is_number(data["rsum"]):
+        raise refuse(f"'rsum' is {data['rsum']!r}, not a number")
+    for key, kind in (("ranks", Mapping), ("queries", Mapping), ("timings", Mapping), ("provenance", Mapping), ("folds", list)):
+        if data.get(key) is not None and not isinstance(data[key], kind):
+            raise refuse(f"'{key}' is {type(data[key]).__name__}, not {'an object' if kind is Mapping else 'a list'}")
+    rank_lists = [(f"ranks -> {d}", r) for d, r in (data.get("ranks") or {}).items()]
+    rank_lists += [(f"queries -> {k}", v) for k, v in (data.get("queries") or {}).items() if k.endswith("_ranks")]
+    for where, ranks in rank_lists:
+        if not isinstance(ranks, list) or not all(_is_number(r) for r in ranks):
+            raise refuse(f"'{where}' is not a list of ranks (numbers)")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def save_records(records: Sequence[RunRecord], path: str | os.PathLike, with_queries: bool = False) -> None:
