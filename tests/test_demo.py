@@ -198,6 +198,18 @@ def test_demo_trains_from_scratch_with_the_recipe(tiny_model, scenes_root, tmp_p
     )
     assert (tmp_path / "train" / "best" / "model.safetensors").is_file()
     assert result.model is not tiny_model and result.files["alignment"].is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
+def test_a_finished_training_run_is_kept_when_a_later_step_fails(tiny_model, scenes_root, tmp_path, home, monkeypatch):
+    monkeypatch.setenv("XMATCH_HOME", str(home))
+    fail_drawing(monkeypatch)
+    with pytest.raises(RuntimeError, match="could not be drawn"):
+        demo_into(tmp_path / "demo-out", tiny_model, scenes_root, train=True,
+                  train_settings={"epochs": 1, "tensorboard": False})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo-out"]
+    assert sorted(p.name for p in (tmp_path / "demo-out").iterdir()) == ["train"], "the pictures never moved in"
+    assert (tmp_path / "demo-out" / "train" / "best" / "model.safetensors").is_file()
 
 
 def test_demo_runs_a_raw_image_model_on_the_images_layout(scenes_root, tmp_path, home, monkeypatch):
@@ -303,6 +315,88 @@ def test_demo_draws_no_alignment_for_a_global_vector_model(scenes_root, tmp_path
                       queries=1, top_k=2, progress=False, report=lambda text: print(text, file=stream))
     assert "alignment" not in result.files and not (tmp_path / "alignment.png").exists()
     assert "no alignment picture" in stream.getvalue() and result.files["retrieval"].is_file()
+
+
+# --- a failed demo leaves its output folder as it was ----------------------------------------
+
+
+def folder_state(folder: Path) -> dict[str, bytes] | None:
+    """Every file under ``folder`` (hidden ones too) with its bytes; None when there is no folder."""
+    if not folder.exists():
+        return None
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"<dir>" for p in sorted(folder.rglob("*"))}
+
+
+def fail_drawing(monkeypatch) -> None:
+    """The last step fails after the retrieval grid is drawn (into the demo's temporary folder)."""
+    from xmatch.demo import draw
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("the alignment could not be drawn")
+
+    monkeypatch.setattr(draw, "draw_alignment", boom)
+
+
+def demo_into(out: Path, model, scenes_root: Path, **kwargs):
+    return run_demo(model, size="tiny", root=scenes_root, data_options=FAST, out=out, queries=1, top_k=2,
+                    progress=False, report=lambda text: None, **kwargs)
+
+
+def test_a_failed_demo_creates_no_output_folder(tiny_model, scenes_root, tmp_path, home, monkeypatch):
+    monkeypatch.setenv("XMATCH_HOME", str(home))
+    fail_drawing(monkeypatch)
+    before = folder_state(tmp_path)
+    with pytest.raises(RuntimeError, match="could not be drawn"):
+        demo_into(tmp_path / "nested" / "demo-out", tiny_model, scenes_root)
+    assert folder_state(tmp_path) == before, "no demo-out, no parent made for it, no temporary folder left"
+
+
+def test_a_failed_demo_leaves_the_users_folder_as_it_was(tiny_model, scenes_root, tmp_path, home, monkeypatch):
+    monkeypatch.setenv("XMATCH_HOME", str(home))
+    out = tmp_path / "demo-out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "retrieval.png").write_bytes(b"the grid of an earlier run")
+    before = folder_state(tmp_path)
+    fail_drawing(monkeypatch)
+    with pytest.raises(RuntimeError, match="could not be drawn"):
+        demo_into(out, tiny_model, scenes_root)
+    assert folder_state(tmp_path) == before
+    # an early step failing: the same
+    from xmatch.demo import run as demo_run
+
+    monkeypatch.setattr(demo_run, "prepare_scenes", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        demo_into(out, tiny_model, scenes_root)
+    assert folder_state(tmp_path) == before
+
+
+def test_a_demo_adds_its_pictures_to_the_users_folder(tiny_model, scenes_root, tmp_path, home, monkeypatch):
+    monkeypatch.setenv("XMATCH_HOME", str(home))
+    out = tmp_path / "demo-out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    result = demo_into(out, tiny_model, scenes_root)
+    assert sorted(folder_state(tmp_path)) == ["demo-out", "demo-out/alignment.png", "demo-out/notes.txt",
+                                              "demo-out/retrieval.png"]
+    assert result.files == {"retrieval": out / "retrieval.png", "alignment": out / "alignment.png"}
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_demo_refuses_an_output_it_cannot_use_before_anything_runs(tiny_model, scenes_root, tmp_path, monkeypatch):
+    from xmatch.demo import run as demo_run
+    from xmatch.demo.staging import OutputFolderError
+
+    monkeypatch.setattr(demo_run, "prepare_scenes", lambda *a, **k: pytest.fail("the data were prepared"))
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(OutputFolderError, match="a-file is a file; choose a folder"):
+        demo_into(tmp_path / "a-file", tiny_model, scenes_root)
+    (tmp_path / "out" / "train").mkdir(parents=True)
+    (tmp_path / "out" / "train" / "run.json").write_text("{}")
+    before = folder_state(tmp_path)
+    with pytest.raises(OutputFolderError, match=r"out/train would receive the training run but is not empty \(run.json\)"):
+        demo_into(tmp_path / "out", tiny_model, scenes_root, train=True)
+    assert folder_state(tmp_path) == before
 
 
 def test_cli_demo_options():

@@ -19,7 +19,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "with --train any buildable model, a spec .toml included (default: teran-mrsw-scenes)")
     parser.add_argument("--size", default="small", help="scenes preset: tiny, small (default), large")
     parser.add_argument("--train", action="store_true", help="train the model from scratch with the shipped recipe instead")
-    parser.add_argument("--out", type=Path, default=Path("demo-out"), help="output folder (default: demo-out)")
+    parser.add_argument("--out", type=Path, default=Path("demo-out"),
+                        help="output folder (default: demo-out); outputs move in only when finished, so a failed demo "
+                        "leaves it as it was")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 

@@ -39,6 +39,7 @@ from xmatch.eval import (
     score_blocks,
 )
 from xmatch.eval.groups import score_groups
+from xmatch.demo.staging import StagedOutput, check_new_folder
 from xmatch.model.inputs import PixelInputs, input_type_of
 from xmatch.model.model import MatchingModel
 
@@ -454,6 +455,8 @@ def run_demo(
             ``xmatch.build`` takes (a spec ``.toml`` too).
         size: scenes preset (``tiny``, ``small``, ``large``); the test split is evaluated.
         out: folder for ``retrieval.png``, ``alignment.png`` (and ``train/`` with ``train``).
+            Each output is written beside it and moved in when finished, so a demo that fails
+            leaves the folder as it was (a finished training run is moved in at once and kept).
         train: train the model from scratch first with ``recipe`` (the entry's own recipe by
             default, else ``scenes-teran``).
         recipe: the training recipe with ``train``.
@@ -472,22 +475,41 @@ def run_demo(
     Returns:
         The figures, rankings, written files and the model.
 
+    Raises:
+        xmatch.demo.staging.OutputFolderError: before anything runs, ``out`` is a file, or
+            with ``train`` ``out/train`` holds files.
+
     Example:
         >>> run_demo(size="small", out="demo-out").files["retrieval"]  # runs the whole demo (minutes)  # doctest: +SKIP
         PosixPath('demo-out/retrieval.png')
     """
+    if train:
+        check_new_folder(Path(out) / "train", "the training run")
+    say = report or logger.info
+    # Outputs are written beside `out` and moved in when finished: a failed demo leaves `out` as it was.
+    with StagedOutput(out) as stage:
+        # a name is loaded first: a model without weights is refused before the data are made
+        loaded = load_trained_model(model) if isinstance(model, str) and not train else None
+        options = dict(data_options or {})
+        if "layout" not in options:  # a name outside the zoo is built to read its spec: only when needed
+            options["layout"] = scenes_layout(loaded if loaded is not None else model)
+        result = _run_steps(model, loaded, stage, size=size, train=train, recipe=recipe, root=root, options=options,
+                            train_settings=train_settings, queries=queries, top_k=top_k, pair=pair,
+                            progress=progress, say=say)
+    for path in result.files.values():
+        say(f"      wrote {path}")
+    return result
+
+
+def _run_steps(
+    model: str | MatchingModel, loaded: MatchingModel | None, stage: StagedOutput, *, size: str, train: bool,
+    recipe: str | None, root: str | os.PathLike | None, options: dict[str, Any], train_settings: Mapping[str, Any] | None,
+    queries: int, top_k: int, pair: int | None, progress: bool, say: Callable[[str], None],
+) -> DemoResult:
+    """The demo's five steps, writing into ``stage``; each output is committed when complete."""
     from xmatch.eval.relevance import relevance_matrix
     from xmatch.io.hub import cache_dir
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    # a name is loaded first: a model without weights is refused before the data are made
-    loaded = load_trained_model(model) if isinstance(model, str) and not train else None
-    options = dict(data_options or {})
-    if "layout" not in options:  # a name outside the zoo is built to read its spec: only when needed
-        options["layout"] = scenes_layout(loaded if loaded is not None else model)
-
-    say = report or logger.info
     say(f"[1/5] scenes benchmark ({size}): generated on first use, then read from the cache")
     test = prepare_scenes("test", size, root, progress, **options)
     say(f"      {test!r}")
@@ -495,9 +517,10 @@ def run_demo(
         recipe = recipe or (RECIPES.get(model, DEFAULT_RECIPE) if isinstance(model, str) else DEFAULT_RECIPE)
         say(f"[2/5] training {model if isinstance(model, str) else 'the given model'} from scratch, recipe '{recipe}'")
         net = train_demo_model(
-            model.spec if isinstance(model, MatchingModel) else model, out / "train", recipe=recipe, size=size,
-            root=root, data_options=options, train_settings=train_settings, progress=progress,
+            model.spec if isinstance(model, MatchingModel) else model, stage.path / "train", recipe=recipe,
+            size=size, root=root, data_options=options, train_settings=train_settings, progress=progress,
         )
+        say(f"      the training run is in {stage.commit('train')} (kept should a later step fail)")
     elif isinstance(model, MatchingModel):
         say("[2/5] model: the given model")
         net = model
@@ -533,18 +556,18 @@ def run_demo(
     for ranking in rankings:
         say(ranking.text())
 
-    say(f"[5/5] pictures in {out}/")
+    say(f"[5/5] pictures in {stage.out}/")
     t2i = [r for r in rankings if r.direction == "t2i"]
-    files = {"retrieval": _write_grid(test, t2i, out / "retrieval.png")}
+    files = {"retrieval": _write_grid(test, t2i, stage.path / "retrieval.png")}
     if getattr(net.pooler, "uses_tokens", True) and pooler in POOLER_MARKS:
         success = next((r.index for r in t2i if r.outcome == "success"), t2i[0].index if t2i else 0)
         caption = pair * c if pair is not None else success
-        files["alignment"] = _write_alignment(net, test, encoded, caption, POOLER_MARKS[pooler], out / "alignment.png")
+        files["alignment"] = _write_alignment(net, test, encoded, caption, POOLER_MARKS[pooler],
+                                              stage.path / "alignment.png")
     else:
         say(f"      no alignment picture: {shown} does not score with the region-word matrix (TERN's global-cosine "
             "compares two global vectors), so there is no alignment to show")
-    for path in files.values():
-        say(f"      wrote {path}")
+    files = {key: stage.commit(path.name) for key, path in files.items()}  # both drawn: both move in
     return DemoResult(figures, rankings, files, net, groups)
 
 

@@ -287,7 +287,8 @@ def files_digest(files: Sequence[str | os.PathLike]) -> str:
     from xmatch.data.errors import DataError
 
     files = [Path(f) for f in files]
-    edge = min(FEATURE_EDGE_BYTES, max(FEATURE_MIN_EDGE_BYTES, FEATURE_SAMPLE_BUDGET // (2 * max(len(files), 1))))
+    # a file's sample is at most 4 edges (2 ends, FEATURE_BLOCKS blocks of an edge / 4 at most)
+    edge = min(FEATURE_EDGE_BYTES, max(FEATURE_MIN_EDGE_BYTES, FEATURE_SAMPLE_BUDGET // (4 * max(len(files), 1))))
     block = min(FEATURE_BLOCK_BYTES, edge // 4)
     digest = hashlib.sha256()
     for path in files:
