@@ -113,3 +113,19 @@ def test_build_rejects_directories_and_unknown_names(tmp_path):
 def test_device_and_dtype(fixture_bert):
     model = xmatch.build(tiny_spec(fixture_bert), dtype=torch.float64)
     assert model.dtype == torch.float64
+
+
+def test_a_whole_number_float_for_an_int_is_a_type_error_that_says_how_to_write_it(fixture_bert):
+    with pytest.raises(SpecError, match=r"^model -> embed_dim: expected int, got 10000000.0. Write 10000000: an int has no"):
+        xmatch.build(tiny_spec(fixture_bert, embed_dim=1e7))
+    spec = tiny_spec(fixture_bert)
+    spec["image_reasoner"]["ff_dim"] = 1e7
+    with pytest.raises(SpecError, match=r"^model -> image_reasoner -> ff_dim: expected int, got 10000000.0. Write 10000000"):
+        xmatch.build(spec)
+    spec["image_reasoner"]["ff_dim"] = 32.5
+    with pytest.raises(SpecError, match=r"expected int, got 32.5.$"):
+        xmatch.build(spec)
+    spec = tiny_spec(fixture_bert)
+    spec["text_encoder"]["layers"] = 1.0  # int | None
+    with pytest.raises(SpecError, match=r"text_encoder -> layers: expected int \| None, got 1.0. Write 1:"):
+        xmatch.build(spec)

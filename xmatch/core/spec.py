@@ -135,6 +135,14 @@ def _matches(value: Any, hint: Any) -> bool:
     return True
 
 
+def _whole_hint(value: Any, hint: Any) -> str:
+    """For a whole-number float given where an int is expected (``1e7``, ``512.0``), how to
+    write it as an int; a float is never rounded into an int silently."""
+    if isinstance(value, float) and value.is_integer() and _matches(1, hint) and not _matches(value, hint):
+        return f" Write {int(value)}: an int has no decimal point or exponent (TOML also reads 10_000_000)."
+    return ""
+
+
 def _describe(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
@@ -169,7 +177,7 @@ def check_component(table: Any, kind: str, path: str, injected: tuple[str, ...] 
                 f"{path} -> {key}: '{name}' has no argument '{key}'.{hint} Arguments: {', '.join(known)}."
             )
         if key in hints and not _matches(value, hints[key]):
-            raise SpecError(f"{path} -> {key}: expected {_describe(hints[key])}, got {value!r}.")
+            raise SpecError(f"{path} -> {key}: expected {_describe(hints[key])}, got {value!r}.{_whole_hint(value, hints[key])}")
     out: dict[str, Any] = {"name": name}
     for pname, p in params.items():
         if pname in injected or p.kind in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL):
@@ -201,7 +209,9 @@ def check_model_spec(spec: Mapping[str, Any], root: str = "model") -> dict[str, 
     for key, default in MODEL_OPTIONS.items():
         value = spec.get(key, default)
         if type(value) is not type(default):
-            raise SpecError(f"{root} -> {key}: expected {type(default).__name__}, got {value!r}.")
+            raise SpecError(
+                f"{root} -> {key}: expected {type(default).__name__}, got {value!r}.{_whole_hint(value, type(default))}"
+            )
         out[key] = value
     if out["embed_dim"] <= 0:
         raise SpecError(f"{root} -> embed_dim: must be positive, got {out['embed_dim']}.")

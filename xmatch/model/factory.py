@@ -15,6 +15,7 @@ from xmatch.core.devices import resolve_device
 from xmatch.model.model import MatchingModel
 from xmatch.core.registry import RegistryError
 from xmatch.core.spec import SpecError, check_model_spec, instantiate, load_spec, merge
+from xmatch.model.sizes import check_model_size
 
 LOCAL_DIR = "local-dir:"
 HF_HUB = "hf-hub:"
@@ -22,8 +23,22 @@ CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".tar")
 
 
 def model_from_spec(spec: Mapping[str, Any]) -> MatchingModel:
-    """Validate a whole spec, then build the model it describes."""
+    """Validate a whole spec, its sizes included (:func:`~xmatch.model.sizes.check_model_size`:
+    nothing is allocated for an absurd one), then build the model it describes."""
     canonical = check_model_spec(spec)
+    check_model_size(canonical, assemble_model)
+    return assemble_model(canonical)
+
+
+def assemble_model(canonical: Mapping[str, Any]) -> MatchingModel:
+    """Build the model of a spec already checked by :func:`~xmatch.core.spec.check_model_spec`;
+    errors of a component are :class:`SpecError` naming it.
+
+    Example:
+        >>> from xmatch.core.spec import check_model_spec
+        >>> assemble_model(check_model_spec(xmatch.info("teran-mrsw-scenes").spec)).embed_dim
+        256
+    """
     dim = canonical["embed_dim"]
 
     def make(key: str, kind: str, **injected: Any) -> Any:
