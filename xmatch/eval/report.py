@@ -100,14 +100,14 @@ def format_figure(value: Any, digits: int = 1) -> str:
 
 
 def legend_lines(values: Sequence[Any]) -> list[str]:
-    """The legend entries of the marks among ``values`` (``n/a`` with its reasons), in
-    :data:`LEGEND` order; nothing for plain numbers.
+    """The legend entries of the marks among ``values``: ``n/a`` with each of its reasons, then
+    ``NaN`` and ``inf``; nothing for plain numbers (``-`` is explained on the report's page).
 
     Example:
         >>> legend_lines([1.0, float("nan"), NotApplicable("no pairs of this kind")])
         ['n/a: no pairs of this kind', 'NaN: the figure came out as not-a-number (e.g. a score matrix holding NaN): check the scores']
     """
-    shown = {format_figure(v) for v in values if v is None or isinstance(v, (NotApplicable, numbers.Real, np.number))}
+    shown = {format_figure(v) for v in values if not isinstance(v, str)}
     reasons = list(dict.fromkeys(v.reason for v in values if isinstance(v, NotApplicable)))
     lines = [f"n/a: {reason}" for reason in reasons]
     if "NaN" in shown:
