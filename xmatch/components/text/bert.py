@@ -22,8 +22,8 @@ import torch
 from xmatch.model.interfaces import EncoderOutput, TextEncoder, TokenBatch
 from xmatch.components.text.side import TextSide, TokenCoverage
 from xmatch.model.masks import lengths_to_mask
-from xmatch.core.sources import PICKLE_SUFFIXES, resolve_local_source
-from xmatch.io.safe_load import CheckpointReadError
+from xmatch.core.sources import resolve_local_source
+from xmatch.io.safe_load import refuse_pickled_weights
 from xmatch.components.text.stopwords import ENGLISH_STOPWORDS
 
 logger = logging.getLogger(__name__)
@@ -284,31 +284,23 @@ class BertTextEncoder(TextEncoder):
 
 
 def _check_local_weights(location: str, backbone: str) -> None:
-    """Refuse a local backbone directory without safetensors weights, before transformers looks
-    for other weight files.
-
-    A pickle (``pytorch_model.bin``, ``*.pt``) can run code while it is loaded, and torch's
-    refusal of a hostile one advises loading it with ``weights_only=False``, which would run it.
-    xmatch never unpickles a backbone: it names the file and how to convert it instead.
-    """
+    """Refuse a local backbone directory without safetensors weights, naming what it holds,
+    before transformers looks for other weight files (a pickle is never opened)."""
     folder = Path(location)
-    if not folder.is_dir() or any((folder / name).is_file() for name in SAFETENSORS_WEIGHTS):
-        return  # a hub id (transformers fetches model.safetensors only), or safetensors weights
-    pickles = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(PICKLE_SUFFIXES))
-    if not pickles:
+    if not folder.is_dir():
+        return  # a hub id: transformers fetches model.safetensors only
+    convert = (
+        f"python -c \"import transformers; m = transformers.AutoModel.from_pretrained('{folder}'); "
+        f"m.save_pretrained('{folder}')\" writes {folder / SAFETENSORS_WEIGHTS[0]} (torch reads the pickle as tensors "
+        "only); or download the model's model.safetensors into the directory."
+    )
+    refuse_pickled_weights(folder, SAFETENSORS_WEIGHTS, f"text encoder 'bert': the weights of '{backbone}'", convert)
+    if not any((folder / name).is_file() for name in SAFETENSORS_WEIGHTS):
         raise FileNotFoundError(
             f"text encoder 'bert': '{backbone}' ({folder}) holds no weights ({' or '.join(SAFETENSORS_WEIGHTS)}); "
             "add them, or build the encoder with random weights (pretrained = false) when a checkpoint "
             "provides them."
         )
-    raise CheckpointReadError(
-        f"text encoder 'bert': the weights of '{backbone}' are a pickle, {pickles[0]}"
-        f"{f' (and {len(pickles) - 1} more)' if len(pickles) > 1 else ''}, and xmatch never unpickles model "
-        "weights: loading a pickle can run any code it holds. Convert them once to safetensors, where you "
-        f"trust the file: python -c \"import transformers; m = transformers.AutoModel.from_pretrained('{folder}'); "
-        f"m.save_pretrained('{folder}')\" writes {folder / SAFETENSORS_WEIGHTS[0]} (torch reads the pickle as "
-        "tensors only); or download the model's model.safetensors into the directory."
-    )
 
 
 @contextlib.contextmanager
