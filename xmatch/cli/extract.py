@@ -12,6 +12,8 @@ if TYPE_CHECKING:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``extract`` to ``xmatch``'s subcommands."""
+    from xmatch.io.pictures import MAX_BATCH_PIXELS, MAX_PIXELS
+
     parser = subparsers.add_parser(
         "extract", help="region features of a folder of images (proposer + timm backbone + RoI-align), for region models",
         description="Writes the TERAN bottom-up layout (bu_att/, bu_box/, dataset_xmatch.json) or the SCAN precomp "
@@ -24,6 +26,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="Karpathy / COCO JSON, CSV or JSONL captions (default: dataset_*.json, <split>.csv or "
                         "captions.csv in the image folder; none: features only)")
     parser.add_argument("--split", default="test", help="split of images whose captions name none (default: test)")
+    parser.add_argument("--allow-outside-root", action="store_true",
+                        help="read images the captions file places outside the image folder (absolute paths, '..', "
+                        "symbolic links out of it); only for a captions file you trust")
+    parser.add_argument("--max-pixels", type=int, default=MAX_PIXELS,
+                        help=f"largest picture decoded, width x height from its header (default: {MAX_PIXELS:,}); "
+                        "a larger one is left out and listed")
+    parser.add_argument("--max-batch-pixels", type=int, default=MAX_BATCH_PIXELS,
+                        help=f"decoded pixels a batch keeps at once for a proposer that looks at pixels (default: "
+                        f"{MAX_BATCH_PIXELS:,}); a batch over it runs in parts")
     parser.add_argument("--proposer", default="windows", help="grid, windows (default), boxes, torchvision-detector, or a plugin's")
     parser.add_argument("--proposer-option", action="append", metavar="KEY=VALUE",
                         help="proposer argument, e.g. source=boxes.json (boxes), model=fasterrcnn_resnet50_fpn_v2 (repeatable)")
@@ -82,10 +93,11 @@ def run(args: argparse.Namespace) -> int:
         args.images, args.out, pipeline, layout=args.layout, captions=args.captions, split=args.split,
         dtype=args.dtype, batch_size=args.batch_size, workers=args.workers, device=args.device,
         resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
+        allow_outside_root=args.allow_outside_root, max_pixels=args.max_pixels, max_batch_pixels=args.max_batch_pixels,
     )
     print(result.summary())
     for name, reason in result.unreadable:
-        print(f"  unreadable, left out: {reason}")
+        print(f"  left out: {reason}")
     dataset = "teran" if result.layout == "teran" else "scan-precomp"
     print(
         f"read it with the {dataset} dataset (--data {result.out}); a region model needs "

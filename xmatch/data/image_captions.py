@@ -1,9 +1,10 @@
 """Raw images with a captions file, for models whose image encoder takes pixels.
 
 The captions file is a CSV with a header ``image,caption`` or JSON lines
-``{"image": ..., "caption": ...}``; image paths are relative to the file's folder (absolute
-paths are kept). An image with several captions appears on several rows. Images are opened
-with Pillow only when an item is loaded.
+``{"image": ..., "caption": ...}``; image paths are relative to the file's folder and must
+resolve (symbolic links followed) inside it, unless ``allow_outside_root=True``. An image with
+several captions appears on several rows. Images are opened with Pillow only when an item is
+loaded, and a picture larger than ``max_pixels`` (read from its header) is refused undecoded.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
-from xmatch.data._io import first_few
+from xmatch.data._io import check_text_name, first_few, inside_root
 from xmatch.data.base import ImageTextDataset, check_index
 from xmatch.data.errors import DataError, DataFileNotFoundError
+from xmatch.io.pictures import MAX_PIXELS, ImageTooLargeError, check_pixels
 
 FORMATS = {".csv": "csv", ".jsonl": "jsonl"}
 COLUMNS = ("image", "caption")
@@ -36,6 +38,10 @@ class ImageCaptionsDataset(ImageTextDataset):
         root: the captions file (``.csv`` or ``.jsonl``), or a folder holding
             ``<split>.csv`` or ``<split>.jsonl``.
         split: which file of a folder to read; with a file as ``root`` it is only a label.
+        allow_outside_root: accept image paths that resolve outside the captions file's folder
+            (absolute paths, ``..``, symbolic links out of it), for a file you trust.
+        max_pixels: the largest picture :meth:`image` decodes (width x height, checked from
+            the header first; default :data:`xmatch.io.pictures.MAX_PIXELS`, 50 megapixels).
 
     Captions are grouped image by image in the order images first appear in the file (rows
     of one image need not be adjacent); ``caption_image`` maps each caption to its image.
@@ -43,7 +49,9 @@ class ImageCaptionsDataset(ImageTextDataset):
     Raises:
         DataFileNotFoundError: the file or an image it names is missing.
         DataError: a missing ``image`` / ``caption`` column, a malformed JSON line, an empty
-            caption or image path, a file without rows; at load time an unreadable image.
+            caption or image path, a path with a control character or outside the folder, a
+            file without rows; at load time an unreadable image.
+        xmatch.io.pictures.ImageTooLargeError: at load time, a picture over ``max_pixels``.
 
     Example:
         >>> from PIL import Image
@@ -54,14 +62,18 @@ class ImageCaptionsDataset(ImageTextDataset):
         ((64, 48), ['a dog on a bench', 'a brown dog resting'])
     """
 
-    def __init__(self, root: PathArg, split: str | None = None) -> None:
+    def __init__(
+        self, root: PathArg, split: str | None = None, *, allow_outside_root: bool = False, max_pixels: int = MAX_PIXELS
+    ) -> None:
         root = Path(root)
-        self.root, self.split = root, split
+        self.root, self.split, self.max_pixels = root, split, max_pixels
         self.captions_file = self._captions_file(root, split)
         rows = self._read_rows(self.captions_file)
         folder = self.captions_file.parent
         order: dict[str, list[str]] = {}
-        for image, caption in rows:
+        for image, caption, where in rows:
+            if image not in order:
+                inside_root(folder / image, folder, where, allow_outside=allow_outside_root)
             order.setdefault(image, []).append(caption)
         self.image_paths = [folder / name for name in order]
         missing = [str(p) for p in self.image_paths if not p.is_file()]
@@ -98,16 +110,18 @@ class ImageCaptionsDataset(ImageTextDataset):
         return found[0]
 
     @staticmethod
-    def _read_rows(path: Path) -> list[tuple[str, str]]:
+    def _read_rows(path: Path) -> list[tuple[str, str, str]]:
+        """``(image, caption, "file:line")`` of each row, stripped and checked."""
         rows = read_caption_rows(path)
         if not rows:
             raise DataError(f"{path} has no rows (image, caption).")
         for image, caption, _, where in rows:
             if not image.strip():
                 raise DataError(f"{where}: empty image path.")
+            check_text_name(image.strip(), where, "image path")
             if not caption.strip():
                 raise DataError(f"{where}: empty caption for image {image!r}.")
-        return [(image.strip(), caption.strip()) for image, caption, _, _ in rows]
+        return [(image.strip(), caption.strip(), where) for image, caption, _, where in rows]
 
     def image(self, index: int) -> Image:
         """Image ``index`` as an RGB ``PIL.Image.Image`` (read from disk now)."""
@@ -116,10 +130,14 @@ class ImageCaptionsDataset(ImageTextDataset):
         path = self.image_paths[check_index(index, self.num_images, "image")]
         try:
             with PILImage.open(path) as im:
+                check_pixels(im.size, f"image-captions: {path}", self.max_pixels,
+                             f"pass max_pixels={im.size[0] * im.size[1]} (--data-option max_pixels=...)")
                 return im.convert("RGB")
         except FileNotFoundError:
             raise DataFileNotFoundError(f"image-captions: image file {path} does not exist.") from None
-        except (OSError, ValueError, SyntaxError) as exc:  # PIL's errors for a corrupt file
+        except ImageTooLargeError:
+            raise
+        except (OSError, ValueError, SyntaxError, EOFError, PILImage.DecompressionBombError) as exc:  # a corrupt file
             raise DataError(f"{path} is not a readable image: {exc!r}") from None
 
 
@@ -144,6 +162,8 @@ def read_caption_rows(path: Path, error: type[Exception] = DataError) -> list[tu
         raise error(f"{path} is not UTF-8 text: {exc}") from None
     except csv.Error as exc:
         raise error(f"{path} is not a valid CSV file: {exc}") from None
+    except OSError as exc:
+        raise error(f"{path} cannot be read: {exc}") from None
 
 
 def _csv_rows(f: TextIO, path: Path, error: type[Exception]) -> list[tuple[str, str, str | None, str]]:
@@ -164,9 +184,12 @@ def _jsonl_rows(f: TextIO, path: Path, error: type[Exception]) -> list[tuple[str
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, a huge integer, deep nesting
             raise error(f"{path}:{n}: not a JSON object: {exc}") from None
         if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in COLUMNS):
             raise error(f'{path}:{n}: expected {{"image": str, "caption": str}}, got {line.strip()[:80]}')
-        rows.append((record["image"], record["caption"], record.get("split"), f"{path}:{n}"))
+        split = record.get("split")
+        if split is not None and not isinstance(split, str):
+            raise error(f'{path}:{n}: "split" must be a string, got {split!r}.')
+        rows.append((record["image"], record["caption"], split, f"{path}:{n}"))
     return rows

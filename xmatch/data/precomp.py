@@ -28,6 +28,7 @@ from xmatch.data._io import (
     check_boxes,
     check_normalized,
     check_regions,
+    is_real,
     load_npy,
     normalize_pixel_boxes,
     read_lines,
@@ -123,9 +124,9 @@ class PrecompDataset(ImageTextDataset):
         self._sizes = None
         if self.sizes_file is not None:
             self._sizes = load_npy(self.sizes_file, "scan-precomp image sizes", mmap=False)
-            if self._sizes.shape != (rows, 2) or not np.issubdtype(self._sizes.dtype, np.number):
+            if self._sizes.shape != (rows, 2) or not is_real(self._sizes.dtype):
                 raise DataError(
-                    f"{self.sizes_file} must be a numeric array [{rows}, 2] (width, height per row of "
+                    f"{self.sizes_file} must be a real numeric array [{rows}, 2] (width, height per row of "
                     f"{self.features_file.name}), got {self._sizes.dtype} {self._sizes.shape}."
                 )
             self.size_source = f"sizes file {self.sizes_file}"
@@ -195,10 +196,10 @@ class PrecompDataset(ImageTextDataset):
             return
         self._boxes = load_npy(self.boxes_file, "scan-precomp boxes", mmap=True)
         expected = (len(self.features), self.features.shape[1], 4)
-        if self._boxes.shape != expected:
+        if self._boxes.shape != expected or not is_real(self._boxes.dtype):
             raise DataError(
-                f"{self.boxes_file} must be [rows, regions, 4] = {expected} to match {self.features_file.name}, "
-                f"got {self._boxes.shape}."
+                f"{self.boxes_file} must be numbers [rows, regions, 4] = {expected} to match {self.features_file.name}, "
+                f"got {self._boxes.dtype} {self._boxes.shape}."
             )
 
     def __getstate__(self) -> dict[str, Any]:

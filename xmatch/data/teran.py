@@ -29,13 +29,18 @@ import numpy as np
 
 from xmatch.data._io import (
     check_boxes,
+    check_npz_member,
     check_regions,
+    check_text_name,
     first_few,
+    inside_root,
+    integer_id,
     load_ids,
     load_json,
     load_npy,
     load_plain_pickle,
     normalize_pixel_boxes,
+    plain_id,
     require_dir,
     require_file,
 )
@@ -83,6 +88,9 @@ class TeranDataset(ImageTextDataset):
             entries are used when every image of the split has them.
         images: Karpathy set-up, instead of ``sizes``: the image folder; sizes are read from
             each image's header (``<images>/<filepath>/<filename>``) when the image is loaded.
+            Each path must resolve (symbolic links followed) inside the folder.
+        allow_outside_root: accept ``images`` paths of the Karpathy file that resolve outside
+            the folder (absolute, ``..``, links out of it), for a file you trust.
         restval: add the ``restval`` images to ``train`` (after the train images, as the
             original does for COCO); no effect on val / test.
         captions_per_image: keep the first N captions of each image (the original's COCO id
@@ -94,8 +102,10 @@ class TeranDataset(ImageTextDataset):
     Raises:
         DataFileNotFoundError: a folder, caption, id, size or feature file is missing.
         DataError: a malformed file, an unknown split, a missing image size, too few or empty
-            captions; at load time a corrupt feature / box file, NaN features, a width
-            mismatch, a box count that differs from the region count, boxes outside the image.
+            captions, an id that is not an integer or a plain name (ids name the feature
+            files), an image path outside ``images``; at load time a corrupt feature / box
+            file, NaN features, a width mismatch, a box count that differs from the region
+            count, boxes outside the image.
 
     Example:
         >>> ds = TeranDataset("data/coco", "test")  # needs the COCO features on disk  # doctest: +SKIP
@@ -118,6 +128,7 @@ class TeranDataset(ImageTextDataset):
         restval: bool = False,
         captions_per_image: int | None = 5,
         max_images: int | None = None,
+        allow_outside_root: bool = False,
     ) -> None:
         self.root = require_dir(Path(root), "teran dataset root")
         if split not in SPLITS:
@@ -153,7 +164,8 @@ class TeranDataset(ImageTextDataset):
                 )
             entries, positions = self._read_karpathy(*docs[0], captions_per_image, max_images)
             self._sizes, self._image_files, self.size_source = _karpathy_sizes(
-                docs[0][1]["images"], positions, [key for key, _ in entries], sizes, images, self.root, caption_files[0]
+                docs[0][1]["images"], positions, [key for key, _ in entries], sizes, images, self.root, caption_files[0],
+                allow_outside_root,
             )
         else:
             raise DataError(
@@ -230,11 +242,12 @@ class TeranDataset(ImageTextDataset):
         sizes: dict[int, tuple[Any, Any]] = {}
         for path, doc in docs:
             try:
-                for a in doc["annotations"]:
-                    anns[int(a["id"])] = (int(a["image_id"]), a["caption"])
-                for im in doc["images"]:
-                    sizes[int(im["id"])] = (im.get("width"), im.get("height"))
-            except (KeyError, TypeError, ValueError) as exc:
+                for pos, a in enumerate(doc["annotations"]):
+                    where = f"teran captions: {path}: annotations[{pos}]"
+                    anns[integer_id(a["id"], where)] = (integer_id(a["image_id"], where), a["caption"])
+                for pos, im in enumerate(doc["images"]):
+                    sizes[integer_id(im["id"], f"teran captions: {path}: images[{pos}]")] = (im.get("width"), im.get("height"))
+            except (KeyError, TypeError) as exc:
                 raise DataError(
                     f"teran captions: {path} is not a COCO caption annotation file (images with id / width / "
                     f"height, annotations with id / image_id / caption): {exc!r}"
@@ -295,7 +308,7 @@ class TeranDataset(ImageTextDataset):
                 caps = [s["raw"] for s in im["sentences"]]
             except (KeyError, TypeError):
                 raise DataError(f"{path}: a sentence of image entry {pos} (id {key}) has no 'raw' text.") from None
-            raw.append((str(key), caps, f"image {key} (entry {pos}) of {path}"))
+            raw.append((plain_id(key, f"{path}: image entry {pos}"), caps, f"image {key} (entry {pos}) of {path}"))
         entries = _select(raw, captions_per_image, max_images)
         return entries, [pos for pos, _ in chosen[: len(entries)]]
 
@@ -319,10 +332,14 @@ class TeranDataset(ImageTextDataset):
             with archive:
                 if "feat" not in archive.files:
                     raise DataError(f"{path} has no array 'feat' (arrays: {', '.join(archive.files) or 'none'}).")
+                check_npz_member(archive, "feat", str(path))
                 return archive["feat"]
         except FileNotFoundError:
             raise DataFileNotFoundError(f"teran region features: file {path} does not exist.") from None
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        except DataError:
+            raise
+        except (OSError, ValueError, EOFError, RuntimeError, zipfile.BadZipFile, zlib.error) as exc:
+            # RuntimeError: an encrypted member; NotImplementedError (one): an unknown compression
             raise DataError(f"{path} is not a readable .npz archive: {exc!r}") from None
 
     def image_size(self, index: int) -> tuple[float, float]:
@@ -339,7 +356,7 @@ class TeranDataset(ImageTextDataset):
                 return float(im.size[0]), float(im.size[1])
         except FileNotFoundError:
             raise DataFileNotFoundError(f"teran images (for image sizes): file {path} does not exist.") from None
-        except (OSError, ValueError, SyntaxError) as exc:  # PIL's errors for a broken header
+        except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as exc:  # a broken header
             raise DataError(f"{path} is not a readable image (needed for its size): {exc!r}") from None
 
     def image(self, index: int) -> RegionImage:
@@ -368,6 +385,7 @@ def _karpathy_sizes(
     images: PathArg | None,
     root: Path,
     caption_file: Path,
+    allow_outside_root: bool = False,
 ) -> tuple[np.ndarray, list[Path] | None, str]:
     """Image sizes for a Karpathy split file: ``(sizes [N, 2], image files or None, source)``;
     with ``images`` the sizes are NaN and read from each file's header at load time. Without
@@ -377,7 +395,13 @@ def _karpathy_sizes(
         raise DataError("pass either sizes= (a sizes file) or images= (read sizes from the images), not both.")
     if images is not None:
         folder = require_dir(Path(images), "teran images (for image sizes)")
-        files = [folder / images_meta[p].get("filepath", "") / images_meta[p].get("filename", "") for p in positions]
+        files = []
+        for p in positions:
+            where = f"{caption_file}: image entry {p}"
+            filepath, filename = images_meta[p].get("filepath") or "", images_meta[p].get("filename")
+            rel = Path(check_text_name(filepath, where, "filepath") if filepath else "") / check_text_name(
+                filename, where, "filename")
+            files.append(inside_root(folder / rel, folder, where, allow_outside=allow_outside_root))
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
             raise DataFileNotFoundError(

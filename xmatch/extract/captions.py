@@ -13,6 +13,12 @@ The captions come from ``--captions FILE`` or, without it, from the image folder
    0, 1, 2... in the order images first appear; rows without a split go to ``default_split``;
 4. nothing: every image found under the folder, ids in path order, no captions (the features
    can be encoded, but ``xmatch eval`` / ``train`` need captions).
+
+A captions file is data from elsewhere, and its names become paths: every image it names must
+resolve (symbolic links followed) inside the image folder unless ``allow_outside_root`` is
+given; splits and ids must be plain names (they name output files); no name may hold a newline
+or another control character (it would shift ``<split>_images.txt``). Each refusal names the
+file, the entry and the value.
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xmatch.data.image_captions import read_caption_rows
 from xmatch.core.errors import XmatchError
+from xmatch.data._io import check_text_name, inside_root, plain_id, plain_name
+from xmatch.data.errors import DataFileNotFoundError
+from xmatch.data.image_captions import read_caption_rows
 from xmatch.regions.images import find_images
 
 CAPTION_SUFFIXES = (".csv", ".jsonl")
@@ -57,7 +65,13 @@ class ImageRecord:
     entry: dict[str, Any] | None = None
 
 
-def read_records(images: str | os.PathLike, captions: str | os.PathLike | None, default_split: str = "test") -> tuple[list[ImageRecord], str]:
+def read_records(
+    images: str | os.PathLike,
+    captions: str | os.PathLike | None,
+    default_split: str = "test",
+    *,
+    allow_outside_root: bool = False,
+) -> tuple[list[ImageRecord], str]:
     """The images to extract and where their captions came from.
 
     Args:
@@ -65,14 +79,19 @@ def read_records(images: str | os.PathLike, captions: str | os.PathLike | None, 
             COCO files, to the captions file's folder for CSV / JSONL).
         captions: a captions file, or None to look in ``images`` (see the module docstring).
         default_split: the split of images whose captions name none.
+        allow_outside_root: accept image paths that resolve outside ``images`` (absolute
+            paths, ``..``, symbolic links out of the folder) in a captions file you trust.
 
     Returns:
         ``(records, source)``: records in id order; ``source`` says where captions came from.
 
     Raises:
-        FileNotFoundError: a missing folder or captions file, no image at all, or caption
-            rows naming image files that do not exist (listed).
-        CaptionsError: a malformed captions file, duplicate ids, empty captions.
+        xmatch.data.errors.DataFileNotFoundError: (a ``FileNotFoundError``) a missing folder
+            or captions file, no image at all, or caption rows naming image files that do not
+            exist (listed).
+        CaptionsError: a malformed captions file, duplicate ids, empty captions, an image
+            path outside ``images``, a split or id that is not a plain name, a name with a
+            control character, an id that is not an integer or a plain name.
 
     Example:
         >>> records, source = read_records("my_photos", "my_photos/captions.csv")  # needs the user's photos and captions  # doctest: +SKIP
@@ -81,25 +100,30 @@ def read_records(images: str | os.PathLike, captions: str | os.PathLike | None, 
     """
     root = Path(images).expanduser()
     if not root.is_dir():
-        raise FileNotFoundError(f"image folder {root} does not exist or is not a folder.")
+        raise DataFileNotFoundError(f"image folder {root} does not exist or is not a folder.")
+    plain_name(default_split, "the default split (--split)", "split", CaptionsError)
     files = [Path(captions).expanduser()] if captions is not None else _discover(root)
     for f in files:
         if not f.is_file():
-            raise FileNotFoundError(f"captions file {f} does not exist.")
+            raise DataFileNotFoundError(f"captions file {f} does not exist.")
     if not files:
         names = find_images(root)
         if not names:
             from xmatch.regions.images import IMAGE_SUFFIXES
 
-            raise FileNotFoundError(
+            raise DataFileNotFoundError(
                 f"no images in {root} (looked recursively for {', '.join(IMAGE_SUFFIXES)}); is it the right folder?"
             )
+        for n in names:
+            where = f"{root}: image {n!r}"
+            inside_root(root / check_text_name(n, where, "file name", CaptionsError), root, where,
+                        allow_outside=allow_outside_root, error=CaptionsError)
         records = [ImageRecord(str(k), n, root / n, default_split) for k, n in enumerate(names)]
         return records, "none (every image in the folder, no captions)"
     if len(files) == 1 and files[0].suffix == ".json":
-        records = _json_records(root, files[0], default_split)
+        records = _json_records(root, files[0], default_split, allow_outside_root)
     else:
-        records = _table_records(root, files, default_split)
+        records = _table_records(root, files, default_split, allow_outside_root)
     _check(records, files)
     return records, ", ".join(map(str, files))
 
@@ -116,34 +140,39 @@ def _discover(root: Path) -> list[Path]:
     return [root / f"captions{x}" for x in CAPTION_SUFFIXES if (root / f"captions{x}").is_file()][:1]
 
 
-def _json_records(root: Path, path: Path, default_split: str) -> list[ImageRecord]:
+def _json_records(root: Path, path: Path, default_split: str, outside: bool) -> list[ImageRecord]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, deep nesting
         raise CaptionsError(f"{path} is not a readable JSON file: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
         raise CaptionsError(f"{path}: expected a Karpathy split file or COCO caption annotations (an 'images' list).")
     if isinstance(doc.get("annotations"), list):
-        return _coco_records(root, path, doc, default_split)
+        return _coco_records(root, path, doc, default_split, outside)
     records = []
     for pos, im in enumerate(doc["images"]):
+        where = f"{path}: image entry {pos}"
         try:
             key = im.get("cocoid", im.get("imgid"))
-            rel = Path(im.get("filepath", "") or "") / im["filename"]
+            folder, filename = im.get("filepath", "") or "", im["filename"]
             caps = [s["raw"] for s in im.get("sentences", [])]
         except (AttributeError, KeyError, TypeError):
             raise CaptionsError(
-                f"{path}: image entry {pos} is not a Karpathy entry (filename, imgid or cocoid, sentences[].raw)."
+                f"{where} is not a Karpathy entry (filename, imgid or cocoid, sentences[].raw)."
             ) from None
+        rel = Path(check_text_name(folder, where, "filepath", CaptionsError) if folder else "") / check_text_name(
+            filename, where, "filename", CaptionsError)
         if key is None:
-            raise CaptionsError(f"{path}: image entry {pos} ({rel}) has no 'imgid' or 'cocoid'.")
-        records.append(ImageRecord(str(key), rel.as_posix(), root / rel, str(im.get("split", default_split)), caps, im))
+            raise CaptionsError(f"{where} ({rel}) has no 'imgid' or 'cocoid'.")
+        inside_root(root / rel, root, where, allow_outside=outside, error=CaptionsError)
+        split = plain_name(im.get("split", default_split), where, "split", CaptionsError)
+        records.append(ImageRecord(plain_id(key, where, CaptionsError), rel.as_posix(), root / rel, split, caps, im))
     return records
 
 
-def _coco_records(root: Path, path: Path, doc: dict[str, Any], default_split: str) -> list[ImageRecord]:
+def _coco_records(root: Path, path: Path, doc: dict[str, Any], default_split: str, outside: bool) -> list[ImageRecord]:
     try:
-        images = {im["id"]: str(im["file_name"]) for im in doc["images"]}
+        images = {im["id"]: im["file_name"] for im in doc["images"]}
         grouped: dict[Any, list[str]] = {k: [] for k in images}
         for ann in doc["annotations"]:
             grouped[ann["image_id"]].append(ann["caption"])
@@ -152,16 +181,23 @@ def _coco_records(root: Path, path: Path, doc: dict[str, Any], default_split: st
             f"{path}: COCO caption annotations need images (id, file_name) and annotations (image_id, caption) "
             f"of listed images; {exc!r} is missing."
         ) from None
-    return [ImageRecord(str(k), images[k], root / images[k], default_split, grouped[k]) for k in images]
+    records = []
+    for pos, (k, name) in enumerate(images.items()):
+        where = f"{path}: images[{pos}] (id {k!r})"
+        name = check_text_name(name, where, "file_name", CaptionsError)
+        inside_root(root / name, root, where, allow_outside=outside, error=CaptionsError)
+        records.append(ImageRecord(plain_id(k, where, CaptionsError), name, root / name, default_split, grouped[k]))
+    return records
 
 
-def _table_records(root: Path, files: list[Path], default_split: str) -> list[ImageRecord]:
+def _table_records(root: Path, files: list[Path], default_split: str, outside: bool) -> list[ImageRecord]:
     order: dict[Path, ImageRecord] = {}
     for f in files:
         split_of_file = f.stem if f.stem in SPLIT_NAMES and f.parent == root else None
         for image, caption, split, where in _rows(f):
-            path = (f.parent / image).resolve() if not Path(image).is_absolute() else Path(image)
-            split = split or split_of_file or default_split
+            check_text_name(image, where, "image path", CaptionsError)
+            path = inside_root(f.parent / image, root, where, allow_outside=outside, error=CaptionsError)
+            split = plain_name(split, where, "split", CaptionsError) if split else split_of_file or default_split
             record = order.get(path)
             if record is None:
                 name = _relative(path, root)
@@ -200,8 +236,6 @@ def _check(records: list[ImageRecord], files: list[Path]) -> None:
     for r in records:
         if r.key in seen:
             raise CaptionsError(f"{where}: id {r.key} is used by both {seen[r.key]} and {r.name}; ids must be unique.")
-        if "/" in r.key or "\\" in r.key or r.key in ("", ".", ".."):
-            raise CaptionsError(f"{where}: id {r.key!r} of {r.name} cannot name a feature file.")
         seen[r.key] = r.name
         if any(not isinstance(c, str) or not c.strip() for c in r.captions):
             raise CaptionsError(f"{where}: image {r.name} (id {r.key}) has an empty caption.")
@@ -209,4 +243,4 @@ def _check(records: list[ImageRecord], files: list[Path]) -> None:
     if missing:
         from xmatch.data._io import first_few
 
-        raise FileNotFoundError(f"{where} names {len(missing)} image files that do not exist: {first_few(missing)}.")
+        raise DataFileNotFoundError(f"{where} names {len(missing)} image files that do not exist: {first_few(missing)}.")

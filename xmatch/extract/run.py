@@ -1,11 +1,17 @@
 """The extraction run: a folder of images -> region features in the teran or precomp layout.
 
 Work is cut into fixed chunks of ``batch_size`` images (in id order); a chunk is the unit that
-is computed, written and resumed. Its images always run through the backbone together, so a
-resumed or re-split run gives the same bytes. After a chunk's region files are in place, a
-small record of it (image sizes, unreadable files) is written into ``OUT/.extract/``; a chunk
-with a record is finished. Under ``torchrun`` every process takes every N-th chunk; the first
-one then writes the dataset files and the manifest from the chunk records.
+is computed, written and resumed. Its images run through the backbone together, so a resumed
+or re-split run gives the same bytes. After a chunk's region files are in place, a small
+record of it (image sizes, images left out) is written into ``OUT/.extract/``; a chunk with a
+record is finished. Under ``torchrun`` every process takes every N-th chunk; the first one
+then writes the dataset files and the manifest from the chunk records.
+
+Decoded pixels are budgeted: a picture whose header declares more than ``max_pixels`` is not
+decoded but left out and listed, as an unreadable one is. A proposer that looks at pixels (a
+detector) keeps the whole pictures of a chunk; when they would hold more than
+``max_batch_pixels``, the chunk runs in parts, cut by the sizes in the headers (so the same
+parts, and the same bytes, on every run), the later parts decoded as their turn comes.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import torch
 
 from xmatch.core.errors import XmatchError
 from xmatch.extract.captions import ImageRecord, read_records
-from xmatch.regions.images import UnreadableImageError
+from xmatch.io.pictures import MAX_BATCH_PIXELS, MAX_PIXELS, ImageTooLargeError
+from xmatch.regions.images import UnreadableImageError, picture_size
 from xmatch.regions.manifest import FORMAT, MANIFEST, ManifestError, read_manifest, settings_differences
 from xmatch.regions.pipeline import PictureLoader, Prepared, RegionPipeline
 from xmatch.extract.writers import (
@@ -44,7 +51,9 @@ logger = logging.getLogger(__name__)
 STATE = ".extract"
 DTYPES = ("float32", "float16")
 #: the settings that decide the bytes written; a resumed run must use the same
-COMPARED = ("layout", "dtype", "batch_size", "pipeline", "images")
+COMPARED = ("layout", "dtype", "batch_size", "pipeline", "images", "pixels")
+#: settings a manifest of an older xmatch lacks: it resumes under the current ones
+ADDED_LATER = ("pixels",)
 
 
 class ExtractError(XmatchError, ValueError):
@@ -61,7 +70,8 @@ class ExtractResult:
         images: images in the written dataset (readable ones).
         extracted: images this process computed in this run.
         skipped: images already finished (``resume``).
-        unreadable: ``(image, reason)`` of the files that could not be decoded (left out).
+        unreadable: ``(image, reason)`` of the files left out: not decodable, or over the
+            pixel budget (``max_pixels``).
         feature_dim: width of the region features.
         seconds: wall time of this run, models built (what grows with the number of images).
         captions: where the captions came from.
@@ -83,7 +93,7 @@ class ExtractResult:
 
     def summary(self) -> str:
         rate = f", {self.extracted / self.seconds:.1f} images/s" if self.extracted and self.seconds > 0 else ""
-        bad = f"; {len(self.unreadable)} unreadable, left out" if self.unreadable else ""
+        bad = f"; {len(self.unreadable)} left out (unreadable or too large)" if self.unreadable else ""
         splits = ", ".join(f"{k} {v}" for k, v in self.splits.items())
         return (
             f"{self.images} images ({splits}) in {self.out} ({self.layout} layout, {self.feature_dim}-d features): "
@@ -106,6 +116,9 @@ def extract(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    allow_outside_root: bool = False,
+    max_pixels: int = MAX_PIXELS,
+    max_batch_pixels: int = MAX_BATCH_PIXELS,
 ) -> ExtractResult:
     """Extract region features of every image of a folder into ``out``.
 
@@ -129,6 +142,15 @@ def extract(
             be the same).
         overwrite: remove a previous extraction's files in ``out`` first.
         progress: show a progress bar.
+        allow_outside_root: read images that the captions file places outside ``images``
+            (absolute paths, ``..``, symbolic links out of the folder); off, such an entry is
+            refused, naming it.
+        max_pixels: the largest picture decoded (width x height, read from the header first;
+            default 50 megapixels, :data:`xmatch.io.pictures.MAX_PIXELS`); a larger one is
+            left out and listed in ``unreadable``.
+        max_batch_pixels: the decoded pixels a chunk keeps at once for a proposer that looks at
+            pixels (default 100 megapixels); a chunk over it runs in parts. A single picture
+            within ``max_pixels`` always runs, alone if need be.
 
     Returns:
         An :class:`ExtractResult` (on every process; the dataset files exist when it returns
@@ -137,7 +159,10 @@ def extract(
     Raises:
         FileNotFoundError: no images, a missing captions file or image.
         ExtractError: ``out`` holds another extraction (without ``resume`` / ``overwrite``),
-            or one with other settings; every image unreadable.
+            or one with other settings; every image unreadable or too large.
+        CaptionsError: a captions file naming an image outside ``images`` (without
+            ``allow_outside_root``), a split or id that is not a plain name, a name with a
+            control character (the entry named).
         ValueError: bad arguments, e.g. a layout that cannot hold the captions, or an unknown
             pipeline setting.
 
@@ -153,18 +178,21 @@ def extract(
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
     if batch_size < 1 or workers < 0:
         raise ValueError(f"batch_size must be at least 1 and workers at least 0, got {batch_size}, {workers}.")
+    if max_pixels < 1 or max_batch_pixels < 1:
+        raise ValueError(f"max_pixels and max_batch_pixels must be at least 1, got {max_pixels}, {max_batch_pixels}.")
     if resume and overwrite:
         raise ValueError("resume continues the previous run and overwrite removes it; choose one.")
     procs = Processes.join(device)
     try:
-        records, source = read_records(images, captions, split)
+        records, source = read_records(images, captions, split, allow_outside_root=allow_outside_root)
         pipe = pipeline if isinstance(pipeline, RegionPipeline) else RegionPipeline.from_table(pipeline or {})
         pipe = pipe.to(procs.device).eval()
         start = time.perf_counter()
         if layout == "precomp":
             check_precomp(records, pipe.fixed_regions)
         out = Path(out).expanduser()
-        manifest = _manifest(layout, dtype, batch_size, pipe, records, images, source)
+        pixels = {"max": max_pixels, "max_batch": max_batch_pixels}
+        manifest = _manifest(layout, dtype, batch_size, pipe, records, images, source, pixels)
         files = RegionFiles(out if layout == "teran" else out / STATE / "parts", dtype)
         status = _prepare(out, manifest, resume, overwrite, files) if procs.is_main else None
         status = procs.broadcast(status)
@@ -178,7 +206,8 @@ def extract(
         skipped = sum(len(chunks[k]) for k in mine if k not in todo)
         logger.info("extracting %d images into %s: %d to do here, %d already done", len(records), out,
                     sum(len(chunks[k]) for k in todo), skipped)
-        extracted = _run_chunks(pipe, chunks, todo, files, out, workers, progress and procs.is_main, skipped,
+        chunk_set = _ChunkSet(chunks, todo, pipe.loader(max_pixels), max_batch_pixels)
+        extracted = _run_chunks(pipe, chunk_set, files, out, workers, progress and procs.is_main, skipped,
                                 sum(len(chunks[k]) for k in mine))
         procs.barrier()
         if procs.is_main:
@@ -193,24 +222,50 @@ def extract(
 # -- the chunks ---------------------------------------------------------------------------
 
 
-class _ChunkSet(torch.utils.data.Dataset):
-    """Chunk ``k`` of the work -> ``(k, [(record, Prepared or error text)])``, decoded in workers."""
+Loaded = list[tuple[ImageRecord, Prepared | str]]
 
-    def __init__(self, chunks: list[list[ImageRecord]], todo: list[int], load: PictureLoader) -> None:
-        self.chunks, self.todo, self.load = chunks, todo, load
+
+class _ChunkSet(torch.utils.data.Dataset):
+    """Chunk ``k`` of the work -> ``(k, parts, first part decoded)``, decoded in workers; the
+    other parts (a chunk over the batch budget) are decoded by :meth:`load_part` in turn."""
+
+    def __init__(self, chunks: list[list[ImageRecord]], todo: list[int], load: PictureLoader, max_batch_pixels: int) -> None:
+        self.chunks, self.todo, self.load, self.max_batch_pixels = chunks, todo, load, max_batch_pixels
 
     def __len__(self) -> int:
         return len(self.todo)
 
-    def __getitem__(self, i: int) -> tuple[int, list[tuple[ImageRecord, Prepared | str]]]:
+    def __getitem__(self, i: int) -> tuple[int, list[list[ImageRecord]], Loaded]:
         k = self.todo[i]
-        items: list[tuple[ImageRecord, Prepared | str]] = []
-        for record in self.chunks[k]:
+        parts = self.parts(self.chunks[k])
+        return k, parts, self.load_part(parts[0])
+
+    def parts(self, chunk: list[ImageRecord]) -> list[list[ImageRecord]]:
+        """The chunk cut where the pictures it keeps would pass the batch budget (sizes from the
+        headers; only a loader that keeps pictures holds more than one at a time)."""
+        if not self.load.keep_picture:
+            return [chunk]
+        parts: list[list[ImageRecord]] = [[]]
+        held = 0
+        for record in chunk:
+            size = picture_size(record.path)
+            pixels = size[0] * size[1] if size is not None and size[0] * size[1] <= self.load.max_pixels else 0
+            if parts[-1] and held + pixels > self.max_batch_pixels:
+                parts.append([])
+                held = 0
+            parts[-1].append(record)
+            held += pixels
+        return parts
+
+    def load_part(self, records: list[ImageRecord]) -> Loaded:
+        """``(record, Prepared or the reason it is left out)`` of each record."""
+        items: Loaded = []
+        for record in records:
             try:
                 items.append((record, self.load(record.path, record.name)))
-            except (UnreadableImageError, FileNotFoundError) as exc:
+            except (UnreadableImageError, ImageTooLargeError, FileNotFoundError) as exc:
                 items.append((record, str(exc)))
-        return k, items
+        return items
 
 
 def _unbatched(item: Any) -> Any:
@@ -219,8 +274,7 @@ def _unbatched(item: Any) -> Any:
 
 def _run_chunks(
     pipe: RegionPipeline,
-    chunks: list[list[ImageRecord]],
-    todo: list[int],
+    chunk_set: _ChunkSet,
     files: RegionFiles,
     out: Path,
     workers: int,
@@ -231,25 +285,35 @@ def _run_chunks(
     from xmatch.core.progress import progress_bar
 
     loader = torch.utils.data.DataLoader(
-        _ChunkSet(chunks, todo, pipe.loader()), batch_size=None, shuffle=False,
-        num_workers=min(workers, len(todo)), collate_fn=_unbatched,
+        chunk_set, batch_size=None, shuffle=False, num_workers=min(workers, len(chunk_set)), collate_fn=_unbatched,
     )
     done = 0
     with progress_bar(total=total, initial=skipped, desc="extract", unit="img", show=progress) as bar:
-        for k, items in loader:
-            good = [(r, p) for r, p in items if isinstance(p, Prepared)]
-            bad = [(r.name, p) for r, p in items if isinstance(p, str)]
-            for name, reason in bad:
-                logger.warning("skipping unreadable image: %s", reason)
-            regions = pipe([p for _, p in good]) if good else []
-            for (record, _), reg in zip(good, regions, strict=True):
-                if not files.done(record.key):
-                    files.write(record.key, reg.features.numpy(), reg.boxes.numpy())
-            sizes = {r.key: [p.width, p.height] for r, p in good}
+        for k, parts, first in loader:
+            sizes: dict[str, list[int]] = {}
+            bad: list[tuple[str, str]] = []
+            for j, part in enumerate(parts):
+                part_sizes, part_bad = _run_part(pipe, files, first if j == 0 else chunk_set.load_part(part))
+                first = None  # a part's pictures go once it has run, before the next is decoded
+                sizes.update(part_sizes)
+                bad += part_bad
+                bar.update(len(part))
             write_json_atomic(_chunk_file(out, k), {"sizes": sizes, "unreadable": bad})
-            done += len(good)
-            bar.update(len(items))
+            done += len(sizes)
     return done
+
+
+def _run_part(pipe: RegionPipeline, files: RegionFiles, items: Loaded) -> tuple[dict[str, list[int]], list[tuple[str, str]]]:
+    """Regions of the decoded pictures of ``items`` written; ``(sizes, images left out)``."""
+    good = [(r, p) for r, p in items if isinstance(p, Prepared)]
+    bad = [(r.name, p) for r, p in items if isinstance(p, str)]
+    for _, reason in bad:
+        logger.warning("skipping image: %s", reason)
+    regions = pipe([p for _, p in good]) if good else []
+    for (record, _), reg in zip(good, regions, strict=True):
+        if not files.done(record.key):
+            files.write(record.key, reg.features.numpy(), reg.boxes.numpy())
+    return {r.key: [p.width, p.height] for r, p in good}, bad
 
 
 def _chunk_file(out: Path, k: int) -> Path:
@@ -261,7 +325,7 @@ def _chunk_file(out: Path, k: int) -> Path:
 
 def _manifest(
     layout: str, dtype: str, batch_size: int, pipe: RegionPipeline, records: Sequence[ImageRecord],
-    images: str | os.PathLike, source: str,
+    images: str | os.PathLike, source: str, pixels: dict[str, int],
 ) -> dict[str, Any]:
     from xmatch.core.version import __version__
 
@@ -274,6 +338,7 @@ def _manifest(
         "layout": layout,
         "dtype": dtype,
         "batch_size": batch_size,
+        "pixels": pixels,
         "feature_dim": pipe.feature_dim,
         "regions": {"max": proposer.regions, "min": getattr(proposer, "min_regions", proposer.regions)},
         "pipeline": pipe.describe(),
@@ -300,7 +365,7 @@ def _prepare(out: Path, manifest: dict[str, Any], resume: bool, overwrite: bool,
             return (f"error:{out} already holds an extraction ({path}); pass --resume to continue it or "
                     "--overwrite to start again.")
         else:
-            recorded = {k: old.get(k) for k in COMPARED}
+            recorded = {k: old.get(k, manifest[k] if k in ADDED_LATER else None) for k in COMPARED}
             differences = settings_differences(recorded, {k: manifest[k] for k in COMPARED})
             if differences:
                 return (f"error:--resume: {path} was made with other settings ({'; '.join(differences[:6])}); "

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from xmatch.core.errors import XmatchError
+from xmatch.io.pictures import MAX_PIXELS, ImageTooLargeError, check_pixels
 
 #: file suffixes taken for images when a folder is scanned (case-insensitive)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -43,13 +44,36 @@ def find_images(folder: str | os.PathLike) -> list[str]:
     return sorted(found)
 
 
-def load_image(path: str | os.PathLike) -> Any:
+def picture_size(path: str | os.PathLike) -> tuple[int, int] | None:
+    """``(width, height)`` from an image file's header (nothing is decoded), or None for a
+    file Pillow cannot identify.
+
+    Example:
+        >>> from PIL import Image
+        >>> Image.new("RGB", (64, 48)).save("beach.jpg")
+        >>> _ = Path("notes.txt").write_text("not an image")
+        >>> picture_size("beach.jpg"), picture_size("notes.txt")
+        ((64, 48), None)
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return im.size
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        return None
+
+
+def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> Any:
     """An image file as an RGB PIL image, turned upright by its EXIF orientation (as photo
-    viewers show it; the boxes of ``xmatch extract`` are in this frame).
+    viewers show it; the boxes of ``xmatch extract`` are in this frame). The size its header
+    declares is checked against ``max_pixels`` before any pixel is decoded.
 
     Raises:
         FileNotFoundError: no such file.
         UnreadableImageError: the file is not an image Pillow can decode.
+        xmatch.io.pictures.ImageTooLargeError: the picture is larger than ``max_pixels``
+            (:data:`xmatch.io.pictures.MAX_PIXELS`, 50 megapixels, by default).
 
     Example:
         >>> from PIL import Image
@@ -64,9 +88,12 @@ def load_image(path: str | os.PathLike) -> Any:
         raise FileNotFoundError(f"image file {path} does not exist.")
     try:
         with Image.open(path) as im:
+            check_pixels(im.size, str(path), max_pixels)
             im.load()
             upright = ImageOps.exif_transpose(im)
             picture = upright.convert("RGB")
+    except ImageTooLargeError:
+        raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise UnreadableImageError(f"{path} is not a readable image: {exc}") from None
     if picture.width < 1 or picture.height < 1:

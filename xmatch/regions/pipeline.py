@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from xmatch.io.pictures import MAX_PIXELS
 from xmatch.regions.config import RoIConfig
 from xmatch.regions.features import InputSize, RoIFeatureExtractor
 from xmatch.regions.images import load_image
@@ -57,7 +58,9 @@ class Regions:
 
 @dataclass(frozen=True)
 class PictureLoader:
-    """Decodes and resizes one picture; picklable, so DataLoader workers can run it.
+    """Decodes and resizes one picture; picklable, so DataLoader workers can run it. A file
+    whose header declares more than ``max_pixels`` is refused (``ImageTooLargeError``) before
+    it is decoded.
 
     Example:
         >>> loader = pipeline.loader()  # needs a pipeline and the user's photos  # doctest: +SKIP
@@ -67,18 +70,19 @@ class PictureLoader:
 
     input: InputSize
     keep_picture: bool
+    max_pixels: int = MAX_PIXELS
 
     def __call__(self, image: Any, name: str | None = None) -> Prepared:
-        picture = to_picture(image)
+        picture = to_picture(image, max_pixels=self.max_pixels)
         return Prepared(self.input.apply(picture), picture.width, picture.height, name,
                         picture if self.keep_picture else None)
 
 
-def to_picture(image: Any, index: int = 0) -> Any:
-    """A PIL image (converted to RGB), an image path (read upright by :func:`load_image`) or a
-    ``uint8`` HWC array, as an RGB PIL image."""
+def to_picture(image: Any, index: int = 0, max_pixels: int = MAX_PIXELS) -> Any:
+    """A PIL image (converted to RGB), an image path (read upright by :func:`load_image`, within
+    ``max_pixels``) or a ``uint8`` HWC array, as an RGB PIL image."""
     if isinstance(image, (str, os.PathLike)):
-        return load_image(Path(image))
+        return load_image(Path(image), max_pixels)
     from xmatch.components.image.backbone import to_pil
 
     return to_pil(image, index)
@@ -171,10 +175,10 @@ class RegionPipeline(nn.Module):
         weights fingerprint)."""
         return {"proposer": dict(self.proposer_table), **self.extractor.describe()}
 
-    def loader(self) -> PictureLoader:
-        """The picklable picture loader for this pipeline (decode, keep the picture for a
-        detector, resize for the backbone)."""
-        return PictureLoader(self.extractor.input, self.proposer.needs_pixels)
+    def loader(self, max_pixels: int = MAX_PIXELS) -> PictureLoader:
+        """The picklable picture loader for this pipeline (decode files of at most
+        ``max_pixels``, keep the picture for a detector, resize for the backbone)."""
+        return PictureLoader(self.extractor.input, self.proposer.needs_pixels, max_pixels)
 
     @torch.no_grad()
     def forward(self, prepared: Sequence[Prepared]) -> list[Regions]:

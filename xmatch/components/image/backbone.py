@@ -185,10 +185,16 @@ class TimmBackbone(nn.Module):
 
 def to_pil(image: Any, index: int = 0) -> Any:
     """One image as an RGB PIL image: a PIL image, a path, or an ``[H, W]`` / ``[H, W, 1|3|4]``
-    uint8 array. Anything else is a TypeError naming the position in the batch."""
+    uint8 array. Anything else is a TypeError naming the position in the batch. A file (a path,
+    or a picture opened but not yet decoded) larger than :data:`xmatch.io.pictures.MAX_PIXELS`
+    is refused with an ``ImageTooLargeError`` before it is decoded."""
     from PIL import Image, UnidentifiedImageError
 
+    from xmatch.io.pictures import ImageTooLargeError, check_pixels, is_undecoded
+
     if isinstance(image, Image.Image):
+        if is_undecoded(image):
+            check_pixels(image.size, f"image {index}")
         return image.convert("RGB")
     if isinstance(image, (str, os.PathLike)):
         path = Path(image)
@@ -196,8 +202,11 @@ def to_pil(image: Any, index: int = 0) -> Any:
             raise FileNotFoundError(f"image {index}: file {path} does not exist.")
         try:
             with Image.open(path) as im:
+                check_pixels(im.size, f"image {index}: {path}")
                 return im.convert("RGB")
-        except (UnidentifiedImageError, OSError, ValueError) as exc:
+        except ImageTooLargeError:
+            raise
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
             raise ValueError(f"image {index}: {path} is not a readable image: {exc}") from None
     if isinstance(image, np.ndarray):
         ok = image.dtype == np.uint8 and (image.ndim == 2 or (image.ndim == 3 and image.shape[2] in (1, 3, 4)))
