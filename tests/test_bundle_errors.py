@@ -88,6 +88,43 @@ def test_malformed_bundle_metadata_names_the_file(saved, tmp_path, edit_spec, me
     assert isinstance(info.value, ValueError)
 
 
+def with_size(key: str, value):
+    def edit(spec: dict) -> dict:
+        spec[key] = value
+        return spec
+
+    return edit
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (with_size("embed_dim", 0), "model -> embed_dim: must be positive, got 0"),
+    (with_size("embed_dim", 10**7), "model -> embed_dim = 10,000,000: the model would hold"),
+])
+def test_a_bad_spec_in_a_bundle_names_the_bundle(saved, tmp_path, edit, message):
+    bundle = variant(saved, tmp_path / "bad", edit)
+    with pytest.raises(xmatch.SpecError, match=message) as info:
+        xmatch.build(f"local-dir:{bundle}", pretrained=True)
+    assert str(info.value).startswith(f"local-dir:{bundle}: model -> ")
+
+
+@pytest.mark.parametrize(("name", "data"), [
+    ("config.json", b"\x00\xff not json"),
+    ("config.json", b"[" * 100_000 + b"]" * 100_000),
+    ("config.json", b'{"model_type": "bert", "hidden_size": -3}'),
+    ("tokenizer_config.json", b"{"),
+    ("tokenizer.json", b"{garbage"),
+    ("tokenizer.json", b'{"version": "1.0", "model": {"type": "WordPiece", "vocab": 5}}'),
+])
+def test_a_damaged_tokenizer_in_a_bundle_is_named(saved, tmp_path, name, data):
+    bundle = variant(saved, tmp_path / "bad")
+    (bundle / "text_encoder" / name).write_bytes(data)
+    with pytest.raises(xmatch.SpecError) as info:
+        xmatch.build(f"local-dir:{bundle}", pretrained=True)
+    message = str(info.value)
+    assert message.startswith(f"local-dir:{bundle}: model -> text_encoder (bert): text encoder 'bert': "), message
+    assert str(bundle / "text_encoder") in message
+
+
 def test_a_bundle_without_an_xmatch_spec_is_refused(saved, tmp_path):
     bundle = variant(saved, tmp_path / "bad", format=None)
     with pytest.raises(BundleError, match="has no xmatch spec in its metadata"):

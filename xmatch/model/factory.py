@@ -126,14 +126,20 @@ def build(
     _check_weights_arguments(pretrained, checkpoint)
     spec, bundle_weights, entry, label = _read_model(model)
     spec = merge(spec, overrides)
-    if checkpoint is not None:
-        net = _model_with_checkpoint(spec, Path(checkpoint), overrides, label)
-    else:
-        # published weights are fetched (or refused) before the model is built
-        weights = _entry_weights(entry, label, bundle_weights) if pretrained else None
-        net = model_from_spec(spec)
-        if weights is not None:
-            _bundle.load_weights(net, weights)
+    try:
+        if checkpoint is not None:
+            net = _model_with_checkpoint(spec, Path(checkpoint), overrides, label)
+        else:
+            # published weights are fetched (or refused) before the model is built
+            weights = _entry_weights(entry, label, bundle_weights) if pretrained else None
+            net = model_from_spec(spec)
+            if weights is not None:
+                _bundle.load_weights(net, weights)
+    except SpecError as exc:
+        if not is_bundle_name(model) or label in str(exc):
+            raise
+        # a bundle's spec and assets come from its folder: the message names it
+        raise SpecError(f"{label}: {exc}") from exc
     return net.to(device=device, dtype=dtype) if device is not None or dtype is not None else net
 
 

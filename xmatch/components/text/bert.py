@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from xmatch.core.errors import XmatchError
 from xmatch.model.interfaces import EncoderOutput, TextEncoder, TokenBatch
 from xmatch.components.text.side import TextSide, TokenCoverage
 from xmatch.model.masks import lengths_to_mask
@@ -31,8 +32,16 @@ logger = logging.getLogger(__name__)
 #: special tokens of a word-level BERT tokenizer, in id order (BERT's own names)
 WORD_LEVEL_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_DIR = "text_encoder"
+#: the sizes of a backbone config that must be positive whole numbers (BERT-family names)
+CONFIG_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings")
 #: the weight files a backbone directory may hold (one file, or the index of a sharded set)
 SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+
+
+class BackboneLoadError(XmatchError, OSError):
+    """A BERT-family backbone that cannot be loaded: its config, tokenizer or weights are missing
+    or unreadable (the message names the backbone and the reason)."""
 
 
 class BertTextEncoder(TextEncoder):
@@ -75,11 +84,12 @@ class BertTextEncoder(TextEncoder):
         try:
             config = AutoConfig.from_pretrained(location)
             self.tokenizer = AutoTokenizer.from_pretrained(location)
-        except OSError as exc:
-            raise OSError(
-                f"text encoder 'bert': cannot load '{backbone}' ({exc}). Give a local directory "
+        except Exception as exc:  # OSError, ValueError, RecursionError, and tokenizers' bare Exception
+            raise BackboneLoadError(
+                f"text encoder 'bert': cannot load '{backbone}' ({_first_line(exc)}). Give a local directory "
                 "with config.json and the tokenizer files, or a hub id when online."
             ) from exc
+        _check_config(config, backbone)
         available = config.num_hidden_layers
         if layers is not None:
             if not 1 <= layers <= available:
@@ -96,9 +106,9 @@ class BertTextEncoder(TextEncoder):
                     self.model, loading = AutoModel.from_pretrained(
                         location, config=config, output_loading_info=True, use_safetensors=True, **extra
                     )
-            except OSError as exc:
-                raise OSError(
-                    f"text encoder 'bert': cannot load the weights of '{backbone}' ({exc}). xmatch loads a "
+            except Exception as exc:  # OSError, and safetensors' own error for a damaged file
+                raise BackboneLoadError(
+                    f"text encoder 'bert': cannot load the weights of '{backbone}' ({_first_line(exc)}). xmatch loads a "
                     "backbone's weights from model.safetensors only, never from a pickle such as "
                     "pytorch_model.bin; give a hub id that publishes model.safetensors, or a local directory "
                     "that holds it."
@@ -221,9 +231,9 @@ class BertTextEncoder(TextEncoder):
             raise ValueError(f"min_count must be at least 1, got {min_count}.")
         try:
             config = AutoConfig.from_pretrained(resolve_local_source(source))
-        except OSError as exc:
-            raise OSError(
-                f"text encoder 'bert': cannot read the config of '{source}' ({exc}); the word-level tokenizer "
+        except Exception as exc:  # OSError, ValueError, RecursionError
+            raise BackboneLoadError(
+                f"text encoder 'bert': cannot read the config of '{source}' ({_first_line(exc)}); the word-level tokenizer "
                 "keeps its architecture (layers, width, heads). Give a local directory with config.json."
             ) from exc
         if config.model_type != "bert":
@@ -281,6 +291,23 @@ class BertTextEncoder(TextEncoder):
         self.tokenizer.save_pretrained(target)
         self.model.config.save_pretrained(target)
         return {"backbone": "text_encoder", "pretrained": False}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _check_config(config: Any, backbone: str) -> None:
+    """Refuse a config whose sizes are not positive whole numbers, naming the key, before torch
+    is asked for tensors of those sizes."""
+    for key in CONFIG_SIZES:
+        value = getattr(config, key, None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise BackboneLoadError(
+                f"text encoder 'bert': the config.json of '{backbone}' sets {key} = {value!r}; it must be a "
+                "positive whole number."
+            )
 
 
 def _check_local_weights(location: str, backbone: str) -> None:

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from xmatch.core.errors import XmatchError
 from xmatch.model.interfaces import TextEncoder, TokenBatch
 from xmatch.components.text.side import TextSide, TokenCoverage
 from xmatch.model.masks import lengths_to_mask
@@ -71,6 +72,11 @@ def word_counts(captions: Iterable[str]) -> Counter[str]:
     for caption in captions:
         counts.update(split_words(caption))
     return counts
+
+
+class VocabularyFileError(XmatchError, ValueError):
+    """A vocabulary or caption file a word-level encoder cannot read its vocabulary from: not
+    UTF-8, not JSON, not a vocabulary layout, or without a usable word (the message names it)."""
 
 
 class Vocabulary:
@@ -193,24 +199,21 @@ class Vocabulary:
                 f"vocabulary file {path} does not exist; write one with Vocabulary.save, or give "
                 "a caption file (one caption per line) to build it from."
             )
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"vocabulary file {path} is not valid JSON ({exc}); save it again.") from exc
+        data = _read_json(path)
         if not isinstance(data, dict) or data.get("format") != VOCAB_FORMAT:
-            raise ValueError(
+            raise VocabularyFileError(
                 f"vocabulary file {path} is not an xmatch vocabulary (expected a JSON object with "
                 f"\"format\": \"{VOCAB_FORMAT}\" and \"words\"); write it with Vocabulary.save."
             )
         words = data.get("words")
         if not isinstance(words, list) or tuple(words[: len(SPECIALS)]) != SPECIALS:
-            raise ValueError(
+            raise VocabularyFileError(
                 f"vocabulary file {path}: \"words\" must be a list starting with {list(SPECIALS)}."
             )
         try:
             return cls(words[len(SPECIALS) :])
         except ValueError as exc:
-            raise ValueError(f"vocabulary file {path}: {exc}") from None
+            raise VocabularyFileError(f"vocabulary file {path}: {exc}") from None
 
 
 def with_markers(vocabulary: Vocabulary) -> Vocabulary:
@@ -237,22 +240,35 @@ def read_original_vocabulary(path: str | os.PathLike) -> Vocabulary:
         Vocabulary(8479 words)
     """
     path = Path(path)
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = _read_json(path)
     word2idx = data.get("word2idx") if isinstance(data, dict) else None
-    if not isinstance(word2idx, dict) or not all(isinstance(i, int) for i in word2idx.values()):
-        raise ValueError(
+    if not isinstance(word2idx, dict) or not all(isinstance(i, int) and not isinstance(i, bool) for i in word2idx.values()):
+        raise VocabularyFileError(
             f"{path} is not a vocabulary of the original SCAN / VSE++ code (a JSON object whose "
             "\"word2idx\" maps words to int ids)."
         )
     words = sorted(word2idx, key=word2idx.__getitem__)
-    return Vocabulary(w for w in words if w not in ORIGINAL_SPECIALS)
+    try:
+        return Vocabulary(w for w in words if w not in ORIGINAL_SPECIALS)
+    except ValueError as exc:
+        raise VocabularyFileError(f"vocabulary file {path}: {exc}") from None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise VocabularyFileError(
+            f"vocabulary file {path} is not valid JSON ({reason}); save it again (Vocabulary.save)."
+        ) from None
 
 
 def _is_original_vocabulary(path: Path) -> bool:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return False  # Vocabulary.load reports it
     return isinstance(data, dict) and "word2idx" in data
 
 
@@ -268,6 +284,11 @@ def load_vocabulary(
         min_count: when building from captions, keep words seen at least this often.
         component: the encoder's registered name, for the error messages.
         start_end: put ``<start>`` and ``<end>`` at ids 2 and 3 (:func:`with_markers`).
+
+    Raises:
+        FileNotFoundError: ``vocab`` names no file.
+        VocabularyFileError: the file is not UTF-8, not JSON, not a vocabulary, or gives no word
+            (the message names it).
 
     Example:
         >>> load_vocabulary(["a", "dog"], 1, "bigru").words[-2:]
@@ -293,10 +314,16 @@ def load_vocabulary(
         if path.suffix == ".json":
             vocabulary = read_original_vocabulary(path) if _is_original_vocabulary(path) else Vocabulary.load(path)
         else:
-            with open(path, encoding="utf-8") as f:
-                vocabulary = Vocabulary.from_captions(f, min_count)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    vocabulary = Vocabulary.from_captions(f, min_count)
+            except UnicodeDecodeError as exc:
+                raise VocabularyFileError(
+                    f"text encoder '{component}': caption file {path} is not UTF-8 text ({exc}); give captions "
+                    "one per line, in UTF-8."
+                ) from None
             if len(vocabulary) == len(SPECIALS):
-                raise ValueError(f"text encoder '{component}': no word of {path} is seen {min_count}+ times.")
+                raise VocabularyFileError(f"text encoder '{component}': no word of {path} is seen {min_count}+ times.")
     return with_markers(vocabulary) if start_end else vocabulary
 
 
