@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from xmatch.core.errors import XmatchError
 
 MANIFEST = "text_side.json"
 MANIFEST_FORMAT = "xmatch.text_side/1"
@@ -154,10 +157,54 @@ class TextSide:
                 f"{directory} holds no text side ({MANIFEST} is missing); build one with "
                 "`xmatch vocab MODEL --data ... --out DIR` or xmatch.data.vocab.build_text_side."
             )
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.pop("format", None) != MANIFEST_FORMAT:
-            raise ValueError(f"{path} is not an xmatch text-side manifest ({MANIFEST_FORMAT}).")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise TextSideError(f"{path} is not valid JSON ({reason}); build the text side again.") from None
+        if not isinstance(data, dict) or data.pop("format", None) != MANIFEST_FORMAT:
+            raise TextSideError(f"{path} is not an xmatch text-side manifest ({MANIFEST_FORMAT}).")
+        _check_manifest(data, path)
         return cls(directory=directory, **data)
+
+
+class TextSideError(XmatchError, ValueError):
+    """A text-side manifest (``text_side.json``) that cannot be read: not JSON, another layout,
+    or a path that leaves its folder (the message names the file and the entry)."""
+
+
+#: the entries of a text-side manifest: whether each value fits
+_MANIFEST_ENTRIES: dict[str, Callable[[Any], bool]] = {
+    "kind": lambda v: v in ("vocabulary", "tokenizer"),
+    "arguments": lambda v: isinstance(v, dict),
+    **dict.fromkeys(("words", "distinct_words", "min_count", "captions", "longest"), lambda v: _count(v)),
+    "max_length": lambda v: v is None or _count(v),
+}
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_manifest(data: dict[str, Any], path: Path) -> None:
+    """Refuse a manifest whose entries :class:`TextSide` cannot hold, or whose file arguments
+    leave the text side's folder (they are joined to it)."""
+    unknown = sorted(set(data) - set(_MANIFEST_ENTRIES))
+    missing = sorted(k for k in _MANIFEST_ENTRIES if k not in data and k != "max_length")
+    if unknown or missing:
+        raise TextSideError(f"{path}: unknown entries {unknown}, missing entries {missing}; build the text side again.")
+    wrong = [k for k, fits in _MANIFEST_ENTRIES.items() if k in data and not fits(data[k])]
+    if wrong:
+        raise TextSideError(f"{path}: '{wrong[0]}' = {data[wrong[0]]!r} does not fit; build the text side again.")
+    for key in _PATH_ARGUMENTS:
+        value = data["arguments"].get(key)
+        if value is None:
+            continue
+        relative = Path(value) if isinstance(value, str) else None
+        if relative is None or not value or relative.is_absolute() or ".." in relative.parts:
+            raise TextSideError(
+                f"{path}: arguments -> {key} = {value!r} must be a path inside the text side's folder ({path.parent})."
+            )
 
 
 #: spec arguments of a text encoder that name a file or folder of the text side
