@@ -462,7 +462,7 @@ def test_arrays_declaring_more_than_their_file_holds_are_refused_unallocated(tmp
         PrecompDataset(tmp_path, "test")
     np.save(tmp_path / "test_img_sizes.npy", np.full((1, 2), 8.0))
     np.save(tmp_path / "test_boxes.npy", np.zeros((1, 2, 4)).astype(str))
-    with pytest.raises(DataError, match=r"test_boxes.npy must be numbers \[rows, regions, 4\] = \(1, 2, 4\) .*got <U32"):
+    with pytest.raises(DataError, match=r"test_boxes.npy must be \[rows, regions, 4\] = \(1, 2, 4\) numbers .*got <U32"):
         PrecompDataset(tmp_path, "test")
     root = teran_folder(tmp_path / "feats", [{"filename": "a.png", "imgid": 1}])
     with zipfile.ZipFile(root / "bu_att" / "1.npz", "w") as archive:

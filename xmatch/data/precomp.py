@@ -198,7 +198,7 @@ class PrecompDataset(ImageTextDataset):
         expected = (len(self.features), self.features.shape[1], 4)
         if self._boxes.shape != expected or not is_real(self._boxes.dtype):
             raise DataError(
-                f"{self.boxes_file} must be numbers [rows, regions, 4] = {expected} to match {self.features_file.name}, "
+                f"{self.boxes_file} must be [rows, regions, 4] = {expected} numbers to match {self.features_file.name}, "
                 f"got {self._boxes.dtype} {self._boxes.shape}."
             )
 
