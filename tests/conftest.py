@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +19,52 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
 
 
+def _slow_enabled(config: pytest.Config) -> bool:
+    return bool(config.getoption("--runslow")) or os.environ.get("CI", "").lower() in ("1", "true")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Slow tests run in CI (CI=true) or with --runslow; a local `pytest -q` stays fast.
-    if config.getoption("--runslow") or os.environ.get("CI", "").lower() in ("1", "true"):
+    if _slow_enabled(config):
         return
     skip = pytest.mark.skip(reason="slow: runs in CI or with --runslow")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+# -- the fuzz suite of the file readers (tests/test_fuzz_readers.py) ---------------------------
+
+#: cases tried per reader in this session, printed at the end so that CI's log shows them
+FUZZ_CASES: Counter[str] = Counter()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # hypothesis profiles: a few seconds by default, deeper where slow tests run (CI, --runslow);
+    # derandomized, so every run tries the same cases; no example database written into the tree
+    from hypothesis import HealthCheck, settings
+
+    common = {
+        "deadline": None, "derandomize": True, "database": None, "print_blob": False,
+        "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+                                  HealthCheck.large_base_example],
+    }
+    settings.register_profile("xmatch-fast", max_examples=12, **common)
+    settings.register_profile("xmatch-deep", max_examples=150, **common)
+    if config.getoption("hypothesis_profile", None) is None:
+        settings.load_profile("xmatch-deep" if _slow_enabled(config) else "xmatch-fast")
+
+
+@pytest.fixture(scope="session")
+def fuzz_cases() -> Counter[str]:
+    """The per-reader case counter of the fuzz suite."""
+    return FUZZ_CASES
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if FUZZ_CASES:
+        counts = ", ".join(f"{reader} {n}" for reader, n in sorted(FUZZ_CASES.items()))
+        terminalreporter.write_line(f"fuzz cases per reader ({sum(FUZZ_CASES.values())} in all): {counts}")
 
 
 # in the repository, so a plain clone runs every test; tests/fixtures/SHA256SUMS pins every file

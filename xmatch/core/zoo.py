@@ -11,6 +11,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from xmatch.core.errors import XmatchError
 from xmatch.core.registry import RegistryError, get_registry, models
 from xmatch.core.sources import PLUGINS_FILE, validate_weight_source, zoo_folder
 from xmatch.core.spec import merge, signature_of
@@ -19,6 +20,12 @@ ENTRY_KEYS = {
     "base", "overrides", "spec", "description", "paper", "dataset", "params", "metrics",
     "weights", "license", "origin", "input", "notes",
 }
+#: the text fields of an entry
+_TEXT_FIELDS = ("description", "paper", "dataset", "license", "origin", "notes")
+
+
+class ZooError(XmatchError, ValueError):
+    """A zoo TOML file that cannot be read into entries (the message names the file and the entry)."""
 
 
 @dataclass
@@ -47,6 +54,16 @@ class ZooEntry:
     notes: str = ""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.spec, dict):
+            raise ValueError(f"zoo entry '{self.name}': spec must be a table, got {self.spec!r:.60}.")
+        wrong = [f for f in _TEXT_FIELDS if not isinstance(getattr(self, f), str)]
+        if wrong:
+            raise ValueError(f"zoo entry '{self.name}': {wrong[0]} must be a string, got {getattr(self, wrong[0])!r:.60}.")
+        if not isinstance(self.input, dict) or not isinstance(self.metrics, dict) or not all(
+                isinstance(v, dict) for v in self.metrics.values()):
+            raise ValueError(f"zoo entry '{self.name}': input must be a table and metrics a table of tables.")
+        if not isinstance(self.weights, list) or not all(isinstance(w, dict) for w in self.weights):
+            raise ValueError(f"zoo entry '{self.name}': weights must be a list of tables, got {self.weights!r:.60}.")
         if self.params is not None and (type(self.params) is not int or self.params <= 0):
             raise ValueError(f"zoo entry '{self.name}': params must be a positive int, got {self.params!r}.")
         for source in self.weights:
@@ -108,9 +125,13 @@ def _resolve(name: str, raw: dict[str, dict[str, Any]], seen: tuple[str, ...] = 
     table = copy.deepcopy(raw[name])
     base_name = table.pop("base", None)
     if base_name is None:
+        if "spec" not in table:
+            raise ValueError(f"zoo entry '{name}' has neither a spec nor a base entry.")
         return table
-    if base_name not in raw:
+    if not isinstance(base_name, str) or base_name not in raw:
         raise ValueError(f"zoo entry '{name}' names the unknown base '{base_name}'.")
+    if not isinstance(table.get("overrides", {}), dict):
+        raise ValueError(f"zoo entry '{name}': overrides must be a table of the base's spec, got {table['overrides']!r:.60}.")
     return inherit(_resolve(base_name, raw, seen + (name,)), table)
 
 
@@ -169,14 +190,23 @@ def zoo_entries_from_toml(package: str, resource: str = "zoo.toml") -> dict[str,
     and the weights are not inherited). For plugins: point each entry point of
     the group ``xmatch_models`` at one of the returned entries.
 
+    Raises:
+        ZooError: the file is not UTF-8 TOML, or an entry is malformed (unknown keys, fields of
+            the wrong type, an unknown base, a cycle of bases); the message names the file.
+
     Example:
         >>> entries = zoo_entries_from_toml("xmatch_scan", "zoo.toml")  # the SCAN plugin's entries
         >>> entries["scan-t2i-avg-f30k"].dataset
         'f30k'
     """
-    text = importlib.resources.files(package).joinpath(resource).read_text(encoding="utf-8")
-    raw = _checked_tables(tomllib.loads(text), f"{package}/{resource}")
-    return {name: ZooEntry(name=name, **_resolve(name, raw)) for name in raw}
+    where = f"{package}/{resource}"
+    try:
+        text = importlib.resources.files(package).joinpath(resource).read_text(encoding="utf-8")
+        raw = _checked_tables(tomllib.loads(text), where)
+        return {name: ZooEntry(name=name, **_resolve(name, raw)) for name in raw}
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError, TypeError, ValueError) as exc:
+        message = str(exc) if where in str(exc) else f"{where}: {exc}"
+        raise ZooError(message) from None
 
 
 _RESOLVING: list[str] = []  # the entries whose bases are being looked up, outermost first

@@ -37,8 +37,15 @@ from typing import Any
 
 import numpy as np
 
+from xmatch.core.errors import XmatchError
+
 #: the figures of a :class:`GroupResult` row, in table order
 FIGURES = ("t2i", "i2t", "text", "image", "group")
+
+
+class GroupsFileError(XmatchError, ValueError):
+    """A groups file that cannot be used: not JSON, not the groups layout, or a group that does
+    not fit the split (the message names the file, the group and the fix)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,12 @@ class GroupSet:
         (optional) gives per image the positions of the captions that take part among that
         image's own captions (``0`` = its first caption). ``kind`` defaults to ``"group"``.
 
+        Raises:
+            FileNotFoundError: no such file.
+            GroupsFileError: the file is not UTF-8 JSON in this layout, or a group does not fit
+                the split (an unknown image, an image twice, a caption position out of range);
+                the message names the file and the group.
+
         Example:
             >>> from types import SimpleNamespace
             >>> split = SimpleNamespace(image_names=["images/900.png", "images/901.png"], caption_image=np.array([0, 0, 1, 1]))
@@ -147,37 +160,46 @@ class GroupSet:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise FileNotFoundError(f"groups file {path} does not exist.") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"groups file {path} is not valid JSON: {exc}.") from None
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise GroupsFileError(f"groups file {path} is not valid UTF-8 JSON: {exc}.") from None
         items = doc.get("groups") if isinstance(doc, dict) else doc
         if not isinstance(items, list) or not items:
-            raise ValueError(f"groups file {path}: expected {{\"groups\": [...]}} with at least one group.")
+            raise GroupsFileError(f"groups file {path}: expected {{\"groups\": [...]}} with at least one group.")
         owner = np.asarray(dataset.caption_image, dtype=np.int64)
         by_image = _captions_by_image(owner, len(dataset.image_names))
         find = _image_finder(list(dataset.image_names))
         groups = []
         for g, item in enumerate(items):
+            where = f"groups file {path}, group {g}"
             if not isinstance(item, dict) or not isinstance(item.get("images"), list):
-                raise ValueError(f"groups file {path}: group {g} must be an object with an 'images' list.")
-            images = tuple(find(ref, f"groups file {path}, group {g}") for ref in item["images"])
+                raise GroupsFileError(f"{where} must be an object with an 'images' list.")
+            kind = item.get("kind", "group")
+            if not isinstance(kind, str):
+                raise GroupsFileError(f"{where}: 'kind' must be a string such as \"colour\", got {kind!r}.")
+            images = tuple(find(ref, where) for ref in item["images"])
             captions = None
             if item.get("captions") is not None:
                 selection = item["captions"]
                 if not isinstance(selection, list) or len(selection) != len(images):
-                    raise ValueError(f"groups file {path}, group {g}: 'captions' needs one list per image.")
+                    raise GroupsFileError(f"{where}: 'captions' needs one list per image.")
                 captions = []
                 for image, positions in zip(images, selection):
                     own = by_image[image]
-                    bad = [p for p in positions if not isinstance(p, int) or not 0 <= p < len(own)]
+                    if not isinstance(positions, list):
+                        raise GroupsFileError(f"{where}: an image's captions are a list of positions, got {positions!r:.60}.")
+                    bad = [p for p in positions if type(p) is not int or not 0 <= p < len(own)]
                     if bad:
-                        raise ValueError(
-                            f"groups file {path}, group {g}: caption position {bad[0]!r} of image "
+                        raise GroupsFileError(
+                            f"{where}: caption position {bad[0]!r} of image "
                             f"{dataset.image_names[image]!r}, which has {len(own)} captions."
                         )
                     captions.append(tuple(own[p] for p in positions))
                 captions = tuple(captions)
-            groups.append(Group(images, str(item.get("kind", "group")), captions))
-        return cls(groups, owner)
+            groups.append(Group(images, kind, captions))
+        try:
+            return cls(groups, owner)
+        except ValueError as exc:  # a group that does not fit the split: name the file
+            raise GroupsFileError(f"groups file {path}: {exc}") from None
 
 
 def _captions_by_image(owner: np.ndarray, n_images: int) -> list[list[int]]:
@@ -205,17 +227,17 @@ def _image_finder(names: list[str]) -> Callable[[Any, str], int]:
 
     def find(ref: Any, where: str) -> int:
         if isinstance(ref, bool) or not isinstance(ref, (int, str)):
-            raise ValueError(f"{where}: an image is a name (string) or an index (integer), got {ref!r}.")
+            raise GroupsFileError(f"{where}: an image is a name (string) or an index (integer), got {ref!r}.")
         if isinstance(ref, int):
             if not 0 <= ref < len(names):
-                raise ValueError(f"{where}: image index {ref} is outside the split's {len(names)} images.")
+                raise GroupsFileError(f"{where}: image index {ref} is outside the split's {len(names)} images.")
             return ref
         if ref in exact:
             return exact[ref]
         if len(stems.get(ref, [])) == 1:
             return stems[ref][0]
         close = ", ".join(repr(n) for n in names[:3])
-        raise ValueError(f"{where}: no image named {ref!r} in the split (names look like {close}, ...).")
+        raise GroupsFileError(f"{where}: no image named {ref!r} in the split (names look like {close}, ...).")
 
     return find
 
@@ -389,4 +411,4 @@ def dataset_groups(dataset: Any, source: str | os.PathLike | None = None) -> Gro
     return found if isinstance(found, GroupSet) else GroupSet(list(found), dataset.caption_image)
 
 
-__all__ = ["FIGURES", "Group", "GroupResult", "GroupSet", "dataset_groups", "score_groups"]
+__all__ = ["FIGURES", "Group", "GroupResult", "GroupSet", "GroupsFileError", "dataset_groups", "score_groups"]

@@ -37,12 +37,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from xmatch.core.errors import XmatchError
+
 logger = logging.getLogger(__name__)
 
 _TOKEN = re.compile(r"[\w']+|[^\w\s]")
 #: the word classes the default probes drop
 DROP_CLASSES = ("noun", "adjective", "relation")
 RECALL_KEYS = ("r1", "r5", "r10")
+
+
+class WordClassError(XmatchError, ValueError):
+    """A word-class file that cannot be used: not JSON, or not ``{class: [words...]}`` (the
+    message names the file and the entry)."""
 
 
 def split_words(text: str) -> list[str]:
@@ -126,6 +133,11 @@ class WordListTagger:
         (entries are words, phrases or lists of synonyms; ``attributes`` optional: which
         classes :class:`SwapAttributes` may swap).
 
+        Raises:
+            FileNotFoundError: no such file.
+            WordClassError: the file is not UTF-8 JSON in this layout (the message names the
+                file and the entry at fault).
+
         Example:
             >>> doc = {"noun": ["dog", ["car", "auto"]], "adjective": ["red"], "relation": ["left of"]}
             >>> _ = Path("word_classes.json").write_text(json.dumps(doc))
@@ -137,12 +149,24 @@ class WordListTagger:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise FileNotFoundError(f"word-class file {path} does not exist.") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"word-class file {path} is not valid JSON: {exc}.") from None
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise WordClassError(f"word-class file {path} is not valid UTF-8 JSON: {exc}.") from None
+        layout = '{"class": [word, phrase or [synonyms...], ...], ..., "attributes": [class, ...]}'
         if not isinstance(doc, dict):
-            raise ValueError(f"word-class file {path}: expected {{\"class\": [words...], ...}}.")
+            raise WordClassError(f"word-class file {path}: expected {layout}.")
         attributes = doc.pop("attributes", None)
-        return cls(doc, attributes)
+        if attributes is not None and not _strings(attributes):
+            raise WordClassError(f"word-class file {path}: 'attributes' must list class names, got {attributes!r}.")
+        for name, entries in doc.items():
+            if not isinstance(entries, list) or not all(isinstance(e, str) or _strings(e) for e in entries):
+                raise WordClassError(
+                    f"word-class file {path}: class {name!r} must list words, phrases or lists of synonyms "
+                    f"(strings), got {entries!r:.80}; expected {layout}."
+                )
+        try:
+            return cls(doc, attributes)
+        except ValueError as exc:  # an empty class, an unknown attribute class
+            raise WordClassError(f"word-class file {path}: {exc}") from None
 
     def meaning(self, words: Sequence[str], word_class: str) -> Any:
         """What a class member means: its synonym list (or itself)."""
@@ -511,8 +535,13 @@ class PerturbedCaptions:
         return getattr(self.dataset, name)
 
 
+def _strings(value: Any) -> bool:
+    """Whether ``value`` is a JSON list of strings."""
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
 __all__ = [
     "DropWords", "PerturbedCaptions", "Perturbation", "PosTagger", "ProbeResult", "ShuffleWords",
-    "SwapAttributes", "Tagger", "WordListTagger", "default_probes", "join_words", "make_tagger", "nltk_tagger",
+    "SwapAttributes", "Tagger", "WordClassError", "WordListTagger", "default_probes", "join_words", "make_tagger", "nltk_tagger",
     "parse_probe", "perturb_captions", "probe_figures", "split_words",
 ]

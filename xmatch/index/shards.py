@@ -16,6 +16,7 @@ only the pages of the items it scores.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -123,11 +124,13 @@ class Shard:
                 continue
             views[name] = self._view(data, start, name, entry)
         try:
-            user = json.loads(header.get("__metadata__", {}).get("user", "{}"))
+            user = json.loads(header["__metadata__"].get("user", "{}"))
+            if not isinstance(user["ids"], list):
+                raise TypeError("the ids are not a list")
             self.ids: list[str] = [str(i) for i in user["ids"]]
             self.texts: list[str] | None = user.get("texts")
             self.tokens, self.mask = views["tokens"], views["mask"]
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, RecursionError) as exc:
             raise DamagedIndexError(self._damaged(f"lacks the tokens, mask or ids of a shard ({exc})")) from None
         self.pooled = views.get("pooled")
         self.boxes = views.get("boxes")
@@ -136,6 +139,25 @@ class Shard:
             raise DamagedIndexError(self._damaged(
                 f"holds {self.tokens.shape[0]} token sets and {n} ids where the manifest records {info.count}"
             ))
+        problem = self._layout_problem()
+        if problem:
+            raise DamagedIndexError(self._damaged(problem))
+
+    def _layout_problem(self) -> str | None:
+        """What is wrong with the tensors' types and shapes, or None (the counts are checked)."""
+        n, width = self.tokens.shape[0], self.info.width
+        if self.tokens.ndim != 3 or not self.tokens.is_floating_point() or self.mask.dtype != torch.bool:
+            return "does not hold float tokens [n, T, D] and a boolean mask [n, T]"
+        if self.tokens.shape[1] != width:
+            return f"holds {self.tokens.shape[1]} tokens per item where the manifest records {width}"
+        if self.pooled is not None and (not self.pooled.is_floating_point() or self.pooled.shape != (n, self.tokens.shape[2])):
+            return f"has pooled vectors of shape {tuple(self.pooled.shape)}, not {(n, self.tokens.shape[2])}"
+        if self.boxes is not None and (not self.boxes.is_floating_point() or self.boxes.shape != (n, width, 4)):
+            return f"has boxes of shape {tuple(self.boxes.shape)}, not {(n, width, 4)}"
+        texts = self.texts
+        if texts is not None and (not isinstance(texts, list) or len(texts) != n or not all(isinstance(t, str) for t in texts)):
+            return "has texts that are not one caption per item"
+        return None
 
     def _damaged(self, what: str) -> str:
         return (
@@ -150,18 +172,19 @@ class Shard:
                 if length > size - 8:
                     raise ValueError(f"header length {length} exceeds the file")
                 header = json.loads(f.read(length))
-        except (OSError, ValueError, struct.error) as exc:
+        except (OSError, ValueError, struct.error, RecursionError) as exc:
             raise DamagedIndexError(self._damaged(f"has an unreadable header ({exc})")) from None
-        if not isinstance(header, dict) or header.get("__metadata__", {}).get("format") != EMBEDDINGS_FORMAT:
+        meta = header.get("__metadata__") if isinstance(header, dict) else None
+        if not isinstance(meta, dict) or meta.get("format") != EMBEDDINGS_FORMAT:
             raise DamagedIndexError(self._damaged("is not an xmatch embeddings file"))
         return header, 8 + length
 
     def _view(self, data: np.ndarray, start: int, name: str, entry: dict[str, Any]) -> torch.Tensor:
         try:
             kind = _NUMPY[entry["dtype"]]
-            begin, end = (start + int(o) for o in entry["data_offsets"])
-            shape = tuple(int(s) for s in entry["shape"])
-            if end > len(data) or end - begin != int(np.prod(shape)) * np.dtype(kind).itemsize:
+            begin, end = (start + _whole(o) for o in entry["data_offsets"])
+            shape = tuple(_whole(s) for s in entry["shape"])
+            if not start <= begin <= end <= len(data) or end - begin != math.prod(shape) * np.dtype(kind).itemsize:
                 raise ValueError(f"tensor {name} does not fit the file")
         except (KeyError, TypeError, ValueError) as exc:
             raise DamagedIndexError(self._damaged(f"has a bad tensor entry {name!r} ({exc})")) from None
@@ -180,3 +203,10 @@ class Shard:
     def lengths(self) -> torch.Tensor:
         """Real tokens per item ``[n]``."""
         return self.mask.sum(dim=1)
+
+
+def _whole(value: Any) -> int:
+    """A JSON integer >= 0 from a tensor entry (a shape or an offset)."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{value!r} is not a size")
+    return value

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,10 @@ MANIFEST = "index.json"
 FORMAT = "xmatch.index/1"
 SIDES = ("images", "texts")
 SHARDS = "shards"
+#: how a manifest names a shard: a file in ``shards/`` (never a path elsewhere)
+SHARD_FILE = re.compile(r"shards/[0-9]{8,}\.safetensors")
+#: the record of each shard in the manifest, and what each entry is
+SHARD_RECORD = {"file": str, "count": int, "width": int, "bytes": int, "sha256": str}
 
 
 def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
@@ -47,11 +52,14 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
-    """The manifest of the index at ``root``, checked for the format.
+    """The manifest of the index at ``root``, checked: the format, what the index holds (side,
+    width, stored dtype, model, engine) and every shard record (a file in ``shards/``, its
+    count, width, size and sha256), the counts adding up to ``items``.
 
     Raises:
         FileNotFoundError: no index there.
-        DamagedIndexError: the manifest is unreadable or of another format.
+        DamagedIndexError: the manifest is unreadable, of another format, or an entry is
+            missing or wrong (named).
     """
     path = root / MANIFEST
     if not path.is_file():
@@ -62,11 +70,55 @@ def read_manifest(root: Path) -> dict[str, Any]:
         )
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise DamagedIndexError(f"{path} is unreadable ({exc}): the index manifest is damaged.") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DamagedIndexError(f"{path} is not an xmatch index manifest (format {FORMAT!r} expected).")
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise DamagedIndexError(
+            f"{path}: {problem}; the index manifest is damaged. Restore it from a copy, or rebuild the index "
+            "(xmatch index ... --out NEW_INDEX)."
+        )
     return manifest
+
+
+def _manifest_problem(manifest: dict[str, Any]) -> str | None:
+    """What is wrong with a manifest's entries, or None."""
+    if manifest.get("side") not in SIDES:
+        return f"'side' is {manifest.get('side')!r}, not one of {', '.join(SIDES)}"
+    if not _count(manifest.get("dim")) or manifest["dim"] == 0:
+        return f"'dim' is {manifest.get('dim')!r}, not a positive width"
+    if not isinstance(manifest.get("dtype"), str) or manifest["dtype"] not in STORED_DTYPES:
+        return f"'dtype' is {manifest.get('dtype')!r}, not one of {', '.join(STORED_DTYPES)}"
+    model = manifest.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("fingerprint"), str) or not (
+            model.get("ref") is None or isinstance(model.get("ref"), str)):
+        return "'model' must record the model's fingerprint and reference"
+    engine = manifest.get("engine")
+    if not isinstance(engine, dict) or engine.get("name") not in ("faiss", "qdrant"):
+        return "'engine' must name the engine, faiss or qdrant"
+    if engine["name"] == "qdrant" and not (isinstance(engine.get("location"), str)
+                                           and isinstance(engine.get("collection"), str)):
+        return "a Qdrant index must record its location and collection"
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not _count(manifest.get("items")):
+        return "'shards' must list the shard records and 'items' count them"
+    for k, record in enumerate(shards):
+        if not isinstance(record, dict) or set(record) != set(SHARD_RECORD) or not all(
+                isinstance(record[key], kind) and (kind is not int or _count(record[key]))
+                for key, kind in SHARD_RECORD.items()):
+            return f"shard record {k} is not {{{', '.join(SHARD_RECORD)}}}"
+        if not SHARD_FILE.fullmatch(record["file"]):
+            return f"shard record {k} names the file {record['file']!r}, not a file in {SHARDS}/"
+    if engine["name"] == "faiss" and sum(r["count"] for r in shards) != manifest["items"]:
+        return f"its shards hold {sum(r['count'] for r in shards)} items where 'items' says {manifest['items']}"
+    return None
+
+
+def _count(value: Any) -> bool:
+    """Whether ``value`` is a non-negative JSON integer (not a bool)."""
+    return type(value) is int and value >= 0
 
 
 class ShardStore:
@@ -89,7 +141,7 @@ class ShardStore:
         self.root = root
         self.manifest = manifest
         self.in_memory = in_memory
-        self.shards = [Shard(root / s["file"], ShardInfo(**s), in_memory) for s in manifest.get("shards", [])]
+        self.shards = [Shard(_inside(root, s["file"]), ShardInfo(**s), in_memory) for s in manifest.get("shards", [])]
         counts = torch.tensor([0] + [len(s) for s in self.shards], dtype=torch.long)
         self.starts = counts.cumsum(0)
         self._row_of: dict[str, int] | None = None
@@ -225,6 +277,19 @@ class ShardStore:
         for shard in self.shards:
             if sha256_file(shard.path) != shard.info.sha256:
                 raise DamagedIndexError(shard._damaged("has another sha256 than the manifest records"))
+
+
+def _inside(root: Path, file: str) -> Path:
+    """A shard's path, refused when it resolves out of the index (a symbolic link leading elsewhere)."""
+    path = root / file
+    resolved, folder = os.path.realpath(path), os.path.realpath(root)
+    if not resolved.startswith(folder + os.sep):
+        raise DamagedIndexError(
+            f"index shard {path} resolves to {resolved}, outside the index {root} (a symbolic link): an index "
+            "reads only its own files. Copy the shard into the index, or rebuild the index (xmatch index ... "
+            "--out NEW_INDEX)."
+        )
+    return path
 
 
 def _cat(parts: list[Embeddings]) -> Embeddings:

@@ -20,8 +20,9 @@ FORMAT = "xmatch.model/1"
 
 
 class BundleError(XmatchError, ValueError):
-    """A bundle's ``model.safetensors`` cannot be used: unreadable, malformed metadata, or an
-    asset path that leaves the bundle. The message names the file."""
+    """A bundle's ``model.safetensors`` (or any safetensors weights file) cannot be used:
+    unreadable, malformed metadata, an asset path that leaves the bundle, or tensors that do
+    not fit the model. The message names the file."""
 
 
 _RESAVE = "The bundle is damaged or was not written by xmatch.save_pretrained; save or download it again."
@@ -131,6 +132,13 @@ def read_bundle_spec(directory: str | os.PathLike) -> tuple[dict[str, Any], Path
                     "a hub name. Save the model again with xmatch.save_pretrained, or build it from "
                     f"your own spec with checkpoint='{weights}'."
                 )
+            if key not in listed and isinstance(value, str) and value and (directory / value).exists():
+                # a file of the bundle that its metadata does not list would be looked up from
+                # the working folder (or the Hub) instead of the bundle
+                raise BundleError(
+                    f"{weights}: text_encoder -> {key} = {value!r} names a file of the bundle that its metadata "
+                    f"does not list as an asset. {_RESAVE}"
+                )
     return spec, weights
 
 
@@ -138,7 +146,7 @@ def _metadata_json(meta: dict[str, str], key: str, weights: Path, default: str |
     text = meta.get(key, default)
     try:
         return json.loads(text)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise BundleError(
             f"{weights}: the '{key}' entry of its metadata is not valid JSON ({exc}). {_RESAVE}"
         ) from None
@@ -190,8 +198,13 @@ def _leaves_bundle(path: str) -> bool:
 
 
 def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
-    """Load safetensors weights strictly: missing, unexpected or mis-shaped tensors are errors."""
-    from safetensors import safe_open
+    """Load safetensors weights strictly: missing, unexpected or mis-shaped tensors are errors.
+
+    Raises:
+        FileNotFoundError: no such file.
+        BundleError: the file is not readable safetensors or does not fit ``model`` (named).
+    """
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_model
 
     path = Path(path)
@@ -201,13 +214,13 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
         with safe_open(str(path), framework="pt") as f:
             keys = set(f.keys())
     except Exception as exc:
-        raise ValueError(f"{path} is not a readable safetensors file ({exc}); it may be truncated.") from exc
+        raise BundleError(f"{path} is not a readable safetensors file ({exc}); it may be truncated.") from exc
     expected = set(model.state_dict())
     missing, unexpected = _diff_keys(model, expected, keys)
     if getattr(model, "loss", False) is None:  # an inference build: a training build's loss state is not read
         unexpected = {k for k in unexpected if not k.startswith("loss.")}
     if missing or unexpected:
-        raise ValueError(
+        raise BundleError(
             f"{path} does not fit this model: missing {sorted(missing)[:10]}"
             f"{' ...' if len(missing) > 10 else ''}, unexpected {sorted(unexpected)[:10]}"
             f"{' ...' if len(unexpected) > 10 else ''}. Build the model from the same spec as the weights."
@@ -216,8 +229,8 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
         # the keys were compared above; a loss-less model leaves the file's loss tensors unread
         strict = getattr(model, "loss", False) is not None
         load_model(model, str(path), strict=strict, device=str(next(model.parameters()).device))
-    except RuntimeError as exc:
-        raise ValueError(f"{path} does not fit this model: {exc}") from exc
+    except (RuntimeError, SafetensorError) as exc:
+        raise BundleError(f"{path} does not fit this model: {exc}") from exc
 
 
 def _diff_keys(model: torch.nn.Module, expected: set[str], found: set[str]) -> tuple[set[str], set[str]]:

@@ -23,11 +23,26 @@ def manifest_path(folder: str | os.PathLike) -> Path:
     return Path(folder).expanduser() / MANIFEST
 
 
+#: the entries every manifest holds, and what each must be (checked when it is read)
+_REQUIRED: dict[str, tuple[type, ...]] = {
+    "complete": (bool,), "layout": (str,), "dtype": (str,), "batch_size": (int,), "feature_dim": (int,),
+    "pipeline": (dict,), "images": (dict,),
+}
+#: the entries a finished extraction adds
+_OPTIONAL: dict[str, tuple[type, ...]] = {
+    "splits": (dict,), "unreadable": (list,), "captions_per_image": (list,), "captions": (str,),
+    "images_folder": (str,), "regions": (dict,),
+}
+
+
 def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
-    """The manifest of a folder written by ``xmatch extract``.
+    """The manifest of a folder written by ``xmatch extract``, its entries checked: the
+    settings, the pipeline (``proposer``, ``roi``, ``fingerprint``) and what a finished run
+    adds (``splits``, ``unreadable``, ``captions_per_image``) have the types xmatch writes.
 
     Raises:
-        ManifestError: no ``extract.json`` there, or not one written by ``xmatch extract``.
+        ManifestError: no ``extract.json`` there, not one written by ``xmatch extract``, or an
+            entry that is missing or of the wrong type (named).
 
     Example:
         >>> m = read_manifest("feats")  # needs an extraction folder  # doctest: +SKIP
@@ -39,7 +54,7 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
         raise ManifestError(f"{path} does not exist: {Path(folder)} was not written by xmatch extract.")
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ManifestError(f"{path} is not readable JSON ({exc}); extract again with --overwrite.") from None
     found = doc.get("format") if isinstance(doc, dict) else None
     if isinstance(found, str) and found.startswith("xmatch.extract/") and found != FORMAT:
@@ -47,7 +62,35 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
                             "extract again with --overwrite.")
     if found != FORMAT:
         raise ManifestError(f"{path} is not an xmatch extract manifest (format {FORMAT}).")
+    problem = _problem(doc)
+    if problem:
+        raise ManifestError(f"{path}: {problem}; it is damaged or was not written by xmatch extract. "
+                            "Extract again with --overwrite.")
     return doc
+
+
+def _problem(doc: dict[str, Any]) -> str | None:
+    """What is wrong with a manifest's entries, or None."""
+    for key, kinds in [*_REQUIRED.items(), *_OPTIONAL.items()]:
+        if key not in doc and key in _REQUIRED:
+            return f"the entry {key!r} is missing"
+        value = doc.get(key)
+        if key in doc and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+            return f"the entry {key!r} is {value!r:.60}, not a {kinds[0].__name__}"
+    if doc["batch_size"] < 1 or doc["feature_dim"] < 1:
+        return "batch_size and feature_dim must be positive"
+    pipeline = doc["pipeline"]
+    if not (isinstance(pipeline.get("proposer"), dict) and isinstance(pipeline.get("roi"), dict)
+            and isinstance(pipeline.get("fingerprint"), str)):
+        return "the pipeline must hold a 'proposer' and a 'roi' table and the weights' 'fingerprint'"
+    if not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in doc.get("splits", {}).items()):
+        return "'splits' must map split names to image counts"
+    if not all(isinstance(u, list) and len(u) == 2 and all(isinstance(x, str) for x in u)
+               for u in doc.get("unreadable", [])):
+        return "'unreadable' must list [image, reason] pairs"
+    if not all(type(n) is int and n >= 0 for n in doc.get("captions_per_image", [])):
+        return "'captions_per_image' must list caption counts"
+    return None
 
 
 def settings_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
