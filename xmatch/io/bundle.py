@@ -132,7 +132,7 @@ def read_bundle_spec(directory: str | os.PathLike) -> tuple[dict[str, Any], Path
                     "a hub name. Save the model again with xmatch.save_pretrained, or build it from "
                     f"your own spec with checkpoint='{weights}'."
                 )
-            if key not in listed and isinstance(value, str) and value and (directory / value).exists():
+            if key not in listed and isinstance(value, str) and value and os.path.lexists(directory / value):
                 # a file of the bundle that its metadata does not list would be looked up from
                 # the working folder (or the Hub) instead of the bundle
                 raise BundleError(
