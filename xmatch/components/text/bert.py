@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 #: special tokens of a word-level BERT tokenizer, in id order (BERT's own names)
 WORD_LEVEL_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_DIR = "text_encoder"
+#: what the tokenizer is tried on when it loads: words no vocabulary has, so that an unknown token is needed
+TOKENIZER_PROBE = "a dog on a bench, qzxvjk \u2603"
 #: the sizes of a backbone config that must be positive whole numbers (BERT-family names)
 CONFIG_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                 "max_position_embeddings")
@@ -90,6 +92,7 @@ class BertTextEncoder(TextEncoder):
                 "with config.json and the tokenizer files, or a hub id when online."
             ) from exc
         _check_config(config, backbone)
+        vocab = _check_tokenizer(self.tokenizer, backbone)
         available = config.num_hidden_layers
         if layers is not None:
             if not 1 <= layers <= available:
@@ -133,7 +136,6 @@ class BertTextEncoder(TextEncoder):
                 and i != self.tokenizer.unk_token_id
             )
         )
-        vocab = self.tokenizer.convert_ids_to_tokens(range(len(self.tokenizer)))
         self._piece = torch.tensor([t.startswith("##") for t in vocab])
         self.model.requires_grad_(finetune)
 
@@ -308,6 +310,28 @@ def _check_config(config: Any, backbone: str) -> None:
                 f"text encoder 'bert': the config.json of '{backbone}' sets {key} = {value!r}; it must be a "
                 "positive whole number."
             )
+
+
+def _check_tokenizer(tokenizer: Any, backbone: str) -> list[str]:
+    """The tokens of ``tokenizer`` in id order, after refusing a tokenizer that loads but cannot
+    tokenize (a damaged or hostile one: ids with gaps, a WordPiece vocabulary without its unknown
+    token, settings of the wrong type), so that it fails here, named, not at the first caption."""
+    tokens = tokenizer.convert_ids_to_tokens(range(len(tokenizer)))
+    gaps = [i for i, token in enumerate(tokens) if not isinstance(token, str)]
+    if gaps:
+        raise BackboneLoadError(
+            f"text encoder 'bert': the tokenizer of '{backbone}' has no token for the ids {gaps[:5]}"
+            f"{' ...' if len(gaps) > 5 else ''}; its vocabulary must number its tokens 0 to {len(tokens) - 1} "
+            "without gaps."
+        )
+    try:
+        tokenizer([TOKENIZER_PROBE], add_special_tokens=True, truncation=False)
+    except Exception as exc:  # tokenizers' bare Exception, TypeError for a setting of the wrong type, ...
+        raise BackboneLoadError(
+            f"text encoder 'bert': the tokenizer of '{backbone}' cannot tokenize a caption ({_first_line(exc)}); "
+            "give a directory whose tokenizer files transformers wrote (save_pretrained)."
+        ) from exc
+    return tokens
 
 
 def _check_local_weights(location: str, backbone: str) -> None:
