@@ -610,9 +610,6 @@ def test_teran_dataset(base, fuzz_cases, karpathy, features, sizes):
                 check_regions(image.regions, image.boxes)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open defect in xmatch/data/_io.py load_plain_pickle: pickle's OverflowError gets through (a FRAME "
-    "opcode claiming more than sys.maxsize bytes), and a MemoryError would"))
 def test_a_sizes_pickle_claiming_a_huge_frame_is_named(base):
     """Found by the fuzzing with random (not derandomized) seeds; kept here as a fixed case."""
     from xmatch.data.teran import TeranDataset

@@ -152,9 +152,10 @@ def load_plain_pickle(path: Path, what: str) -> Any:
     require_file(path, what)
     try:
         return _NoGlobalsUnpickler(io.BytesIO(path.read_bytes())).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, OverflowError, MemoryError, RecursionError) as exc:
+        # a hostile header (a frame or length claiming more bytes than exist) is a bad file, not a crash
         raise DataError(
-            f"{what}: {path} is not a pickle of plain lists / tuples / numbers ({exc})."
+            f"{what}: {path} is not a pickle of plain lists / tuples / numbers ({type(exc).__name__}: {exc})."
         ) from None
 
 

@@ -37,6 +37,10 @@ MAX_PIXELS = 50_000_000
 MAX_BATCH_PIXELS = 100_000_000
 
 
+class PictureNotFoundError(XmatchError, FileNotFoundError):
+    """An image file or folder that does not exist (the message names it)."""
+
+
 class ImageTooLargeError(XmatchError, ValueError):
     """A picture whose header declares more pixels than the budget (it is not decoded)."""
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from xmatch.core.errors import XmatchError
-from xmatch.io.pictures import MAX_PIXELS, ImageTooLargeError, check_pixels
+from xmatch.io.pictures import MAX_PIXELS, ImageTooLargeError, PictureNotFoundError, check_pixels
 
 #: file suffixes taken for images when a folder is scanned (case-insensitive)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -34,7 +34,7 @@ def find_images(folder: str | os.PathLike) -> list[str]:
     """
     root = Path(folder).expanduser()
     if not root.is_dir():
-        raise FileNotFoundError(f"image folder {root} does not exist or is not a folder.")
+        raise PictureNotFoundError(f"image folder {root} does not exist or is not a folder.")
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
@@ -85,7 +85,7 @@ def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> Any:
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"image file {path} does not exist.")
+        raise PictureNotFoundError(f"image file {path} does not exist.")
     try:
         with Image.open(path) as im:
             check_pixels(im.size, str(path), max_pixels)
