@@ -480,9 +480,10 @@ def test_a_missing_image_is_an_xmatch_error_that_is_a_file_not_found_error(tmp_p
 
 
 def test_a_missing_picture_or_folder_is_an_xmatch_error_naming_it(tmp_path):
+    from xmatch.core.errors import XmatchError
     from xmatch.regions.images import find_images, load_image
 
     for call, name in ((lambda: load_image(tmp_path / "gone.jpg"), "gone.jpg"), (lambda: find_images(tmp_path / "nowhere"), "nowhere")):
-        with pytest.raises(xmatch.XmatchError, match=name) as info:
+        with pytest.raises(XmatchError, match=name) as info:
             call()
         assert isinstance(info.value, FileNotFoundError)  # callers catching FileNotFoundError still do
