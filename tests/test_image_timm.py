@@ -33,12 +33,9 @@ def encoder() -> TimmGridImageEncoder:
 
 
 @pytest.fixture
-def timm_grid(monkeypatch):
-    """``timm-grid`` in the image encoder registry (temporarily, unless already built in)."""
-    if "timm-grid" not in image_encoders:
-        monkeypatch.setattr(image_encoders, "_names", dict(image_encoders._names))
-        monkeypatch.setattr(image_encoders, "_origin", dict(image_encoders._origin))
-        image_encoders.register("timm-grid", TimmGridImageEncoder)
+def timm_grid():
+    """The registered name of the timm grid encoder (a built-in)."""
+    assert image_encoders.get("timm-grid") is TimmGridImageEncoder
     return "timm-grid"
 
 

@@ -152,11 +152,8 @@ def test_images_layout_reads_back_through_image_captions_dataset(cache, records)
             np.testing.assert_array_equal(np.asarray(images.image(i)), expected)
 
 
-def test_open_dataset_by_name(cache, monkeypatch):
-    if "scenes" not in datasets:
-        monkeypatch.setattr(datasets, "_names", dict(datasets._names))
-        monkeypatch.setattr(datasets, "_origin", dict(datasets._origin))
-        datasets.register("scenes", open_scenes)
+def test_open_dataset_by_name(cache):
+    assert datasets.get("scenes") is open_scenes
     ds = open_dataset(
         "scenes", cache, split="val", size="tiny", backbone="test_efficientnet", weights="random", progress="false"
     )
