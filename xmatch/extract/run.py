@@ -202,11 +202,11 @@ def extract(
             return _result(out, read_manifest(out), 0, len(records), time.perf_counter() - start)
         chunks = [records[i : i + batch_size] for i in range(0, len(records), batch_size)]
         mine = [k for k in range(len(chunks)) if k % procs.world == procs.rank]
-        todo = [k for k in mine if not _chunk_file(out, k).is_file()]
-        skipped = sum(len(chunks[k]) for k in mine if k not in todo)
+        pending = [k for k in mine if not _chunk_file(out, k).is_file()]
+        skipped = sum(len(chunks[k]) for k in mine if k not in pending)
         logger.info("extracting %d images into %s: %d to do here, %d already done", len(records), out,
-                    sum(len(chunks[k]) for k in todo), skipped)
-        chunk_set = _ChunkSet(chunks, todo, pipe.loader(max_pixels), max_batch_pixels)
+                    sum(len(chunks[k]) for k in pending), skipped)
+        chunk_set = _ChunkSet(chunks, pending, pipe.loader(max_pixels), max_batch_pixels)
         extracted = _run_chunks(pipe, chunk_set, files, out, workers, progress and procs.is_main, skipped,
                                 sum(len(chunks[k]) for k in mine))
         procs.barrier()
@@ -229,14 +229,14 @@ class _ChunkSet(torch.utils.data.Dataset):
     """Chunk ``k`` of the work -> ``(k, parts, first part decoded)``, decoded in workers; the
     other parts (a chunk over the batch budget) are decoded by :meth:`load_part` in turn."""
 
-    def __init__(self, chunks: list[list[ImageRecord]], todo: list[int], load: PictureLoader, max_batch_pixels: int) -> None:
-        self.chunks, self.todo, self.load, self.max_batch_pixels = chunks, todo, load, max_batch_pixels
+    def __init__(self, chunks: list[list[ImageRecord]], pending: list[int], load: PictureLoader, max_batch_pixels: int) -> None:
+        self.chunks, self.pending, self.load, self.max_batch_pixels = chunks, pending, load, max_batch_pixels
 
     def __len__(self) -> int:
-        return len(self.todo)
+        return len(self.pending)
 
     def __getitem__(self, i: int) -> tuple[int, list[list[ImageRecord]], Loaded]:
-        k = self.todo[i]
+        k = self.pending[i]
         parts = self.parts(self.chunks[k])
         return k, parts, self.load_part(parts[0])
 
