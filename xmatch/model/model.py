@@ -94,7 +94,10 @@ class MatchingModel(nn.Module):
         return next(p for p in self.parameters() if p.is_floating_point()).dtype
 
     def _finish(self, out: EncoderOutput, projection: nn.Module, reasoner: Reasoner) -> Embeddings:
-        x = reasoner(projection(out.tokens.to(self.dtype)), out.mask)
+        x = projection(out.tokens.to(self.dtype))
+        # only reasoners that read geometry get the boxes: every other reasoner keeps its
+        # two-argument forward (plugins included)
+        x = reasoner(x, out.mask, boxes=out.boxes) if getattr(reasoner, "uses_boxes", False) else reasoner(x, out.mask)
         pooled = F.normalize(x[:, 0], dim=-1) if out.global_slot else None
         tokens, content = (x[:, 1:], out.content[:, 1:]) if out.global_slot else (x, out.content)
         boxes = out.boxes[:, 1:] if out.boxes is not None and out.global_slot else out.boxes
@@ -241,20 +244,28 @@ class MatchingModel(nn.Module):
         Separate from :meth:`encode_batch` so a trainer can gather embeddings across processes
         in between (hardest negatives mined over the global batch).
         """
-        # Scores and hinge in float32 even under autocast: in bfloat16 a word-summed score near
-        # 10 is resolved to 0.06, too coarse beside the 0.2 margin; the batch's region x word
-        # products are a small share of a training step.
         if self.loss is None:
             raise ValueError(
                 "this model was built without a loss (an inference build: loss=None or a spec without [loss]); "
                 "build it with a loss table to train it."
             )
+        scores = self.batch_scores(img, txt)
+        with torch.autocast(img.tokens.device.type, enabled=False):
+            return self.loss(scores, image_ids)
+
+    def batch_scores(self, img: Embeddings, txt: Embeddings) -> dict[str, torch.Tensor]:
+        """Every pooler's ``[n_img, n_txt]`` scores in the training batch layout, in float32:
+        ``{"main": ..., <extra pooler>: ...}`` (what :meth:`batch_loss` and the trainer's
+        extra loss terms read)."""
+        # Scores and hinge in float32 even under autocast: in bfloat16 a word-summed score near
+        # 10 is resolved to 0.06, too coarse beside the 0.2 margin; the batch's region x word
+        # products are a small share of a training step.
         with torch.autocast(img.tokens.device.type, enabled=False):
             img, txt = _at_least_float32(img), _at_least_float32(txt)
             scores = {"main": self.pooler(img, txt, batch_layout=True)}
             for name, pooler in self.extra_poolers.items():
                 scores[name] = pooler(img, txt, batch_layout=True)
-            return self.loss(scores, image_ids)
+            return scores
 
     def forward(self, batch: PairBatch) -> LossOutput:
         """Training step: encode a batch of (image, caption) pairs and return the loss.
