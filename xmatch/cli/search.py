@@ -15,7 +15,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "search", help="query a search index with captions or images",
         description="Two-stage search: stage 1 proposes candidates, stage 2 scores them exactly with the "
-        "model's pooler. Prints the ranked ids and scores (or JSON).",
+        "model's pooler; with --rerank K a third stage re-scores the top K with the model's verifier head. "
+        "Prints the ranked ids and scores and the time per query of each stage (or JSON).",
     )
     parser.add_argument("index", type=Path, help="index folder made by xmatch index")
     parser.add_argument("--text", action="append", metavar="CAPTION", help="a text query (repeatable)")
@@ -32,6 +33,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--cascade", type=Path, metavar="INDEX", help="shortlist with this index's model (e.g. TERN), then "
                         "re-rank with INDEX's (e.g. TERAN)")
     parser.add_argument("--shortlist", type=int, default=200, help="items the cascade hands on per query (default: 200)")
+    parser.add_argument("--rerank", type=int, metavar="K", help="third stage: re-score the pooler's top K with the model's "
+                        "verifier head and return them first, in its order (a model with a verifier)")
+    parser.add_argument("--rerank-batch", type=int, default=256, metavar="N",
+                        help="(query, item) pairs per verifier call (default: 256)")
     parser.add_argument("--verify", action="store_true", help="check every stored file's checksum first")
     parser.add_argument("--device", help="cpu, cuda, mps (default: cpu)")
     return parser
@@ -56,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
         searcher: Any = index
         if args.cascade:
             searcher = Cascade(open_index(args.cascade, device=args.device), index, shortlist=args.shortlist)
-        results = searcher.search_texts(args.text, k=args.k, **options) if args.text else \
-            _search_image_files(searcher, index, args.image, args.k, options)
+        verifier = {"rerank": args.rerank, "rerank_batch": args.rerank_batch} if args.rerank is not None else {}
+        results = searcher.search_texts(args.text, k=args.k, **verifier, **options) if args.text else \
+            _search_image_files(searcher, index, args.image, args.k, options, verifier)
     finally:
         index.close()
     if args.json:
@@ -67,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _search_image_files(searcher: Any, index: Any, paths: list[Path], k: int, options: dict[str, Any]) -> list:
+def _search_image_files(searcher: Any, index: Any, paths: list[Path], k: int, options: dict[str, Any],
+                        verifier: dict[str, Any]) -> list:
     from PIL import Image
 
     from xmatch.model.inputs import PixelInputs, input_type_of
@@ -82,9 +89,9 @@ def _search_image_files(searcher: Any, index: Any, paths: list[Path], k: int, op
             raise FileNotFoundError(f"image file {path} does not exist.")
     images = PixelInputs([Image.open(path).convert("RGB") for path in paths])
     if hasattr(searcher, "first"):  # a cascade
-        results = searcher.search_images(images, k=k)
+        results = searcher.search_images(images, k=k, **verifier)
     else:
-        results = searcher.search_images(images, k=k, labels=[str(p) for p in paths], **options)
+        results = searcher.search_images(images, k=k, labels=[str(p) for p in paths], **verifier, **options)
     for result, path in zip(results, paths):
         result.query = str(path)
     return results

@@ -3,7 +3,8 @@
 A corpus of images (or captions) is encoded once by a model and kept on disk as token sets
 (:mod:`xmatch.index.store`); a query is answered in two stages: candidates from an approximate
 nearest-neighbour structure, then exact scores with the model's own pooler
-(:mod:`xmatch.index.search`). The embedded engine is FAISS; the same API targets Qdrant
+(:mod:`xmatch.index.search`); optionally a third, the model's verifier head re-scoring the top K
+(:mod:`xmatch.index.verifier`). The embedded engine is FAISS; the same API targets Qdrant
 (:mod:`xmatch.index.qdrant`). See docs/search.md.
 
 Example:
@@ -20,6 +21,7 @@ from xmatch.index.errors import (
     DamagedIndexError,
     EmptyIndexError,
     ModelMismatchError,
+    NoVerifierError,
     SearchIndexError,
     WrongSideError,
 )
@@ -28,7 +30,7 @@ from xmatch.index.results import Hit, SearchResult
 from xmatch.index.search import SearchIndex, create, default_candidates, open
 
 __all__ = [
-    "Cascade", "DamagedIndexError", "EmptyIndexError", "Hit", "ModelMismatchError", "SearchIndex",
+    "Cascade", "DamagedIndexError", "EmptyIndexError", "Hit", "ModelMismatchError", "NoVerifierError", "SearchIndex",
     "SearchIndexError", "SearchResult", "WrongSideError", "create", "default_candidates",
     "model_fingerprint", "open",
 ]

@@ -24,3 +24,7 @@ class EmptyIndexError(SearchIndexError):
 
 class WrongSideError(SearchIndexError):
     """A query of the same modality as the indexed items (texts against a caption index)."""
+
+
+class NoVerifierError(SearchIndexError):
+    """A verifier re-ranking (``rerank``) asked of a model without a verifier head."""

@@ -19,6 +19,8 @@ class TokenSource(Protocol):
 
     def blocks(self, first: int = 0): ...
 
+    def boxes(self, rows: torch.Tensor) -> torch.Tensor | None: ...
+
 
 def scores(model: MatchingModel, side: str, items: Embeddings, queries: Embeddings) -> torch.Tensor:
     """``[n_items, n_queries]`` exact scores, the stored items on whichever side they belong."""

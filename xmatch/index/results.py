@@ -1,9 +1,13 @@
-"""What a search returns: ranked hits per query, with how much of the corpus was scored."""
+"""What a search returns: ranked hits per query, with how much of the corpus was scored, which
+stage placed each hit and how long each stage took."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+#: what placed a hit: the model's pooler (stage 2) or the verifier head (stage 3)
+POOLER, VERIFIER = "pooler", "verifier"
 
 
 @dataclass
@@ -12,15 +16,20 @@ class Hit:
 
     Attributes:
         id: the item's id (an image name, or a caption id for caption indexes).
-        score: the model's exact score (its pooler's).
+        score: the model's exact score (its pooler's), whichever stage placed the hit.
         row: the item's position in the index (append order).
         text: the caption, for caption indexes.
+        verifier: the verifier head's match logit, for the hits it re-scored (``rerank``).
+        stage: what placed the hit: ``"verifier"`` (ranked by ``verifier``) or ``"pooler"``
+            (ranked by ``score``).
     """
 
     id: str
     score: float
     row: int
     text: str | None = None
+    verifier: float | None = None
+    stage: str = POOLER
 
 
 @dataclass
@@ -28,13 +37,19 @@ class SearchResult:
     """The top-k of one query.
 
     Attributes:
-        hits: best first.
+        hits: best first: the verifier's re-scored hits (in its order), then the pooler's.
         query: the query text (or image label), when known.
         scored: items scored exactly in stage 2.
         total: items in the index.
-        exact: True when the top-k is proven to be the exhaustive ranking's (every item was
-            scored, or the stage-1 bound rules the others out).
+        exact: True when the pooler's top-k (with ``rerank``: the top-K handed to the
+            verifier) is proven to be the exhaustive ranking's (every item was scored, or
+            the stage-1 bound rules the others out).
         stage1: the candidate generator used (``"exhaustive"`` for ``exact=True``).
+        reranked: hits the verifier re-scored (0 without ``rerank``).
+        timings: milliseconds per query of each stage that ran: ``encode`` (the queries),
+            ``stage1``, ``stage2``, ``verifier``; a cascade's ``shortlist`` (the first index's
+            whole search) and ``cascade`` (the second model's encoding and scores). Each is the
+            stage's time for the whole call divided by its number of queries.
     """
 
     hits: list[Hit]
@@ -44,6 +59,8 @@ class SearchResult:
     exact: bool = False
     stage1: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    reranked: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def ids(self) -> list[str]:
@@ -62,9 +79,25 @@ class SearchResult:
         return out
 
     def text(self) -> str:
-        """A printable ranking: rank, score, id (and caption)."""
+        """A printable ranking: rank, score (and the verifier's logit), id (and caption), then
+        how the ranking was made and the time per query of each stage."""
         label = f"query: {self.query}\n" if self.query else ""
-        lines = [f"{k:3d}. {h.score:9.4f}  {h.id}" + (f"  {h.text}" if h.text else "") for k, h in enumerate(self.hits, 1)]
+        lines = [f"{k:3d}. {h.score:9.4f}  " + (self._logit(h) if self.reranked else "") + h.id
+                 + (f"  {h.text}" if h.text else "") for k, h in enumerate(self.hits, 1)]
         how = "exact (every item scored)" if self.exact and self.scored == self.total else (
             "exact (proven by the stage-1 bound)" if self.exact else "two-stage")
-        return label + "\n".join(lines) + f"\n  [{how}; {self.scored} of {self.total} items scored exactly]"
+        notes = f"  [{how}; {self.scored} of {self.total} items scored exactly]"
+        if self.reranked:
+            notes += (f"\n  [the verifier re-ranked the pooler's top {self.reranked}: first column the pooler's "
+                      "score, second the verifier's logit]")
+        if self.timings:
+            notes += "\n  [time per query: " + ", ".join(f"{_STAGE_NAMES.get(s, s)} {ms:.1f} ms"
+                                                        for s, ms in self.timings.items()) + "]"
+        return label + "\n".join(lines) + "\n" + notes
+
+    @staticmethod
+    def _logit(hit: Hit) -> str:
+        return f"{hit.verifier:9.4f}  " if hit.verifier is not None else f"{'-':>9}  "
+
+
+_STAGE_NAMES = {"stage1": "stage 1", "stage2": "stage 2"}

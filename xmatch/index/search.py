@@ -2,7 +2,9 @@
 
 Stage 1 proposes candidates from an approximate nearest-neighbour structure
 (:mod:`xmatch.index.candidates`, or Qdrant's MaxSim, :mod:`xmatch.index.qdrant`); stage 2
-scores only those candidates exactly with the model's own pooler (:mod:`xmatch.index.rerank`).
+scores only those candidates exactly with the model's own pooler (:mod:`xmatch.index.rerank`);
+on request (``rerank=K``), stage 3 re-scores the top K with the model's verifier head
+(:mod:`xmatch.index.verifier`).
 Where stage 1 is an exact scan whose estimate bounds the pooler's score (TERAN's poolers over a
 flat token index, TERN's global cosine over a flat vector index, Qdrant's local MaxSim for
 MrSw), the top-k is *proven* exact: a query whose bound leaves room for an unscored item to
@@ -12,6 +14,7 @@ enter the top-k is scored exhaustively instead.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,7 @@ import torch
 
 from xmatch.model.embeddings import Embeddings
 from xmatch.model.inputs import ImageInputs, PixelInputs, RegionInputs
-from xmatch.index import ann, rerank
+from xmatch.index import ann, rerank, verifier
 from xmatch.index.candidates import GENERATORS, FaissGenerator, FdeGenerator, PooledGenerator, TokenGenerator
 from xmatch.index.errors import EmptyIndexError, ModelMismatchError, SearchIndexError, WrongSideError
 from xmatch.model.fingerprint import embedding_spec, model_fingerprint, short
@@ -243,7 +246,7 @@ class SearchIndex:
     def search_texts(self, texts: Sequence[str], k: int = 10, **options: Any) -> list[SearchResult]:
         """Text-to-image search: the ``k`` best images of each caption.
 
-        Options are those of :meth:`search` (``candidates``, ``exact``, ``stage1``, ...).
+        Options are those of :meth:`search` (``candidates``, ``exact``, ``stage1``, ``rerank``, ...).
 
         Example:
             >>> index = xmatch.index.create("idx", xmatch.build("teran-mrsw-scenes", pretrained=True), model_ref="teran-mrsw-scenes")
@@ -260,9 +263,11 @@ class SearchIndex:
                 f"{self.root} holds captions: search it with images (search_images / --image); "
                 "for text queries index the images (xmatch index ... --side images)."
             )
+        start = time.perf_counter()
         with torch.inference_mode():
             queries = self.model.encode_texts(list(texts))
-        return self.search(queries, k, labels=list(texts), **options)
+        encoding = time.perf_counter() - start
+        return _encoded(self.search(queries, k, labels=list(texts), **options), encoding)
 
     def search_images(
         self,
@@ -280,7 +285,7 @@ class SearchIndex:
                 (precomputed region features).
             k: results per query.
             labels: the queries' names, copied into the results.
-            **options: those of :meth:`search` (``candidates``, ``exact``, ``stage1``, ...).
+            **options: those of :meth:`search` (``candidates``, ``exact``, ``stage1``, ``rerank``, ...).
 
         Example:
             >>> index.search_images(xmatch.PixelInputs([Image.open("dog.png")]), k=5)[0].hits[0].text  # needs an index and a picture  # doctest: +SKIP
@@ -291,9 +296,11 @@ class SearchIndex:
                 "for image queries index the captions (xmatch index ... --side texts)."
             )
         inputs = _image_inputs(inputs, "search_images")
+        start = time.perf_counter()
         with torch.inference_mode():
             queries = self.model.encode_images(inputs)
-        return self.search(queries, k, labels=list(labels) if labels is not None else None, **options)
+        encoding = time.perf_counter() - start
+        return _encoded(self.search(queries, k, labels=list(labels) if labels is not None else None, **options), encoding)
 
     def search(
         self,
@@ -305,8 +312,12 @@ class SearchIndex:
         stage1: str | None = None,
         nprobe: int | None = None,
         labels: Sequence[str] | None = None,
+        rerank: int | None = None,
+        rerank_batch: int = verifier.DEFAULT_BATCH,
     ) -> list[SearchResult]:
         """The ``k`` best stored items of each query (already encoded by this index's model).
+
+        Each result records the time per query of each stage (``timings``, milliseconds).
 
         Args:
             queries: the queries' token sets (texts for an image index, images for a caption index).
@@ -319,10 +330,21 @@ class SearchIndex:
                 poolers of global vectors.
             nprobe: centroid lists visited per query token (large token indexes; default 8).
             labels: the queries' texts, copied into the results.
+            rerank: a third stage: the pooler's top ``rerank`` hits of each query (all of them
+                when fewer) are re-scored by the model's verifier head and returned first, in
+                its order; ``k`` hits are returned in all (see :mod:`xmatch.index.verifier`).
+            rerank_batch: (query, item) pairs per verifier call.
 
         Raises:
             EmptyIndexError: the index holds nothing yet.
-            ValueError: ``k`` is not between 1 and the number of items.
+            ValueError: ``k`` is not between 1 and the number of items, or ``rerank`` is below 1.
+            NoVerifierError: ``rerank`` with a model that has no verifier head.
+
+        Example:
+            >>> index = xmatch.index.open("idx", "teran-mrsw-hn-scenes")  # a model with a verifier, the index's encoders  # doctest: +SKIP
+            >>> top = index.search_texts(["a red circle left of a blue seven"], k=5, rerank=20)[0]  # doctest: +SKIP
+            >>> [(h.stage, h.verifier is not None) for h in top.hits][0], top.reranked  # doctest: +SKIP
+            (('verifier', True), 20)
         """
         n = len(self)
         if n == 0:
@@ -332,11 +354,24 @@ class SearchIndex:
         if queries.dim != self.manifest["dim"]:
             raise SearchIndexError(f"queries are {queries.dim}-d but the index holds {self.manifest['dim']}-d tokens.")
         labels = list(labels) if labels is not None else [None] * len(queries)
+        if rerank is None:
+            return self._ranked(queries, k, labels, candidates, exact, stage1, nprobe)
+        verifier.check(self.model, rerank, self.root, rerank_batch)
+        results = self._ranked(queries, min(n, max(k, rerank)), labels, candidates, exact, stage1, nprobe)
+        return verifier.rerank_results(self.model, self.side, self.store, queries, results, rerank, k, rerank_batch)
+
+    def _ranked(self, queries: Embeddings, k: int, labels: list, candidates: int | None, exact: bool,
+                stage1: str | None, nprobe: int | None) -> list[SearchResult]:
+        """The pooler's top ``k`` of each query (stages 1 and 2), with their times per query."""
+        start = time.perf_counter()
         if exact:
-            return self._exhaustive(queries, k, labels, "exhaustive")
+            results = self._exhaustive(queries, k, labels, "exhaustive")
+            return _timed(results, stage2=time.perf_counter() - start)
+        n = len(self)
         generator = self.generator(stage1, queries, nprobe=nprobe)
         budget = min(n, max(k, candidates if candidates is not None else default_candidates(n, k)))
         proposed = generator.propose(queries, budget)
+        proposing = time.perf_counter() - start
         results: list[SearchResult | None] = [None] * len(queries)
         redo = []
         for q, rows in enumerate(proposed.rows):  # each query has its own candidates: one pooler call each
@@ -360,7 +395,7 @@ class SearchIndex:
             again = self._exhaustive(queries[torch.tensor(redo)], k, [labels[q] for q in redo], generator.name)
             for q, result in zip(redo, again):
                 results[q] = result
-        return results  # type: ignore[return-value]
+        return _timed(results, stage1=proposing, stage2=time.perf_counter() - start - proposing)  # type: ignore[arg-type]
 
     def _proven_top(self, query: Embeddings, rows: torch.Tensor, bounds: torch.Tensor, floor: float, k: int,
                     first: int) -> tuple[Any, int] | None:
@@ -469,6 +504,20 @@ class SearchIndex:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _timed(results: list[SearchResult], **seconds: float) -> list[SearchResult]:
+    """Record each stage's time per query (milliseconds) in every result of one call."""
+    for result in results:
+        result.timings.update({stage: 1000 * s / len(results) for stage, s in seconds.items()})
+    return results
+
+
+def _encoded(results: list[SearchResult], seconds: float) -> list[SearchResult]:
+    """Put the queries' encoding time per query (milliseconds) first in every result's timings."""
+    for result in results:
+        result.timings = {"encode": 1000 * seconds / len(results), **result.timings}
+    return results
 
 
 def _below(bound: torch.Tensor, kth: torch.Tensor) -> bool:

@@ -255,8 +255,9 @@ class ShardStore:
         return out
 
     def boxes(self, rows: torch.Tensor) -> torch.Tensor | None:
-        """Region boxes ``[n, T, 4]`` of ``rows`` (None when the index keeps none)."""
-        if not self.shards or self.shards[0].boxes is None:
+        """Region boxes ``[n, T, 4]`` of ``rows`` (None unless every shard keeps them: items
+        appended as embeddings without boxes have none)."""
+        if not self.shards or any(s.boxes is None for s in self.shards):
             return None
         shard, local = self.locate(torch.as_tensor(rows, dtype=torch.long))
         width = max(s.boxes.shape[1] for s in self.shards)
