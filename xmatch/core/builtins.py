@@ -49,6 +49,9 @@ BUILTINS: dict[str, dict[str, str]] = {
         "boxes": "xmatch.regions.proposer_boxes:BoxesProposer",
         "torchvision-detector": "xmatch.regions.proposer_detector:TorchvisionDetector",
     },
+    "verifiers": {
+        "cross-attention": "xmatch.components.verifier:CrossAttentionVerifier",
+    },
 }
 
 _registered = False

@@ -47,6 +47,7 @@ KINDS: tuple[str, ...] = (
     "models",
     "datasets",
     "proposers",
+    "verifiers",
 )
 
 BUILTIN = "xmatch"
@@ -343,6 +344,7 @@ losses = Registry("losses")
 models = Registry("models")
 datasets = Registry("datasets")
 proposers = Registry("proposers")
+verifiers = Registry("verifiers")
 
 REGISTRIES: dict[str, Registry] = {
     "image_encoders": image_encoders,
@@ -353,6 +355,7 @@ REGISTRIES: dict[str, Registry] = {
     "models": models,
     "datasets": datasets,
     "proposers": proposers,
+    "verifiers": verifiers,
 }
 
 
@@ -380,3 +383,4 @@ register_loss = _decorator(losses)
 register_model = _decorator(models)
 register_dataset = _decorator(datasets)
 register_proposer = _decorator(proposers)
+register_verifier = _decorator(verifiers)

@@ -37,9 +37,11 @@ COMPONENTS: dict[str, str] = {
     "text_reasoner": "reasoners",
     "pooler": "poolers",
     "loss": "losses",
+    "verifier": "verifiers",
 }
-#: components a spec may leave out: without a loss the model encodes and scores (inference)
-OPTIONAL_COMPONENTS = ("loss",)
+#: components a spec may leave out: without a loss the model encodes and scores (inference);
+#: without a verifier it has no second-stage re-ranker (``model.verify``)
+OPTIONAL_COMPONENTS = ("loss", "verifier")
 #: top-level scalar keys of a model spec and their defaults
 MODEL_OPTIONS: dict[str, Any] = {
     "embed_dim": 1024,
@@ -50,7 +52,7 @@ MODEL_OPTIONS: dict[str, Any] = {
     "text_projection": True,
 }
 #: arguments the model builder passes itself; a spec must not set them
-INJECTED: dict[str, tuple[str, ...]] = {"image_reasoner": ("dim",), "text_reasoner": ("dim",)}
+INJECTED: dict[str, tuple[str, ...]] = {"image_reasoner": ("dim",), "text_reasoner": ("dim",), "verifier": ("dim",)}
 
 
 class SpecError(XmatchError, ValueError):

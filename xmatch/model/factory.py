@@ -74,6 +74,7 @@ def assemble_model(canonical: Mapping[str, Any]) -> MatchingModel:
         text_projection=canonical["text_projection"],
         extra_poolers=extra,
         spec=canonical,
+        verifier=make("verifier", "verifiers", dim=dim) if "verifier" in canonical else None,
     )
 
 

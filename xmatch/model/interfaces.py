@@ -297,6 +297,31 @@ class LossOutput:
     logs: dict[str, torch.Tensor | float] = field(default_factory=dict)
 
 
+class Verifier(nn.Module):
+    """A second-stage head that reads one (image, caption) pair per row and outputs a match
+    logit: ``forward(img, txt) -> [n]`` for row-aligned ``Embeddings`` (``len(img) ==
+    len(txt)``), higher = a better match. The model re-ranks a short list with it
+    (``model.verify``, ``model.similarity(..., rerank=K)``).
+
+    ``training_loss(img, txt, scores, negatives=None, owner=None, image_ids=None)`` returns
+    its :class:`LossOutput` for a training batch (see the built-in ``cross-attention``).
+    """
+
+    def forward(self, img: Embeddings, txt: Embeddings) -> torch.Tensor:  # pragma: no cover - interface
+        raise NotImplementedError(f"{type(self).__name__} must implement forward()")
+
+    def training_loss(
+        self,
+        img: Embeddings,
+        txt: Embeddings,
+        scores: torch.Tensor,
+        negatives: Embeddings | None = None,
+        owner: torch.Tensor | None = None,
+        image_ids: torch.Tensor | None = None,
+    ) -> LossOutput:  # pragma: no cover - interface
+        raise NotImplementedError(f"{type(self).__name__} must implement training_loss()")
+
+
 class Loss(nn.Module):
     """``(scores: {name: [B, B]}, image_ids) -> LossOutput``; positives sit on the diagonal."""
 

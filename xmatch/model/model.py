@@ -19,6 +19,7 @@ from xmatch.model.interfaces import (
     Reasoner,
     TextEncoder,
     TokenBatch,
+    Verifier,
 )
 from xmatch.model.buckets import BucketedEmbeddings
 from xmatch.model.embeddings import Embeddings
@@ -36,7 +37,8 @@ def _projection(width: int, embed_dim: int, learned: bool) -> nn.Module:
 
 class MatchingModel(nn.Module):
     """Image encoder -> projection -> image reasoner; text encoder -> projection -> text
-    reasoner; a pooler scores image-text pairs; a loss trains them.
+    reasoner; a pooler scores image-text pairs; a loss trains them; optionally a verifier
+    re-scores a short list of pairs (:meth:`verify`, ``similarity(..., rerank=K)``).
 
     Built from a spec by :func:`xmatch.build`; ``model.spec`` gives the full spec back. An
     inference build needs no loss: ``xmatch.build(name, loss=None)`` (or a spec without a
@@ -64,6 +66,7 @@ class MatchingModel(nn.Module):
         spec: dict[str, Any] | None = None,
         image_projection: bool = True,
         text_projection: bool = True,
+        verifier: Verifier | None = None,
     ) -> None:
         super().__init__()
         self.image_encoder = image_encoder
@@ -75,6 +78,7 @@ class MatchingModel(nn.Module):
         self.pooler = pooler
         self.extra_poolers = nn.ModuleDict(dict(extra_poolers or {}))
         self.loss = loss
+        self.verifier = verifier
         self.embed_dim = embed_dim
         self._spec = copy.deepcopy(spec) if spec is not None else None
 
@@ -211,13 +215,127 @@ class MatchingModel(nn.Module):
         *,
         image_chunk: int | None = None,
         text_chunk: int | None = None,
+        rerank: int | None = None,
+        direction: str = "t2i",
+        verify_batch: int = 256,
     ) -> torch.Tensor:
-        """Scores ``[n_images, n_texts]`` with the model's pooler, computed in bounded memory.
+        """Scores ``[n_images, n_texts]`` with the model's pooler, computed in bounded memory;
+        with ``rerank=K``, each query's top K re-scored by the verifier.
 
         Either side may be :class:`~xmatch.model.buckets.BucketedEmbeddings` (length buckets): each
         bucket is then scored at its own width, so the work follows the real token count.
+
+        With ``rerank=K`` (a model with a verifier), the pooler's scores are re-ranked for one
+        ``direction``:
+
+        - ``"t2i"`` (each caption searches the images): in every column, the K images the pooler
+          scores highest come first, in the verifier's order, each scored
+          ``column's best pooler score + 1 + (its logit - the lowest logit of the K)``; every
+          other image keeps its pooler score, below them.
+        - ``"i2t"`` (each image searches the captions): the same along every row.
+
+        Only the order along the direction's axis means something afterwards (columns for
+        ``t2i``, rows for ``i2t``); the result is float32. ``rerank=None`` returns the pooler's
+        scores exactly as without the argument.
+
+        Args:
+            img, txt: the embeddings to score.
+            image_chunk, text_chunk: the pooler's block sizes (default: from its memory bound).
+            rerank: candidates per query re-scored by the verifier (K >= the candidates there
+                are re-scores them all), or None.
+            direction: ``"t2i"`` or ``"i2t"``, with ``rerank``.
+            verify_batch: pairs per verifier call, with ``rerank``.
+
+        Raises:
+            ValueError: ``rerank`` on a model without a verifier, a K that is not a positive
+                int, or an unknown direction.
+
+        Example:
+            >>> model = xmatch.build("teran-mrsw-scenes", verifier={"name": "cross-attention"}).eval()
+            >>> img = model.encode_images(xmatch.RegionInputs(torch.rand(3, 36, 1280), torch.tensor([0.1, 0.2, 0.5, 0.9]).expand(3, 36, 4)))
+            >>> txt = model.encode_texts(["a red circle left of a blue seven", "a small green square"])
+            >>> model.similarity(img, txt, rerank=2).shape
+            torch.Size([3, 2])
         """
-        return self.pooler(img, txt, image_chunk=image_chunk, text_chunk=text_chunk)
+        if rerank is None:
+            return self.pooler(img, txt, image_chunk=image_chunk, text_chunk=text_chunk)
+        from xmatch.model.rerank import check_rerank
+
+        check_rerank(rerank, (direction,))
+        self._require_verifier("similarity(..., rerank=K)")
+        scores = self.pooler(img, txt, image_chunk=image_chunk, text_chunk=text_chunk)
+        return self.rerank(scores, img, txt, rerank, directions=(direction,), batch_size=verify_batch)[direction]
+
+    def rerank(
+        self,
+        scores: torch.Tensor,
+        img: Embeddings | BucketedEmbeddings,
+        txt: Embeddings | BucketedEmbeddings,
+        k: int,
+        *,
+        directions: Sequence[str] = ("t2i",),
+        batch_size: int = 256,
+    ) -> dict[str, torch.Tensor]:
+        """Re-rank first-stage ``scores`` (``[len(img), len(txt)]``, e.g. the pooler's) with the
+        verifier: ``{direction: scores}`` as :meth:`similarity` with ``rerank=k`` returns them,
+        for each of ``directions``; a pair in the top ``k`` of both its caption and its image is
+        verified once. The verifier runs ``batch_size`` pairs at a time.
+
+        Example:
+            >>> model = xmatch.build("teran-mrsw-scenes", verifier={"name": "cross-attention"}).eval()
+            >>> img = model.encode_images(xmatch.RegionInputs(torch.rand(3, 36, 1280), torch.tensor([0.1, 0.2, 0.5, 0.9]).expand(3, 36, 4)))
+            >>> txt = model.encode_texts(["a red circle", "a blue seven"])
+            >>> sorted(model.rerank(model.similarity(img, txt), img, txt, 2, directions=("t2i", "i2t")))
+            ['i2t', 't2i']
+        """
+        from xmatch.model.rerank import RowGatherer, rerank_scores
+
+        self._require_verifier("rerank")
+        if tuple(scores.shape) != (len(img), len(txt)):
+            raise ValueError(
+                f"scores are {tuple(scores.shape)} but there are {len(img)} images and {len(txt)} captions; "
+                "pass the [images, captions] scores of these embeddings."
+            )
+        images, texts = RowGatherer(img), RowGatherer(txt)
+        return rerank_scores(
+            scores, k, lambda i, t: self.verify(images(i), texts(t), batch_size=batch_size), directions, batch_size
+        )
+
+    def verify(self, img: Embeddings, txt: Embeddings, *, batch_size: int = 256) -> torch.Tensor:
+        """The verifier's match logits ``[n]`` of the row-aligned pairs ``(img[k], txt[k])``
+        (higher = a better match), ``batch_size`` pairs per call.
+
+        Raises:
+            ValueError: the model has no verifier, or ``img`` and ``txt`` differ in length.
+
+        Example:
+            >>> model = xmatch.build("teran-mrsw-scenes", verifier={"name": "cross-attention"}).eval()
+            >>> img = model.encode_images(xmatch.RegionInputs(torch.rand(2, 36, 1280), torch.tensor([0.1, 0.2, 0.5, 0.9]).expand(2, 36, 4)))
+            >>> model.verify(img, model.encode_texts(["a red circle", "a blue seven"])).shape
+            torch.Size([2])
+        """
+        verifier = self._require_verifier("verify")
+        if len(img) != len(txt):
+            raise ValueError(
+                f"verify scores row-aligned pairs (img[k], txt[k]): got {len(img)} images and {len(txt)} captions; "
+                "to score every image against every caption use similarity()."
+            )
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}.")
+        device = self.device
+        parts = [
+            verifier(img[s : s + batch_size].to(device), txt[s : s + batch_size].to(device))
+            for s in range(0, len(img), batch_size)
+        ]
+        return torch.cat(parts) if parts else torch.empty(0, device=device)
+
+    def _require_verifier(self, what: str) -> Verifier:
+        if self.verifier is None:
+            raise ValueError(
+                f"{what} needs a verifier and this model has none: build it with a [verifier] table "
+                "(xmatch.build(name, verifier={'name': 'cross-attention'}), then train it) or load a model that has one."
+            )
+        return self.verifier
 
     def alignment(self, img: Embeddings, txt: Embeddings) -> torch.Tensor:
         """Region x word cosine matrix ``[regions, words]`` of one image and one text

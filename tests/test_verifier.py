@@ -1,0 +1,356 @@
+"""The cross-attention verifier (issue 27): its contract, its training loss, the model's
+``verify`` / ``similarity(..., rerank=K)``, saving and loading, and ``xmatch eval --rerank``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import xmatch
+from xmatch.components.verifier import TERMS, CrossAttentionVerifier, training_pairs
+from xmatch.core.spec import SpecError
+from xmatch.model.buckets import BucketedEmbeddings
+from xmatch.model.embeddings import Embeddings
+from xmatch.model.rerank import RowGatherer, rerank_scores
+
+ZOO = Path(__file__).resolve().parents[1] / "zoo"
+
+
+def small_spec(**overrides) -> dict:
+    """A scenes-vocabulary model that builds in a fraction of a second."""
+    spec = {
+        "embed_dim": 32,
+        "image_encoder": {"name": "bottomup", "feature_dim": 256, "layers": 0, "box_hidden_dim": 16},
+        "text_encoder": {"name": "bigru", "vocab": str(ZOO / "weights/teran-mrsw-scenes/vocab.json"),
+                         "word_dim": 16, "hidden_dim": 8},
+        "image_reasoner": {"name": "transformer", "layers": 1, "heads": 2, "ff_dim": 32},
+        "text_reasoner": {"name": "transformer", "layers": 1, "heads": 2, "ff_dim": 32},
+        "pooler": {"name": "MrSw"},
+        "loss": {"name": "hinge"},
+    }
+    spec.update(overrides)
+    return spec
+
+
+def tokens(n: int, t: int, d: int = 32, *, lengths: list[int] | None = None, boxes: bool = False, seed: int = 0) -> Embeddings:
+    g = torch.Generator().manual_seed(seed)
+    x = F.normalize(torch.randn(n, t, d, generator=g), dim=-1)
+    mask = torch.ones(n, t, dtype=torch.bool) if lengths is None else torch.arange(t)[None] < torch.tensor(lengths)[:, None]
+    b = None
+    if boxes:
+        corner = torch.rand(n, t, 2, generator=g) * 0.5
+        b = torch.cat([corner, corner + 0.4], dim=-1)
+    return Embeddings(x, mask, None, b)
+
+
+@pytest.fixture(scope="module")
+def verifier() -> CrossAttentionVerifier:
+    torch.manual_seed(0)
+    return CrossAttentionVerifier(dim=32, layers=2, heads=4).eval()
+
+
+# -- the contract -----------------------------------------------------------------------------
+
+
+def test_one_logit_per_row_pair(verifier):
+    out = verifier(tokens(5, 7, boxes=True), tokens(5, 4, seed=1))
+    assert out.shape == (5,) and out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert xmatch.core.registry.get_registry("verifiers").get("Cross-Attention") is CrossAttentionVerifier
+    assert xmatch.core.registry.verifiers.is_builtin("cross-attention")
+
+
+def test_padded_tokens_do_not_change_the_logit(verifier):
+    img, txt = tokens(3, 6, lengths=[2, 6, 4], boxes=True), tokens(3, 5, lengths=[5, 1, 3], seed=1)
+    base = verifier(img, txt)
+    # garbage in the padded slots, and extra padding columns on both sides
+    noisy_img = Embeddings(torch.where(img.mask[..., None], img.tokens, 9.0), img.mask, None,
+                           torch.where(img.mask[..., None], img.boxes, 0.7))
+    wide_img = Embeddings(F.pad(noisy_img.tokens, (0, 0, 0, 3), value=5.0), F.pad(img.mask, (0, 3)), None,
+                          F.pad(noisy_img.boxes, (0, 0, 0, 3), value=0.3))
+    wide_txt = Embeddings(F.pad(txt.tokens, (0, 0, 0, 4), value=-3.0), F.pad(txt.mask, (0, 4)))
+    torch.testing.assert_close(verifier(wide_img, wide_txt), base, atol=1e-5, rtol=1e-5)
+    # each row alone (trimmed to its own length) gives its logit in the batch
+    for k in range(3):
+        alone = verifier(img[k].trimmed(), txt[k].trimmed())
+        torch.testing.assert_close(alone, base[k : k + 1], atol=1e-5, rtol=1e-5)
+
+
+def test_permuting_the_regions_does_not_change_the_logit(verifier):
+    img, txt = tokens(2, 8, boxes=True), tokens(2, 5, seed=1)
+    perm = torch.randperm(8, generator=torch.Generator().manual_seed(3))
+    shuffled = Embeddings(img.tokens[:, perm], img.mask[:, perm], None, img.boxes[:, perm])
+    torch.testing.assert_close(verifier(shuffled, txt), verifier(img, txt), atol=1e-5, rtol=1e-5)
+    # ...but the words' order is read, even from tokens that do not carry it: not a bag of words
+    reversed_txt = Embeddings(txt.tokens.flip(1), txt.mask)
+    assert not torch.allclose(verifier(img, reversed_txt), verifier(img, txt), atol=1e-4)
+
+
+def test_boxes_are_read_when_present(verifier):
+    img, txt = tokens(2, 6, boxes=True), tokens(2, 4, seed=1)
+    without = Embeddings(img.tokens, img.mask)
+    assert not torch.allclose(verifier(img, txt), verifier(without, txt))
+
+
+def test_an_image_without_regions_still_gets_a_finite_logit(verifier):
+    img = tokens(2, 3, lengths=[0, 3])
+    assert torch.isfinite(verifier(img, tokens(2, 4, seed=1))).all()
+
+
+def test_errors_name_the_problem(verifier):
+    with pytest.raises(ValueError, match="row-aligned pairs .* got 3 images and 2 captions"):
+        verifier(tokens(3, 4), tokens(2, 4))
+    with pytest.raises(ValueError, match="the verifier is 32 wide but the caption embeddings are 16 wide"):
+        verifier(tokens(2, 4), tokens(2, 4, d=16))
+    with pytest.raises(ValueError, match="not divisible by heads 5"):
+        CrossAttentionVerifier(dim=32, heads=5)
+    with pytest.raises(ValueError, match="layers must be >= 1"):
+        CrossAttentionVerifier(dim=32, layers=0)
+
+
+# -- the training loss ------------------------------------------------------------------------
+
+
+def test_training_pairs_pick_the_hardest_negatives():
+    scores = torch.tensor([[0.9, 0.8, 0.1], [0.2, 0.7, 0.6], [0.5, 0.3, 0.4]])
+    p = training_pairs(scores)
+    # positives; each caption's hardest other image; each image's hardest other caption
+    assert p.image.tolist() == [0, 1, 2, 2, 0, 1, 0, 1, 2]
+    assert p.text.tolist() == [0, 1, 2, 0, 1, 2, 1, 2, 0]
+    assert p.label.tolist() == [1, 1, 1, 0, 0, 0, 0, 0, 0]
+    assert [TERMS[t] for t in p.term.tolist()] == ["positive"] * 3 + ["image_negative"] * 3 + ["text_negative"] * 3
+    # rows 0 and 1 show the same image: never each other's negatives
+    same = training_pairs(scores, image_ids=torch.tensor([7, 7, 8]))
+    assert same.image.tolist()[3:] == [2, 2, 1, 0, 1, 2] and same.text.tolist()[3:] == [0, 1, 2, 2, 2, 0]
+    # structural negatives follow, each with its owner's image
+    with_negatives = training_pairs(scores, owner=torch.tensor([2, 0]))
+    assert with_negatives.image.tolist()[-2:] == [2, 0] and with_negatives.text.tolist()[-2:] == [3, 4]
+    assert with_negatives.label.tolist()[-2:] == [0, 0]
+    # one image shown by every row: no negatives at all
+    assert training_pairs(scores, image_ids=torch.zeros(3, dtype=torch.long)).label.tolist() == [1, 1, 1]
+
+
+class Recorder(CrossAttentionVerifier):
+    """A verifier whose logit is a known function of the pair: the first feature of the
+    image's first region minus that of the caption's first word, times 10."""
+
+    def forward(self, img, txt):
+        self.seen = (img, txt)
+        return 10 * (img.tokens[:, 0, 0] - txt.tokens[:, 0, 0]) + self.head.bias * 0
+
+
+def test_training_loss_numbers_on_hand_made_inputs():
+    v = Recorder(dim=4, loss_weight=0.5)
+    # row k of both sides carries the value k in its first feature: a positive's logit is 0
+    img = Embeddings(torch.tensor([0.0, 1.0])[:, None, None] * torch.tensor([1.0, 0, 0, 0]), torch.ones(2, 1, dtype=torch.bool))
+    txt = Embeddings(torch.tensor([0.0, 1.0])[:, None, None] * torch.tensor([1.0, 0, 0, 0]), torch.ones(2, 1, dtype=torch.bool))
+    negatives = Embeddings(torch.full((1, 2, 4), 0.2), torch.tensor([[True, False]]))
+    out = v.training_loss(img, txt, torch.tensor([[0.9, 0.1], [0.2, 0.8]]), negatives, torch.tensor([1]))
+    # pairs: (0,0) (1,1) | caption 0 <- image 1, caption 1 <- image 0 | image 0 -> caption 1, image 1 -> caption 0 | (1, neg)
+    logits = torch.tensor([0.0, 0.0, 10.0, -10.0, -10.0, 10.0, 8.0])
+    labels = torch.tensor([1.0, 1, 0, 0, 0, 0, 0])
+    bce = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+    assert out.loss.item() == pytest.approx(0.5 * bce.mean().item(), rel=1e-5)
+    assert out.logs["verifier_loss"].item() == pytest.approx(out.loss.item())
+    assert out.logs["verifier_positive"].item() == pytest.approx(bce[:2].mean().item())
+    assert out.logs["verifier_image_negative"].item() == pytest.approx(bce[2:4].mean().item())
+    assert out.logs["verifier_text_negative"].item() == pytest.approx(bce[4:6].mean().item())
+    assert out.logs["verifier_structural"].item() == pytest.approx(bce[6].item())
+    assert out.logs["verifier_accuracy"].item() == pytest.approx(2 / 7)  # a logit of 0 says "no": the positives miss
+    assert all(not v.requires_grad for v in out.logs.values())
+    seen_img, seen_txt = v.seen
+    assert seen_txt.tokens.shape[1] == 2 and seen_txt.mask[:6, 1].sum() == 0  # captions padded to the negatives' width
+
+
+def test_training_loss_gradients_reach_the_head_and_the_embeddings():
+    torch.manual_seed(0)
+    v = CrossAttentionVerifier(dim=32, layers=1, dropout=0.0)
+    img, txt = tokens(4, 5, boxes=True), tokens(4, 3, seed=1)
+    img.tokens.requires_grad_(True)
+    out = v.training_loss(img, txt, torch.randn(4, 4), tokens(2, 6, seed=2), torch.tensor([0, 3]),
+                          image_ids=torch.tensor([0, 1, 2, 2]))
+    out.loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in v.parameters())
+    assert img.tokens.grad is not None and img.tokens.grad.abs().sum() > 0
+    # a few steps of training separate positives from negatives
+    opt = torch.optim.Adam(v.parameters(), lr=3e-3)
+    first = None
+    for _ in range(40):
+        opt.zero_grad()
+        loss = v.training_loss(img.detach(), txt, torch.randn(4, 4)).loss
+        loss.backward()
+        opt.step()
+        first = loss.item() if first is None else first
+    assert loss.item() < 0.5 * first
+
+
+def test_training_loss_errors():
+    v = CrossAttentionVerifier(dim=32)
+    e = tokens(3, 4)
+    with pytest.raises(ValueError, match=r"scores are 2 x 2 but the batch has 3 pairs"):
+        v.training_loss(e, e, torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="together"):
+        v.training_loss(e, e, torch.zeros(3, 3), negatives=tokens(1, 4))
+    with pytest.raises(ValueError, match="2 negative captions but 1 owner rows"):
+        v.training_loss(e, e, torch.zeros(3, 3), tokens(2, 4), torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"owner must be a \[M\] tensor of batch rows in 0 .. 2"):
+        v.training_loss(e, e, torch.zeros(3, 3), tokens(1, 4), torch.tensor([3]))
+
+
+# -- the model --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model() -> xmatch.MatchingModel:
+    torch.manual_seed(0)
+    return xmatch.build(small_spec(verifier={"name": "cross-attention", "layers": 1, "heads": 2})).eval()
+
+
+@pytest.fixture(scope="module")
+def encoded(model) -> tuple[Embeddings, Embeddings]:
+    g = torch.Generator().manual_seed(1)
+    regions = torch.rand(6, 5, 256, generator=g)
+    corner = torch.rand(6, 5, 2, generator=g) * 0.5
+    with torch.inference_mode():
+        img = model.encode_images(xmatch.RegionInputs(regions, torch.cat([corner, corner + 0.3], -1)))
+        txt = model.encode_texts(["a red circle left of a blue seven", "a small green square", "a big blue three",
+                                  "a yellow circle above a red square", "a seven", "a green four right of a small two",
+                                  "a blue square", "a small red circle"])
+    return img, txt
+
+
+def test_verify_is_the_verifier_on_each_row(model, encoded):
+    img, txt = encoded
+    with torch.inference_mode():
+        rows = img[torch.tensor([0, 0, 3, 5])], txt[torch.tensor([1, 2, 2, 7])]
+        got = model.verify(*rows, batch_size=3)
+        torch.testing.assert_close(got, model.verifier(*rows))
+    with pytest.raises(ValueError, match="got 2 images and 3 captions"):
+        model.verify(img[:2], txt[:3])
+
+
+def test_a_model_without_a_verifier_says_how_to_get_one(encoded):
+    plain = xmatch.build(small_spec())
+    assert plain.verifier is None and "verifier" not in plain.spec
+    img, txt = encoded
+    for call in (lambda: plain.verify(img[:1], txt[:1]), lambda: plain.similarity(img, txt, rerank=2)):
+        with pytest.raises(ValueError, match=r"has none: build it with a \[verifier\] table .*verifier=\{'name': 'cross-attention'\}"):
+            call()
+
+
+def _order(column: torch.Tensor) -> list[int]:
+    return column.argsort(descending=True, stable=True).tolist()
+
+
+@pytest.mark.parametrize("k", [1, 3, 6, 50])
+def test_t2i_rerank_puts_the_top_k_first_in_verifier_order(model, encoded, k):
+    img, txt = encoded
+    with torch.inference_mode():
+        plain = model.similarity(img, txt)
+        reranked = model.similarity(img, txt, rerank=k, verify_batch=5)
+        for j in range(len(txt)):
+            pooler_order = _order(plain[:, j])
+            top = pooler_order[:k]
+            logits = model.verify(img[torch.tensor(top)], txt[torch.tensor([j] * len(top))])
+            verifier_order = [top[i] for i in _order(logits)]
+            rest = [i for i in pooler_order if i not in top]
+            assert _order(reranked[:, j]) == verifier_order + rest
+            torch.testing.assert_close(reranked[rest, j], plain[rest, j].float())  # the rest keep their scores
+
+
+def test_i2t_rerank_works_along_the_rows(model, encoded):
+    img, txt = encoded
+    with torch.inference_mode():
+        plain = model.similarity(img, txt)
+        reranked = model.similarity(img, txt, rerank=3, direction="i2t")
+        for i in range(len(img)):
+            pooler_order = _order(plain[i])
+            top = pooler_order[:3]
+            logits = model.verify(img[torch.tensor([i] * 3)], txt[torch.tensor(top)])
+            assert _order(reranked[i]) == [top[t] for t in _order(logits)] + pooler_order[3:]
+
+
+def test_rerank_none_is_the_pooler_bit_for_bit(model, encoded):
+    img, txt = encoded
+    with torch.inference_mode():
+        assert torch.equal(model.similarity(img, txt, rerank=None), model.pooler(img, txt))
+        assert torch.equal(model.similarity(img, txt, image_chunk=2, text_chunk=3), model.pooler(img, txt, image_chunk=2, text_chunk=3))
+
+
+def test_rerank_reads_bucketed_embeddings(model, encoded):
+    img, txt = encoded
+    with torch.inference_mode():
+        padded = model.similarity(img, txt, rerank=4)
+        bucketed = model.similarity(BucketedEmbeddings.from_embeddings(img), BucketedEmbeddings.from_embeddings(txt), rerank=4)
+    torch.testing.assert_close(bucketed, padded, atol=1e-5, rtol=1e-5)
+
+
+def test_rerank_arguments_are_checked(model, encoded):
+    img, txt = encoded
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="positive int"):
+            model.similarity(img, txt, rerank=bad)
+    with pytest.raises(ValueError, match="choose 't2i'"):
+        model.similarity(img, txt, rerank=2, direction="both")
+    with pytest.raises(ValueError, match=r"scores are \(2, 2\) but there are 6 images and 8 captions"):
+        model.rerank(torch.zeros(2, 2), img, txt, 2)
+
+
+def test_rerank_scores_verifies_each_pair_once():
+    scores = torch.tensor([[0.9, 0.1, 0.5], [0.8, 0.7, 0.2], [0.1, 0.3, 0.6]])
+    calls = []
+
+    def logits(i, t):
+        calls.append((i.tolist(), t.tolist()))
+        return -(i * 3 + t).float()  # prefers low images, then low captions
+
+    out = rerank_scores(scores, 2, logits, ("t2i", "i2t"), batch_size=4)
+    pairs = [p for i, t in calls for p in zip(i, t)]
+    assert len(pairs) == len(set(pairs)) and all(len(i) <= 4 for i, _ in calls)
+    # t2i top-2 per caption: {0,1}, {1,2}, {2,0}; i2t top-2 per image: {0,2}, {0,1}, {2,1}
+    assert set(pairs) == {(0, 0), (1, 0), (1, 1), (2, 1), (2, 2), (0, 2), (1, 1), (0, 2), (2, 1), (1, 0), (0, 0)}
+    assert _order(out["t2i"][:, 2]) == [0, 2, 1] and _order(out["i2t"][1]) == [0, 1, 2]
+    assert out["t2i"][2, 0] == scores[2, 0] and out["i2t"][0, 1] == scores[0, 1]
+
+
+def test_row_gatherer_matches_padded_indexing(encoded):
+    _, txt = encoded
+    rows = torch.tensor([7, 0, 3, 3, 1])
+    got = RowGatherer(BucketedEmbeddings.from_embeddings(txt))(rows)
+    want = txt[rows].trimmed()
+    assert torch.equal(got.mask, want.mask)
+    torch.testing.assert_close(got.tokens * got.mask[..., None], want.tokens * want.mask[..., None])
+
+
+# -- specs, saving and loading ----------------------------------------------------------------
+
+
+def test_the_verifier_table_round_trips_through_a_bundle(model, encoded, tmp_path):
+    assert model.spec["verifier"] == {"name": "cross-attention", "layers": 1, "heads": 2, "ff_dim": None,
+                                      "dropout": 0.1, "loss_weight": 1.0}
+    xmatch.save_pretrained(model, tmp_path / "bundle")
+    loaded = xmatch.build(f"local-dir:{tmp_path / 'bundle'}", pretrained=True).eval()
+    assert loaded.spec["verifier"] == model.spec["verifier"]
+    img, txt = encoded
+    with torch.inference_mode():
+        assert torch.equal(loaded.similarity(img, txt, rerank=3), model.similarity(img, txt, rerank=3))
+    again = xmatch.build(model.spec)
+    assert isinstance(again.verifier, CrossAttentionVerifier) and len(again.verifier.layers) == 1
+
+
+def test_bundles_without_a_verifier_load_as_before(tmp_path):
+    plain = xmatch.build(small_spec())
+    assert not any(k.startswith("verifier") for k in plain.state_dict())
+    xmatch.save_pretrained(plain, tmp_path / "plain")
+    assert xmatch.build(f"local-dir:{tmp_path / 'plain'}", pretrained=True).verifier is None
+
+
+def test_verifier_spec_errors():
+    with pytest.raises(SpecError, match=r"model -> verifier -> name: unknown verifier 'cross-atention'. Did you mean: 'cross-attention'"):
+        xmatch.build(small_spec(verifier={"name": "cross-atention"}))
+    with pytest.raises(SpecError, match=r"model -> verifier -> dim: set by the model builder"):
+        xmatch.build(small_spec(verifier={"name": "cross-attention", "dim": 8}))
+    with pytest.raises(SpecError, match=r"model -> verifier \(cross-attention\): .*not divisible by heads 5"):
+        xmatch.build(small_spec(verifier={"name": "cross-attention", "heads": 5}))

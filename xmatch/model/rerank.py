@@ -1,0 +1,152 @@
+"""Re-ranking a score matrix's short lists with a pair scorer (the model's verifier).
+
+A query's top-K candidates by the first-stage scores are re-scored pair by pair; the returned
+matrix puts them first, in the order of their new scores, and leaves every other candidate's
+score (and so its order) as it was:
+
+- ``t2i`` (a caption queries the images: a column of ``[n_images, n_texts]``): the K images
+  with the highest scores in column ``j`` get ``top_j + 1 + (logit - min_logit_j)``, where
+  ``top_j`` is the column's highest first-stage score and ``min_logit_j`` the lowest verifier
+  logit among its K; the other images keep their score, which is at most ``top_j``.
+- ``i2t`` (an image queries the captions: a row): the same along each row.
+
+Only the order along the query's axis is meaningful afterwards: a re-scored entry is a shifted
+logit, not a similarity, so values of different queries (or the other axis) do not compare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from xmatch.model.buckets import BucketedEmbeddings
+from xmatch.model.embeddings import Embeddings
+
+DIRECTIONS = ("t2i", "i2t")
+#: pairs scored by one verifier call by default
+PAIR_BATCH = 256
+
+
+def check_rerank(k: object, directions: Sequence[str]) -> None:
+    """Refuse a K that is not a positive whole number, or an unknown direction."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"rerank takes the number of top candidates to re-score per query, a positive int; got {k!r}.")
+    bad = [d for d in directions if d not in DIRECTIONS]
+    if bad or not directions:
+        raise ValueError(
+            f"rerank direction {bad[0] if bad else None!r}: choose 't2i' (each caption's images) or 'i2t' (each image's captions)."
+        )
+
+
+class RowGatherer:
+    """Rows of :class:`Embeddings` or :class:`BucketedEmbeddings` by corpus position, as one
+    padded :class:`Embeddings` (as wide as the widest row gathered).
+
+    Example:
+        >>> e = Embeddings(torch.randn(3, 4, 8), torch.arange(4)[None] < torch.tensor([[1], [4], [2]]))
+        >>> RowGatherer(BucketedEmbeddings.from_embeddings(e))(torch.tensor([2, 0, 2])).lengths.tolist()
+        [2, 1, 2]
+    """
+
+    def __init__(self, e: Embeddings | BucketedEmbeddings) -> None:
+        self.e = e
+        if isinstance(e, BucketedEmbeddings):
+            n = len(e)
+            self.part_of = torch.empty(n, dtype=torch.long)
+            self.row_of = torch.empty(n, dtype=torch.long)
+            for k, pos in enumerate(e.positions):
+                self.part_of[pos.cpu()] = k
+                self.row_of[pos.cpu()] = torch.arange(len(pos))
+
+    def __len__(self) -> int:
+        return len(self.e)
+
+    def __call__(self, rows: torch.Tensor) -> Embeddings:
+        rows = rows.cpu().long()
+        if isinstance(self.e, Embeddings):
+            return self.e[rows.to(self.e.tokens.device)].trimmed()
+        part_of, row_of = self.part_of[rows], self.row_of[rows]
+        used = part_of.unique().tolist()
+        first = self.e.parts[used[0]]
+        width = max(self.e.parts[k].tokens.shape[1] for k in used)
+        device = first.tokens.device
+        tokens = first.tokens.new_zeros(len(rows), width, first.dim)
+        mask = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
+        pooled = None if first.pooled is None else first.pooled.new_zeros(len(rows), first.dim)
+        boxes = None if first.boxes is None else first.boxes.new_zeros(len(rows), width, 4)
+        for k in used:
+            part = self.e.parts[k]
+            at = (part_of == k).nonzero().flatten()
+            src = row_of[at].to(device)
+            at = at.to(device)
+            w = part.tokens.shape[1]
+            tokens[at, :w] = part.tokens[src]
+            mask[at, :w] = part.mask[src]
+            if pooled is not None:
+                pooled[at] = part.pooled[src]
+            if boxes is not None:
+                boxes[at, :w] = part.boxes[src]
+        return Embeddings(tokens, mask, pooled, boxes).trimmed()
+
+
+def rerank_scores(
+    scores: torch.Tensor,
+    k: int,
+    score_pairs: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    directions: Sequence[str] = ("t2i",),
+    batch_size: int = PAIR_BATCH,
+) -> dict[str, torch.Tensor]:
+    """Re-rank each query's top-``k`` of ``scores`` by ``score_pairs`` (see the module's
+    docstring for what the returned matrices hold).
+
+    Every pair that is among the top-``k`` of its caption or of its image (in any of the
+    ``directions``) is scored once, ``batch_size`` pairs per call; nothing larger than the
+    score matrix and the ``k`` candidates of each query is held.
+
+    Args:
+        scores: ``[n_images, n_texts]`` first-stage scores.
+        k: candidates re-scored per query (clipped to the candidates there are).
+        score_pairs: ``(image rows, text rows) -> [len] logits`` of row-aligned pairs.
+        directions: ``"t2i"`` and / or ``"i2t"``.
+        batch_size: pairs per ``score_pairs`` call.
+
+    Returns:
+        ``{direction: [n_images, n_texts] float32 scores}``, on the device of ``scores``.
+
+    Example:
+        >>> scores = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.1, 0.3]])
+        >>> logit = lambda i, t: (i == 1).float()  # the verifier prefers image 1 for every caption
+        >>> rerank_scores(scores, 2, logit)["t2i"][:, 0].argsort(descending=True).tolist()
+        [1, 0, 2]
+    """
+    check_rerank(k, directions)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}.")
+    scores = scores.float()
+    n_img, n_txt = scores.shape
+    top = {}
+    if "t2i" in directions:
+        top["t2i"] = scores.topk(min(k, n_img), dim=0).indices  # [k, n_txt]: image rows
+    if "i2t" in directions:
+        top["i2t"] = scores.topk(min(k, n_txt), dim=1).indices  # [n_img, k]: text columns
+    ids = []
+    if "t2i" in top:
+        ids.append((top["t2i"] * n_txt + torch.arange(n_txt, device=scores.device)).flatten())
+    if "i2t" in top:
+        ids.append((torch.arange(n_img, device=scores.device)[:, None] * n_txt + top["i2t"]).flatten())
+    # pairs in both short lists are scored once; sorted by image, so a batch holds few images
+    unique, inverse = torch.cat(ids).unique(return_inverse=True)
+    logits = torch.empty(len(unique), dtype=torch.float32, device=scores.device)
+    for s in range(0, len(unique), batch_size):
+        chunk = unique[s : s + batch_size]
+        logits[s : s + batch_size] = score_pairs(chunk // n_txt, chunk % n_txt).float().to(scores.device)
+    out, start = {}, 0
+    for direction, index in top.items():
+        pair_logits = logits[inverse[start : start + index.numel()]].view(index.shape)
+        start += index.numel()
+        axis = 0 if direction == "t2i" else 1
+        best = scores.amax(dim=axis, keepdim=True)
+        shifted = best + 1 + (pair_logits - pair_logits.amin(dim=axis, keepdim=True))
+        out[direction] = scores.clone().scatter_(axis, index, shifted)
+    return out
