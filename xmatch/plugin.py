@@ -49,7 +49,8 @@ Helpers:
 - registration in one process (a package uses entry points instead): :func:`register_image_encoder`,
   :func:`register_text_encoder`, :func:`register_reasoner`, :func:`register_pooler`,
   :func:`register_loss`, :func:`register_model`, :func:`register_dataset`,
-  :func:`register_proposer` (region proposers for ``xmatch extract``);
+  :func:`register_proposer` (region proposers for ``xmatch extract``), :func:`register_negative`
+  (structural hard-negative makers for training);
 - backbones: :func:`create_timm_model` (a timm network with its weights from timm's hub, a
   file or a package, as xmatch's own image encoders make theirs), :func:`load_backbone_weights`
   (a weights file or any :mod:`xmatch.io.hub` source, fetched and checked like zoo weights,
@@ -95,7 +96,7 @@ from __future__ import annotations
 from xmatch import Embeddings, EncoderOutput, ImageEncoder, Loss, LossOutput, MatchingModel, Pooler, Reasoner
 from xmatch import SpecError, TextEncoder, XmatchError, TokenBatch, ZooEntry, normalize_boxes, zoo_entries_from_toml
 from xmatch import register_dataset, register_image_encoder, register_loss, register_model, register_pooler
-from xmatch import register_proposer, register_reasoner, register_text_encoder
+from xmatch import register_negative, register_proposer, register_reasoner, register_text_encoder
 from xmatch.components.alignment import AlignmentPooler, pairwise_cosines
 from xmatch.components.image.bottomup import RegionFeaturesImageEncoder, check_region_inputs
 from xmatch.components.image.backbone import create_timm_model
@@ -128,7 +129,7 @@ __all__ = [
     "load_backbone_weights", "load_vocabulary", "Loss", "LossOutput", "MatchingModel", "merge",
     "normalize_boxes", "pad_stack", "pairwise_cosines", "PixelInputs", "Pooler", "read_original_vocabulary",
     "Reasoner", "RegionFeaturesImageEncoder", "RegionInputs", "register_dataset", "register_image_encoder",
-    "register_loss", "register_model", "register_pooler", "register_proposer", "register_reasoner",
+    "register_loss", "register_model", "register_negative", "register_pooler", "register_proposer", "register_reasoner",
     "register_text_encoder", "RNNTextEncoder", "SpecError", "split_words", "START", "TextEncoder",
     "TokenBatch", "TokenCoverage", "tokenize_words", "uniform_word_embedding", "VOCAB_FILE", "Vocabulary",
     "with_markers", "WordTextEncoder", "XmatchError", "zoo_entries_from_toml", "ZooEntry",

@@ -49,6 +49,12 @@ BUILTINS: dict[str, dict[str, str]] = {
         "boxes": "xmatch.regions.proposer_boxes:BoxesProposer",
         "torchvision-detector": "xmatch.regions.proposer_detector:TorchvisionDetector",
     },
+    "negatives": {
+        "swap-roles": "xmatch.train.negatives:SwapRoles",
+        "swap-attributes": "xmatch.train.negatives:SwapBoundAttributes",
+        "replace-relation": "xmatch.train.negatives:ReplaceRelation",
+        "change-count": "xmatch.train.negatives:ChangeCount",
+    },
     "verifiers": {
         "cross-attention": "xmatch.components.verifier:CrossAttentionVerifier",
     },

@@ -47,6 +47,7 @@ KINDS: tuple[str, ...] = (
     "models",
     "datasets",
     "proposers",
+    "negatives",
     "verifiers",
 )
 
@@ -345,6 +346,7 @@ models = Registry("models")
 datasets = Registry("datasets")
 proposers = Registry("proposers")
 verifiers = Registry("verifiers")
+negatives = Registry("negatives")
 
 REGISTRIES: dict[str, Registry] = {
     "image_encoders": image_encoders,
@@ -355,6 +357,7 @@ REGISTRIES: dict[str, Registry] = {
     "models": models,
     "datasets": datasets,
     "proposers": proposers,
+    "negatives": negatives,
     "verifiers": verifiers,
 }
 
@@ -384,3 +387,4 @@ register_model = _decorator(models)
 register_dataset = _decorator(datasets)
 register_proposer = _decorator(proposers)
 register_verifier = _decorator(verifiers)
+register_negative = _decorator(negatives)

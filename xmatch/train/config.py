@@ -51,6 +51,50 @@ class ParamGroup:
     freeze: bool = False
 
 
+#: the structural negatives a ``[train.negatives]`` table uses unless it names others
+DEFAULT_NEGATIVES = ("swap-roles", "swap-attributes", "replace-relation", "change-count")
+
+
+@dataclass
+class NegativesConfig:
+    """Structural hard negatives (a ``[train.negatives]`` table; docs/training.md, "Hard
+    negatives"): captions made from each training caption by changing its structure, and the
+    other images of a caption's hard-negative group, pushed below the true pair by a hinge.
+
+    Attributes:
+        kinds: registered negative makers (registry ``negatives``), tried in a random order.
+        per_caption: negatives per training caption (fewer when no maker can change it).
+        margin: the hinge margin of the negatives' term.
+        weight: the term's weight beside the model's own loss.
+        word_classes: where the makers' word classes come from: ``"dataset"`` (the lists the
+            training set declares, e.g. the scenes grammar's), ``"spacy"`` (the optional spaCy
+            tagger, ``pip install 'xmatch[spacy]'``), ``"nltk"``, or a JSON file of word lists.
+        groups: when the training set declares hard-negative groups (``hard_negative_groups()``),
+            batch each group's members together and add the in-group terms.
+
+    Example:
+        >>> NegativesConfig(kinds=["swap-roles"], per_caption=1).word_classes
+        'dataset'
+    """
+
+    kinds: list[str] = field(default_factory=lambda: list(DEFAULT_NEGATIVES))
+    per_caption: int = 2
+    margin: float = 0.2
+    weight: float = 1.0
+    word_classes: str = "dataset"
+    groups: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.kinds or not all(isinstance(k, str) and k for k in self.kinds):
+            raise ConfigError(f"train -> negatives -> kinds: name at least one negative maker, got {self.kinds!r}.")
+        if self.per_caption < 1:
+            raise ConfigError(f"train -> negatives -> per_caption: must be at least 1, got {self.per_caption}.")
+        if not math.isfinite(self.margin) or self.margin < 0:
+            raise ConfigError(f"train -> negatives -> margin: a non-negative number, got {self.margin}.")
+        if not math.isfinite(self.weight) or self.weight <= 0:
+            raise ConfigError(f"train -> negatives -> weight: a positive number, got {self.weight}.")
+
+
 @dataclass
 class TrainConfig:
     """How to train a model (a ``[train]`` table; every field optional).
@@ -97,6 +141,8 @@ class TrainConfig:
             encoder's ``min_count``).
         allow_unknown_words: train even when more than 20 % of the caption tokens are unknown
             to the text side (a warning instead of the error).
+        negatives: structural hard negatives (:class:`NegativesConfig`, a ``[train.negatives]``
+            table; None: none, the papers' training).
 
     Example:
         >>> TrainConfig.from_mapping({"lr": 1e-4, "epochs": 2}).lr
@@ -138,9 +184,12 @@ class TrainConfig:
     build_text_side: bool = False
     text_min_count: int | None = None
     allow_unknown_words: bool = False
+    negatives: NegativesConfig | None = None
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # TOML gives a list
+        if self.negatives is not None and not isinstance(self.negatives, NegativesConfig):
+            self.negatives = _negatives(self.negatives)
         self.param_groups = [g if isinstance(g, ParamGroup) else _param_group(g, i) for i, g in enumerate(self.param_groups)]
         positive = ("epochs", "batch_size", "accumulate", "keep_checkpoints", "log_every_steps")
         for name in positive:
@@ -180,6 +229,8 @@ class TrainConfig:
             raise ConfigError(f"{path}: expected a table of training settings, got {table!r}.")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for key, value in table.items():
+            if key == "negatives" and value is not None:
+                continue  # a table of its own, checked by _negatives
             if key not in fields:
                 close = difflib.get_close_matches(key, list(fields), n=3)
                 hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
@@ -188,8 +239,16 @@ class TrainConfig:
         return cls(**table)
 
     def merged(self, overrides: dict[str, Any]) -> TrainConfig:
-        """A copy with some settings replaced (checked like :meth:`from_mapping`)."""
-        return TrainConfig.from_mapping({**self.to_mapping(), **overrides})
+        """A copy with some settings replaced (checked like :meth:`from_mapping`); a key
+        ``negatives.KEY`` sets one setting of the negatives table (``--set negatives.per_caption=3``)."""
+        table = self.to_mapping()
+        for key, value in overrides.items():
+            head, dot, rest = key.partition(".")
+            if head == "negatives" and dot:
+                table["negatives"] = {**(table.get("negatives") or {}), rest: value}
+            else:
+                table[key] = value
+        return TrainConfig.from_mapping(table)
 
     def to_mapping(self) -> dict[str, Any]:
         """Plain data (TOML-writable: ``None`` values are left out)."""
@@ -197,6 +256,18 @@ class TrainConfig:
         data["betas"] = list(self.betas)
         data["param_groups"] = [{k: v for k, v in g.items() if v is not None} for g in data["param_groups"]]
         return {k: v for k, v in data.items() if v is not None}
+
+
+def _negatives(table: Any) -> NegativesConfig:
+    path = "train -> negatives"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: expected a table of negatives settings, got {table!r}.")
+    fields = {f.name: f for f in dataclasses.fields(NegativesConfig)}
+    for key, value in table.items():
+        if key not in fields:
+            raise ConfigError(f"{path} -> {key}: unknown; the negatives table has {', '.join(fields)}.")
+        _check_type(f"{path} -> {key}", value, fields[key].default, fields[key].type)
+    return NegativesConfig(**table)
 
 
 def _param_group(table: Any, index: int) -> ParamGroup:

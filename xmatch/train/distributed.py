@@ -25,6 +25,7 @@ from xmatch.model.interfaces import LossOutput
 from xmatch.core.devices import resolve_device
 from xmatch.model.embeddings import Embeddings
 from xmatch.model.inputs import PairBatch
+from xmatch.train.negatives import NegativeTexts, structural_hinge
 
 
 @dataclass
@@ -136,21 +137,66 @@ def gather_ids(ids: torch.Tensor, ctx: Context) -> torch.Tensor:
 
 class TrainStep(nn.Module):
     """One forward pass of training: encode the local share, optionally gather the global
-    batch, pool and score. This is the module DDP wraps (its parameters are the model's)."""
+    batch, pool and score. This is the module DDP wraps (its parameters are the model's).
 
-    def __init__(self, model: nn.Module, ctx: Context, global_negatives: bool) -> None:
+    With structural negatives (``negatives_margin`` set; :mod:`xmatch.train.negatives`) the
+    step also encodes the batch's negative captions and adds their hinge term, and the in-group
+    terms where ``group_ids`` are given; a model with a verifier head adds the verifier's own
+    loss. These extra terms read the local share only (never the gathered batch).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        ctx: Context,
+        global_negatives: bool,
+        negatives_margin: float | None = None,
+        negatives_weight: float = 1.0,
+    ) -> None:
         super().__init__()
         self.model = model
         self.ctx = ctx
         self.gather = global_negatives and ctx.distributed
+        self.negatives_margin = negatives_margin
+        self.negatives_weight = negatives_weight
         #: what the loss is multiplied by before backward (DDP averages gradients)
         self.loss_scale = ctx.world_size if self.gather else 1
 
-    def forward(self, batch: PairBatch) -> LossOutput:
+    def forward(
+        self, batch: PairBatch, negatives: NegativeTexts | None = None, group_ids: torch.Tensor | None = None
+    ) -> LossOutput:
         img, txt = self.model.encode_batch(batch)
         ids = batch.image_ids
-        if not self.gather:
-            return self.model.batch_loss(img, txt, ids)
-        img, txt = gather_embeddings(img, self.ctx), gather_embeddings(txt, self.ctx)
-        ids = gather_ids(ids, self.ctx) if ids is not None else None
-        return self.model.batch_loss(img, txt, ids)
+        verifier = getattr(self.model, "verifier", None)
+        if self.negatives_margin is None and verifier is None:
+            if not self.gather:
+                return self.model.batch_loss(img, txt, ids)
+            gathered_ids = gather_ids(ids, self.ctx) if ids is not None else None
+            return self.model.batch_loss(gather_embeddings(img, self.ctx), gather_embeddings(txt, self.ctx), gathered_ids)
+        if self.gather:
+            gathered_ids = gather_ids(ids, self.ctx) if ids is not None else None
+            out = self.model.batch_loss(gather_embeddings(img, self.ctx), gather_embeddings(txt, self.ctx), gathered_ids)
+            scores = self.model.batch_scores(img, txt)["main"]
+        else:
+            all_scores = self.model.batch_scores(img, txt)
+            with torch.autocast(img.tokens.device.type, enabled=False):
+                out = self.model.loss(all_scores, ids)
+            scores = all_scores["main"]
+        loss, logs = out.loss, dict(out.logs)
+        negative_txt = None
+        if negatives is not None and len(negatives):
+            negative_txt = self.model.encode_texts(negatives.texts, batch_size=len(negatives))
+        if self.negatives_margin is not None:
+            negative_scores = self.model.batch_scores(img, negative_txt)["main"] if negative_txt is not None else None
+            owner = negatives.owner if negatives is not None else None
+            term, term_logs = structural_hinge(scores, negative_scores, owner, self.negatives_margin, group_ids, ids)
+            loss = loss + self.negatives_weight * term
+            logs.update(term_logs)
+        if verifier is not None:
+            checked = verifier.training_loss(
+                img, txt, scores.detach(), negatives=negative_txt,
+                owner=negatives.owner.to(scores.device) if negative_txt is not None else None, image_ids=ids,
+            )
+            loss = loss + checked.loss
+            logs.update(checked.logs)
+        return LossOutput(loss, logs)

@@ -23,6 +23,9 @@ class EpochBatches:
         shuffle: draw a permutation per epoch (False: dataset order).
         drop_last: skip the last, smaller global batch.
         rank, world_size: this process and the number of processes.
+        units: items that are visited together, next to each other (e.g. the captions of a
+            hard-negative group's images, :func:`group_units`): the permutation shuffles the
+            units, and every item is in exactly one unit. None: every item on its own.
 
     Example:
         >>> batches = EpochBatches(10, 4, seed=0)
@@ -42,6 +45,7 @@ class EpochBatches:
         drop_last: bool = False,
         rank: int = 0,
         world_size: int = 1,
+        units: list[list[int]] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("the training set is empty.")
@@ -50,6 +54,11 @@ class EpochBatches:
                 f"batch_size {batch_size} is smaller than the {world_size} processes; every process "
                 "needs at least one pair per batch (batch_size is the global batch)."
             )
+        if units is not None:
+            flat = np.concatenate([np.asarray(u, dtype=np.int64) for u in units]) if units else np.zeros(0, np.int64)
+            if len(flat) != size or not np.array_equal(np.sort(flat), np.arange(size)):
+                raise ValueError(f"units must hold every one of the {size} items exactly once.")
+        self.units = units
         self.size = size
         self.batch_size = batch_size
         self.seed = seed
@@ -67,7 +76,10 @@ class EpochBatches:
         """The global visiting order of epoch ``epoch``."""
         if not self.shuffle:
             return np.arange(self.size)
-        return np.random.default_rng([self.seed, epoch]).permutation(self.size)
+        if self.units is None:
+            return np.random.default_rng([self.seed, epoch]).permutation(self.size)
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.units))
+        return np.concatenate([np.asarray(self.units[k], dtype=np.int64) for k in order])
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
         """This process's share of global batches ``start, start + 1, ...`` of ``epoch``."""
@@ -78,6 +90,33 @@ class EpochBatches:
 
     def __len__(self) -> int:
         return self.batches_per_epoch
+
+
+def group_units(caption_image: np.ndarray, groups: list[tuple[int, ...]]) -> list[list[int]]:
+    """Units of :class:`EpochBatches` that put each hard-negative group's captions side by
+    side: the k-th caption of every member image of a group forms one unit (a group of two
+    images with five captions each gives five units of two); captions of images in no group
+    are units of one. An image in several groups joins only the first.
+
+    Example:
+        >>> group_units(np.array([0, 0, 1, 1, 2]), [(0, 1)])
+        [[0, 2], [1, 3], [4]]
+    """
+    captions_of: dict[int, list[int]] = {}
+    for caption, image in enumerate(np.asarray(caption_image).tolist()):
+        captions_of.setdefault(int(image), []).append(caption)
+    units: list[list[int]] = []
+    placed: set[int] = set()
+    for members in groups:
+        members = [m for m in members if m not in placed and m in captions_of]
+        if len(members) < 2:
+            continue
+        placed.update(members)
+        lists = [captions_of[m] for m in members]
+        for k in range(max(map(len, lists))):
+            units.append([c[k] for c in lists if k < len(c)])
+    units += [[c] for image, captions in captions_of.items() if image not in placed for c in captions]
+    return sorted(units, key=lambda u: u[0])
 
 
 class _EpochSampler:

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from xmatch.core.errors import XmatchError
 from xmatch.data.base import ImageTextDataset
 from xmatch.data.collate import collate
 from xmatch.data.fit import check_images_fit
@@ -41,7 +42,8 @@ from xmatch.io.run_folder import (
     resume_changes,
     write_run_record,
 )
-from xmatch.train.sampler import EpochBatches, epoch_sampler
+from xmatch.train.negatives import CaptionNegatives, build_makers, tagger_for, training_groups
+from xmatch.train.sampler import EpochBatches, epoch_sampler, group_units
 from xmatch.train.selection import check_metric_name, metric_value, minimised
 from xmatch.data.vocab import check_captions
 
@@ -167,6 +169,7 @@ class Trainer:
         if isinstance(val_data, ImageTextDataset):
             check_data_fits(model, val_data, "validation", allow_unknown_words=self.config.allow_unknown_words)
         self._check_amp()
+        self._plan_negatives()
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -187,6 +190,30 @@ class Trainer:
                 "float32 here; use amp = 'none' on this machine."
             )
 
+    def _plan_negatives(self) -> None:
+        """The structural negatives of the recipe (refused before training when their word
+        classes are missing) and, where the training set declares hard-negative groups, the
+        units that batch each group's members together."""
+        self.negatives: CaptionNegatives | None = None
+        self.units: list[list[int]] | None = None
+        self.group_of_image: torch.Tensor | None = None
+        plan = self.config.negatives
+        if plan is None:
+            return
+        try:
+            tagger = tagger_for(plan.word_classes, self.train_data)
+            self.negatives = CaptionNegatives(build_makers(plan.kinds, tagger), plan.per_caption, self.config.seed)
+        except (ValueError, ImportError, FileNotFoundError, XmatchError) as exc:
+            raise ConfigError(f"train -> negatives: {exc}") from exc
+        groups = training_groups(self.train_data) if plan.groups else []
+        if groups:
+            caption_image = np.asarray(self.train_data.caption_image)
+            self.units = group_units(caption_image, groups)
+            group_of_image = np.full(int(caption_image.max()) + 1, -1, dtype=np.int64)
+            for k, members in enumerate(groups):
+                group_of_image[[m for m in members if group_of_image[m] < 0]] = k
+            self.group_of_image = torch.from_numpy(group_of_image)
+
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.config.amp == "none":
             return contextlib.nullcontext()
@@ -200,13 +227,14 @@ class Trainer:
         self.optimizer = build_optimizer(self.groups, cfg)
         self.batches = EpochBatches(
             len(self.train_data), cfg.batch_size, cfg.seed,
-            drop_last=cfg.drop_last, rank=ctx.rank, world_size=ctx.world_size,
+            drop_last=cfg.drop_last, rank=ctx.rank, world_size=ctx.world_size, units=self.units,
         )
         self.steps_per_epoch = math.ceil(len(self.batches) / cfg.accumulate)
         self.scheduler = build_scheduler(self.optimizer, cfg, self.steps_per_epoch)
         use_scaler = cfg.amp == "fp16"
         self.scaler = torch.amp.GradScaler(ctx.device.type) if use_scaler else None
-        step = TrainStep(self.model, ctx, cfg.global_negatives)
+        plan = cfg.negatives
+        step = TrainStep(self.model, ctx, cfg.global_negatives, plan.margin if plan else None, plan.weight if plan else 1.0)
         self.loss_scale = step.loss_scale
         if ctx.distributed:
             from torch.nn.parallel import DistributedDataParallel
@@ -462,12 +490,17 @@ class Trainer:
         return last_loss
 
     def _micro_step(self, batch: PairBatch, state: dict[str, Any], group_len: int, last: bool) -> dict[str, float]:
+        extras: dict[str, Any] = {}
+        if self.negatives is not None:
+            extras["negatives"] = self.negatives.draw(batch.texts, batch.indices, state["epoch"])
+        if self.group_of_image is not None:
+            extras["group_ids"] = self.group_of_image[batch.image_ids].to(self.ctx.device, non_blocking=True)
         batch = batch.to(self.ctx.device, non_blocking=True)
         sync = contextlib.nullcontext() if last or not self.ctx.distributed else self.step_module.no_sync()
         try:
             with sync:
                 with self._autocast():
-                    out = self.step_module(batch)
+                    out = self.step_module(batch, **extras)
                 loss = out.loss.float()
                 scaled = loss * self.loss_scale / group_len
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
