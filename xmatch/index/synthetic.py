@@ -114,18 +114,22 @@ class PlantedCorpus:
         return Embeddings(tokens, torch.ones(n, words, dtype=torch.bool)), self.group_rows()[:n]
 
 
-def scoring_model(pooler: str = "MrSw", dim: int = 256) -> MatchingModel:
+def scoring_model(pooler: str = "MrSw", dim: int = 256, verifier: str | None = None) -> MatchingModel:
     """A small random model of width ``dim`` whose pooler scores token sets made elsewhere
-    (the synthetic corpus): an index needs a model, and only its pooler is used here.
+    (the synthetic corpus): an index needs a model, and only its pooler is used here (and its
+    verifier head, a registered ``verifier`` with its default sizes, for re-ranking).
 
     Example:
         >>> scoring_model("Symm", 16).pooler
         SymmPooler()
+        >>> type(scoring_model("MrSw", 16, verifier="cross-attention").verifier).__name__
+        'CrossAttentionVerifier'
     """
     from xmatch.model.factory import build
 
     torch.manual_seed(0)  # the same weights, hence the same fingerprint, every time
-    return build({
+    head = {"verifier": {"name": verifier}} if verifier is not None else {}
+    return build(head | {
         "embed_dim": dim,
         "image_encoder": {"name": "bottomup", "feature_dim": dim, "layers": 0, "box_hidden_dim": 16},
         "text_encoder": {"name": "bigru", "vocab": "zoo:weights/teran-mrsw-scenes/vocab.json",

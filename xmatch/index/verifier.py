@@ -45,9 +45,9 @@ def check(model: MatchingModel, rerank: int, root: Path | str, batch_size: int =
             raise ValueError(f"{name} must be at least 1 ({what}), got {value!r}.")
     if getattr(model, "verifier", None) is None:
         raise NoVerifierError(
-            f"rerank needs a model with a verifier head, and the model of the index {root} has none. Query with "
-            "a model that has one and the same encoders (xmatch search ... --model NAME; open(path, model=...)), "
-            "or search without rerank."
+            f"rerank needs a model with a verifier head, and the model of the index {root} has none: index the "
+            "corpus with a model that has one (xmatch index MODEL --out NEW_INDEX, MODEL built with a trained "
+            "[verifier] table), or search without rerank."
         )
 
 
@@ -74,7 +74,7 @@ def logits(
         img = img.trimmed().to(model.device, model.dtype)
         txt = txt.trimmed().to(model.device, model.dtype)
         with torch.inference_mode():
-            out[part] = model.verify(img, txt).float().cpu()
+            out[part] = model.verify(img, txt, batch_size=batch_size).float().cpu()
     return list(out.split([len(r) for r in rows]))
 
 
