@@ -104,7 +104,7 @@ def test_word_classes_from_lists_files_and_taggers(tmp_path: Path):
         parse_probe("drop-verb", tagger)
     with pytest.raises(ValueError, match="unknown probe 'jumble'"):
         parse_probe("jumble", tagger)
-    with pytest.raises(FileNotFoundError, match="not 'scenes', 'nltk' or an existing JSON file"):
+    with pytest.raises(FileNotFoundError, match="not 'scenes', 'spacy', 'nltk' or an existing JSON file"):
         make_tagger(tmp_path / "missing.json")
 
 

@@ -58,7 +58,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--pmrp", type=Path, metavar="DIR",
                         help="eccv-caption: folder with pm_image_to_caption.json and pm_caption_to_image.json for PMRP")
     parser.add_argument("--word-classes", metavar="SOURCE",
-                        help="probes: word classes from 'scenes', 'nltk' or a JSON file of word lists "
+                        help="probes: word classes from 'scenes', 'spacy', 'nltk' or a JSON file of word lists "
                         "(default: the dataset's own, e.g. the scenes grammar)")
     parser.add_argument("--probe", action="append", metavar="NAME",
                         help="probes: shuffle, drop-CLASS or swap-CLASS (repeatable; default: shuffle, drop each of "

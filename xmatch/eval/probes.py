@@ -240,8 +240,14 @@ def nltk_tagger() -> PosTagger:
 
 
 def make_tagger(source: str | os.PathLike | Tagger) -> Tagger:
-    """``"nltk"``, a JSON word-list file, or a tagger itself (the scenes grammar's lists are
-    :func:`xmatch.scenes.tagger.scenes_tagger`, which the scenes datasets declare).
+    """``"spacy"`` (:class:`xmatch.eval.spacy_tagger.SpacyTagger`, ``pip install
+    'xmatch-zoo[spacy]'``), ``"nltk"``, a JSON word-list file, or a tagger itself (the scenes
+    grammar's lists are :func:`xmatch.scenes.tagger.scenes_tagger`, which the scenes datasets
+    declare).
+
+    Raises:
+        MissingDependencyError: ``"spacy"`` without spaCy or its model installed (an
+            ``ImportError`` that names the pip command).
 
     Example:
         >>> make_tagger(WordListTagger({"noun": ["dog"]})).classes
@@ -249,10 +255,14 @@ def make_tagger(source: str | os.PathLike | Tagger) -> Tagger:
     """
     if not isinstance(source, (str, os.PathLike)):
         return source
+    if str(source) == "spacy":
+        from xmatch.eval.spacy_tagger import SpacyTagger
+
+        return SpacyTagger()
     if str(source) == "nltk":
         return nltk_tagger()
     if not Path(source).is_file():
-        raise FileNotFoundError(f"word classes {str(source)!r}: not 'scenes', 'nltk' or an existing JSON file.")
+        raise FileNotFoundError(f"word classes {str(source)!r}: not 'scenes', 'spacy', 'nltk' or an existing JSON file.")
     return WordListTagger.from_json(source)
 
 
