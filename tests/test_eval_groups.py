@@ -9,7 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xmatch.eval.groups import Group, GroupResult, GroupSet, dataset_groups, score_groups
+import time
+
+from xmatch.eval import groups as groups_module
+from xmatch.eval.groups import Group, GroupResult, GroupSet, PairScores, dataset_groups, score_groups
 
 # 4 images, 2 captions each: caption k belongs to image k // 2
 OWNER = np.repeat(np.arange(4), 2)
@@ -134,15 +137,131 @@ def test_group_table_says_n_a_where_a_kind_has_no_pairs():
     '-' or a chance of 0.0."""
     owner = np.repeat(np.arange(5), 2)
     scores = np.eye(5).repeat(2, axis=1)
-    mixed = score_groups(scores, GroupSet([Group((0, 1), "pair"), Group((2, 3, 4), "trio")], owner))
+    mixed = score_groups(scores, GroupSet([Group((0, 1), "pair"), Group((2, 3, 4), "trio")], owner), resamples=0)
     lines = mixed.table().splitlines()
     trio = next(line for line in lines if line.startswith("trio")).split()
     assert trio[1:] == ["1", "100.0", "100.0", "n/a", "n/a", "n/a"]
     assert next(line for line in lines if line.startswith("pair")).split()[-3:] == ["100.0", "100.0", "100.0"]
     assert lines[-1].startswith("n/a: no groups of two (pairs)")
-    only_trios = score_groups(scores, GroupSet([Group((2, 3, 4), "trio")], owner)).table().splitlines()
+    only_trios = score_groups(scores, GroupSet([Group((2, 3, 4), "trio")], owner), resamples=0).table().splitlines()
     chance = next(line for line in only_trios if line.startswith("chance")).split()
     assert chance[-3:] == ["n/a", "n/a", "n/a"]  # not 0.0: there is no chance level without pairs
+
+
+# --- bootstrap intervals ---------------------------------------------------------------------
+
+
+def _twins(n_groups: int, captions: int = 5) -> GroupSet:
+    kinds = ("relation", "colour", "size")
+    return GroupSet([Group((2 * g, 2 * g + 1), kinds[g % 3]) for g in range(n_groups)],
+                    np.repeat(np.arange(2 * n_groups), captions))
+
+
+def _noisy_scores(n_groups: int, signal: float, seed: int = 0, captions: int = 5) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    scores = rng.normal(size=(2 * n_groups, captions * 2 * n_groups))
+    scores[np.repeat(np.arange(2 * n_groups), captions), np.arange(captions * 2 * n_groups)] += signal
+    return scores
+
+
+def test_intervals_are_the_percentiles_of_figures_recomputed_on_resampled_groups():
+    """A loop reference: resample the groups with the same draws, recompute each figure from
+    the groups' own outcomes (queries weighted by group, Winoground by pair), take percentiles."""
+    owner = np.repeat(np.arange(12), 2)
+    groups = GroupSet([Group((0, 1), "a"), Group((2, 3, 4), "a"), Group((5, 6), "a"), Group((7, 8), "a"),
+                       Group((9, 10, 11), "a")], owner)
+    scores = np.random.default_rng(1).normal(size=(12, 24))
+    result = score_groups(scores, groups, resamples=200, seed=3)
+    alone = [score_groups(scores, GroupSet([g], owner), resamples=0).overall for g in groups.groups]
+    rng = np.random.default_rng([3, __import__("zlib").crc32(b"all")])
+    draws = rng.integers(0, len(alone), size=(200, len(alone)))
+    for figure in ("t2i", "i2t", "group"):
+        stats = []
+        for draw in draws:
+            rows = [alone[k] for k in draw if alone[k][figure] is not None]
+            weight = [r["queries"] if figure in ("t2i", "i2t") else 1 for r in rows]
+            stats.append(np.average([r[figure] for r in rows], weights=weight) if rows else np.nan)
+        expected = np.nanpercentile(stats, [2.5, 97.5])
+        np.testing.assert_allclose(result.overall[f"{figure}_ci"], expected, rtol=1e-12)
+        low, high = result.overall[f"{figure}_ci"]
+        assert low <= result.overall[figure] <= high
+
+
+def test_intervals_are_reproducible_and_as_wide_as_the_sampling_error():
+    groups, scores = _twins(600), _noisy_scores(600, 1.0)
+    first, again = score_groups(scores, groups), score_groups(scores, groups)
+    assert first == again and first.bootstrap == {
+        "resamples": 1000, "confidence": 0.95, "seed": 0,
+        "method": "percentile; groups resampled with replacement (per kind within the kind)"}
+    assert score_groups(scores, groups, seed=1).overall["t2i_ci"] != first.overall["t2i_ci"]
+    for name, row in [*first.by_kind.items(), ("all", first.overall)]:
+        for figure in ("t2i", "i2t", "text", "image", "group"):
+            low, high = row[f"{figure}_ci"]
+            assert low < row[figure] < high, (name, figure)
+    # with one caption per image the Winoground group score of a pair is 0 or 1: the 95% interval
+    # spans about 2 x 1.96 standard errors of a mean over the kind's 200 pairs
+    row = score_groups(_noisy_scores(600, 1.0, captions=1), _twins(600, captions=1)).by_kind["relation"]
+    p, n = row["group"] / 100, row["groups"]
+    standard = 2 * 1.96 * 100 * np.sqrt(p * (1 - p) / n)
+    assert 0.85 * standard < row["group_ci"][1] - row["group_ci"][0] < 1.15 * standard
+    wide = first.by_kind["relation"]["group_ci"]
+    narrower = score_groups(scores, groups, confidence=0.5).by_kind["relation"]["group_ci"]
+    assert narrower[1] - narrower[0] < wide[1] - wide[0]
+    perfect = score_groups(np.eye(8).repeat(2, axis=1), _twins(4, captions=2))
+    assert perfect.overall["t2i_ci"] == [100.0, 100.0] and perfect.overall["group_ci"] == [100.0, 100.0]
+
+
+def test_the_bootstrap_takes_well_under_a_second_for_a_thousand_groups():
+    groups, scores = _twins(1000), _noisy_scores(1000, 0.5)
+    score_groups(scores, groups, resamples=0)
+    seconds = []
+    for _ in range(3):
+        start = time.perf_counter()
+        score_groups(scores, groups)  # 4 rows (3 kinds and all) of 1,000 resamples
+        seconds.append(time.perf_counter() - start)
+    assert min(seconds) < 0.5, seconds
+
+
+def test_intervals_in_the_table_and_round_trips(monkeypatch):
+    groups, scores = _twins(30), _noisy_scores(30, 1.0)
+    result = score_groups(scores, groups)
+    again = GroupResult.from_dict(json.loads(json.dumps(result.as_dict())))
+    assert again == result
+    row = next(line for line in result.table().splitlines() if line.startswith("relation"))
+    low, high = result.by_kind["relation"]["t2i_ci"]
+    assert f"{result.by_kind['relation']['t2i']:.1f} [{low:.1f}, {high:.1f}]" in row and " 10 " in row
+    assert "95% bootstrap interval (1000 resamples of the groups" in result.table()
+    # results written before the intervals load and print without them
+    old = result.as_dict()
+    del old["bootstrap"]
+    for row in [old["overall"], *old["by_kind"].values()]:
+        for figure in groups_module.FIGURES:
+            del row[f"{figure}_ci"]
+    plain = GroupResult.from_dict(old)
+    assert plain.bootstrap is None and "[" not in plain.table()
+    # the resampling is drawn in chunks of resamples when the groups are many: the same draws
+    monkeypatch.setattr(groups_module, "BOOTSTRAP_CELLS", 7 * 30)
+    assert score_groups(scores, groups) == result
+
+
+def test_pair_scores_give_the_figures_of_the_whole_matrix():
+    """The groups protocol without the whole matrix: only the blocks of GroupSet.blocks()."""
+    rng = np.random.default_rng(0)
+    owner = np.repeat(np.arange(20), 3)
+    order = rng.permutation(20)
+    groups = GroupSet([Group(tuple(order[:2]), "a"), Group(tuple(order[2:5]), "b"),
+                       Group(tuple(order[5:7]), "a", captions=((int(3 * order[5] + 1),), (int(3 * order[6]),))),
+                       Group((18, 19), "b")], owner)
+    scores = rng.normal(size=(20, 60)).astype(np.float32)
+    scores[:, ::7] = 0.5  # ties count as wrong either way
+    for per_block in (1, 2, 8):
+        blocks = groups.blocks(per_block)
+        pairs = PairScores(blocks, [scores[np.ix_(i, c)] for i, c in blocks], scores.shape)
+        assert score_groups(pairs, groups) == score_groups(scores, groups)
+    with pytest.raises(KeyError, match="image 0 with caption 59 was not scored"):
+        pairs[np.array([0]), np.array([59])]
+    with pytest.raises(ValueError, match="groups_per_block must be at least 1"):
+        groups.blocks(0)
 
 
 # --- the scenes twins, declared through the interface --------------------------------------

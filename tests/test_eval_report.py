@@ -61,6 +61,16 @@ def test_parse_protocols():
         parse_protocols("grups")
     with pytest.raises(ValueError, match="one Recall@K protocol"):
         parse_protocols("full,coco-5k")
+    # a split's own default (the scenes groups split: none) applies when no Recall@K is named
+    assert parse_protocols("groups", default="none") == ("none", ("groups",))
+    assert parse_protocols("full,groups", default="none") == ("full", ("groups",))
+    assert parse_protocols("none,groups") == ("none", ("groups",))
+    assert parse_protocols("groups,probes", default="none") == ("full", ("groups", "probes"))
+    assert parse_protocols("groups", default="coco-1k") == ("coco-1k", ("groups",))
+    with pytest.raises(ValueError, match="probes measure what a perturbation costs in R@K"):
+        parse_protocols("none,probes")
+    with pytest.raises(ValueError, match="needs an extra protocol beside it"):
+        parse_protocols("none")
 
 
 def test_curves_and_histograms_from_ranks():
@@ -100,19 +110,27 @@ def test_tables_write_nan_and_inf_apart_from_not_computed():
     assert recall_table([_perfect("fine")]).text().splitlines()[-1].startswith("fine")
 
 
-def _groups(kinds: int, pairs_every: int = 2, value: float = 62.5) -> dict:
-    """Group figures of ``kinds`` kinds; every other kind has no pairs (no Winoground scores)."""
+def _groups(kinds: int, pairs_every: int = 2, value: float = 62.5, intervals: bool = False) -> dict:
+    """Group figures of ``kinds`` kinds; every other kind has no pairs (no Winoground scores);
+    with ``intervals``, each figure's bootstrap interval (value -8 / +6, within 0..100)."""
     by_kind = {}
     for k in range(kinds):
         pairs = k % pairs_every == 0
-        by_kind[f"kind-{k:02d}" + ("-with-a-longer-name" if k == 1 else "")] = {
+        row = {
             "t2i": value, "i2t": 100.0 - value, "text": 50.0 if pairs else None, "image": 50.0 if pairs else None,
             "group": 25.0 if pairs else None, "t2i_chance": 50.0, "i2t_chance": 33.3,
             "text_chance": 25.0 if pairs else None, "image_chance": 25.0 if pairs else None,
             "group_chance": 100 / 6 if pairs else None, "groups": 2 + k, "pairs": 2 + k if pairs else 0,
         }
+        if intervals:
+            row |= {f"{f}_ci": None if row[f] is None else [max(row[f] - 8, 0.0), min(row[f] + 6, 100.0)]
+                    for f in ("t2i", "i2t", "text", "image", "group")}
+        by_kind[f"kind-{k:02d}" + ("-with-a-longer-name" if k == 1 else "")] = row
     overall = {**by_kind[min(by_kind)], "groups": sum(r["groups"] for r in by_kind.values())}
-    return {"overall": overall, "by_kind": by_kind if kinds > 1 else {}}
+    out = {"overall": overall, "by_kind": by_kind if kinds > 1 else {}}
+    if intervals:
+        out["bootstrap"] = {"resamples": 1000, "confidence": 0.95, "seed": 0, "method": "percentile"}
+    return out
 
 
 def test_group_table_says_n_a_with_the_reason_where_a_kind_has_no_pairs():
@@ -142,8 +160,22 @@ def _texts_overlap(fig) -> list[tuple[str, str]]:
     return [(a, b) for k, (a, box) in enumerate(boxes) for b, other in boxes[k + 1 :] if box.overlaps(other)]
 
 
-@pytest.mark.parametrize("kinds", [1, 3, 10, 30])
-def test_group_kinds_plot_stays_legible_for_any_number_of_kinds(kinds, tmp_path, monkeypatch):
+def test_group_table_shows_each_figure_with_its_interval_and_the_groups_per_kind():
+    with_ci, without = _perfect("new"), _perfect("old")  # an older result file has no intervals
+    with_ci.extras["groups"], without.extras["groups"] = _groups(3, intervals=True), _groups(3)
+    table = group_table([with_ci, without])
+    lines = table.text().splitlines()
+    new_rows = [line for line in lines if "kind-00" in line]
+    assert new_rows[0].split()[1:] == ["kind-00", "2", "62.5", "[54.5,", "68.5]", "37.5", "[29.5,", "43.5]",
+                                       "50.0", "[42.0,", "56.0]", "50.0", "[42.0,", "56.0]", "25.0", "[17.0,", "31.0]"]
+    assert new_rows[1].split()[1:] == ["kind-00", "2", "62.5", "37.5", "50.0", "50.0", "25.0"]
+    assert next(line for line in lines if "kind-01" in line).split()[-5:] == ["[29.5,", "43.5]", "n/a", "n/a", "n/a"]
+    assert "95% bootstrap interval: the groups resampled with replacement 1000 times" in table.text()
+    assert "<td>62.5 [54.5, 68.5]</td>" in table.html()
+
+
+@pytest.mark.parametrize("kinds, intervals", [(1, False), (3, False), (10, False), (30, False), (3, True), (10, True)])
+def test_group_kinds_plot_stays_legible_for_any_number_of_kinds(kinds, intervals, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     drawn = []
     save = report._save
@@ -151,7 +183,7 @@ def test_group_kinds_plot_stays_legible_for_any_number_of_kinds(kinds, tmp_path,
     records = []
     for k, value in enumerate((62.5, 100.0)):  # two models: two bars and two values per slot
         record = _perfect(f"model-{k}")
-        record.extras["groups"] = _groups(kinds, value=value)
+        record.extras["groups"] = _groups(kinds, value=value, intervals=intervals)
         records.append(record)
     assert report.plot_group_kinds(records, tmp_path / "group_kinds.png") == tmp_path / "group_kinds.png"
     (fig,) = drawn
@@ -162,6 +194,16 @@ def test_group_kinds_plot_stays_legible_for_any_number_of_kinds(kinds, tmp_path,
     assert len(marks) == 2 * (kinds // 2) * (len(fig.axes) == 3), "a kind without pairs: its Winoground slots say n/a"
     if marks:
         assert any("n/a: no groups of two (pairs)" in t.get_text() for t in fig.texts)
+    # an error bar per bar with an interval: both models, every kind and "all", each panel
+    from matplotlib.collections import LineCollection
+
+    bars = [c for ax in fig.axes for c in ax.collections if isinstance(c, LineCollection)]
+    with_ci = sum(len(c.get_segments()) for c in bars)
+    defined = sum(1 for ax_figure in ("t2i", "i2t", "group") for r in records
+                  for row in [*r.extras["groups"]["by_kind"].values(), r.extras["groups"]["overall"]]
+                  if row.get(f"{ax_figure}_ci"))
+    assert with_ci == (defined if intervals else 0)
+    assert any("error bars: 95% bootstrap interval" in t.get_text() for t in fig.texts) == intervals
 
 
 def test_report_page_explains_its_marks(tmp_path):
@@ -186,6 +228,44 @@ def test_extra_protocols_refuse_before_encoding(bundles, scenes_root, monkeypatc
         run_protocols(model, test, "groups")
     with pytest.raises(ValueError, match="--word-classes"):
         run_protocols(model, test, "probes")
+
+
+def test_groups_on_the_groups_split_score_only_their_pairs_and_give_the_whole_matrix_figures(
+    bundles, scenes_root, tmp_path, monkeypatch
+):
+    """`--protocol groups` on the scenes groups split: no Recall@K (the split declares none),
+    each caption scored against its own group's images only, the same figures as from the
+    whole images x captions matrix (`full,groups`) and from Recall@K folds beside the pairs."""
+    from xmatch.eval.groups import GroupSet
+    from xmatch.scenes.dataset import open_scenes
+
+    split = open_scenes(scenes_root, "groups", size="tiny", backbone="test_efficientnet", weights="random",
+                        progress=False)
+    model = xmatch.build(bundles[1], pretrained=True)
+    blocks = GroupSet.blocks
+    monkeypatch.setattr(GroupSet, "blocks", lambda self, groups_per_block=1: blocks(self, 1))  # one group a block
+    scored = []
+    similarity = model.similarity
+    monkeypatch.setattr(model, "similarity", lambda img, txt, **k: scored.append((len(img), len(txt))) or similarity(img, txt, **k))
+    pairs = run_protocols(model, split, "groups", name="pairs", progress=False)
+    assert scored == [(2, 10)] * 6  # 6 twin pairs, 5 captions an image: 120 of the 720 pairs
+    scored.clear()
+    whole = run_protocols(model, split, "full,groups", name="whole", progress=False)
+    assert sum(a * b for a, b in scored) == 12 * 60
+    folds = run_protocols(model, split, "full,groups", fold_images=4, progress=False)
+    assert pairs.extras["groups"] == whole.extras["groups"] == folds.extras["groups"]
+    assert pairs.extras["groups"]["overall"]["groups"] == 6 and "t2i_ci" in pairs.extras["groups"]["by_kind"]["size"]
+    assert pairs.result.protocol == "none" and pairs.provenance["protocol"] == "groups" and pairs.ranks("t2i") is None
+    assert whole.provenance["protocol"] == "full+groups" and whole.provenance["split"] == "groups"
+    # no Recall@K table for a record without Recall@K; the report and the result file go on
+    assert "Recall@K" not in comparison_tables([pairs]) and "Recall@K (full)" in comparison_tables([pairs, whole])
+    pytest.importorskip("matplotlib")
+    written = report.write_report([pairs], tmp_path / "report")
+    assert "recall_curves" not in written and "group_kinds" in written
+    (again,) = load_records(written["results"])
+    assert again.extras["groups"] == json.loads(json.dumps(pairs.extras["groups"]))
+    with pytest.raises(ValueError, match="NDCG"):
+        run_protocols(model, split, "groups", relevance={"rougel": np.zeros((60, 12))})
 
 
 def test_scenes_fingerprint_tells_two_feature_sets_of_the_same_scenes_apart(scenes_root):

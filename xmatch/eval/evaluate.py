@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from xmatch.model.buckets import BucketedEmbeddings
+from xmatch.model.embeddings import Embeddings
 from xmatch.data.base import ImageTextDataset
 from xmatch.data.fit import check_images_fit
 from xmatch.eval.protocol import EvalResult, evaluate_blocks, fold_layout
@@ -97,26 +98,38 @@ def encode_dataset(
     return Encoded(images, BucketedEmbeddings.from_parts(captions, positions, consume=True), time.perf_counter() - start)
 
 
+#: what :func:`score_blocks` scores: a fold (a slice of images against their own captions), or
+#: chosen ``(image indices, caption indices)`` (e.g. the members and captions of hard-negative groups)
+Block = slice | tuple[np.ndarray, np.ndarray]
+
+
 @torch.inference_mode()
 def score_blocks(
     model: MatchingModel,
     encoded: Encoded,
-    folds: Sequence[slice],
+    folds: Sequence[Block],
     captions_per_image: int,
     *,
     rows_per_step: int = 256,
     progress: bool = True,
 ) -> list[np.ndarray]:
-    """The score block of each fold (its images against its own captions), float32 on CPU.
+    """The score block of each fold (its images against its own captions), or of each chosen
+    ``(images, captions)`` pair of index arrays (``[len(images), len(captions)]``), float32 on CPU.
 
     Rows are scored ``rows_per_step`` images at a time through ``model.similarity``, which
     chunks further so peak memory stays bounded whatever the set size.
     """
     c = captions_per_image
     blocks = []
-    total = sum(f.stop - f.start for f in folds)
+    total = sum(f.stop - f.start if isinstance(f, slice) else len(f[0]) for f in folds)
     with progress_bar(total=total, desc="similarity", unit="img", show=progress) as bar:
         for fold in folds:
+            if not isinstance(fold, slice):
+                rows, cols = fold
+                scores = model.similarity(_take(encoded.images, rows), _take(encoded.captions, cols))
+                blocks.append(scores.float().cpu().numpy())
+                bar.update(len(rows))
+                continue
             txt = encoded.captions[c * fold.start : c * fold.stop]
             block = np.empty((fold.stop - fold.start, len(txt)), dtype=np.float32)
             for i in range(fold.start, fold.stop, rows_per_step):
@@ -125,6 +138,15 @@ def score_blocks(
                 bar.update(j - i)
             blocks.append(block)
     return blocks
+
+
+def _take(items: BucketedEmbeddings, index: np.ndarray) -> BucketedEmbeddings | Embeddings:
+    """The items at ``index``, in that order: a view for a run of neighbours (a group's members
+    usually are), else the items gathered one by one."""
+    index = np.asarray(index, dtype=np.int64)
+    if len(index) and (np.diff(index) == 1).all():
+        return items[int(index[0]) : int(index[-1]) + 1]
+    return Embeddings.cat([items[int(k)] for k in index])
 
 
 def evaluate(
@@ -179,7 +201,7 @@ def evaluate(
 def ensemble_blocks(
     models: Sequence[MatchingModel],
     dataset: RetrievalSet,
-    folds: Sequence[slice],
+    folds: Sequence[Block],
     captions_per_image: int,
     *,
     image_batch_size: int = 64,

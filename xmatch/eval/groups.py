@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +129,27 @@ class GroupSet:
     def sizes(self) -> np.ndarray:
         """Members per group ``[G]``."""
         return (self.group_members >= 0).sum(axis=1)
+
+    def blocks(self, groups_per_block: int = 8) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The ``(image indices, caption indices)`` blocks whose scores hold every pair the
+        groups read: ``groups_per_block`` neighbouring groups at a time, their member images
+        against their captions (:class:`PairScores` reads them back). A block scores a few
+        pairs across its groups too: one product of 8 groups costs less than 8 tiny ones.
+
+        Example:
+            >>> gs = GroupSet([Group((0, 1)), Group((2, 3))], caption_image=np.repeat(np.arange(4), 2))
+            >>> [(i.tolist(), c.tolist()) for i, c in gs.blocks(groups_per_block=1)]
+            [([0, 1], [0, 1, 2, 3]), ([2, 3], [4, 5, 6, 7])]
+        """
+        if groups_per_block < 1:
+            raise ValueError(f"groups_per_block must be at least 1, got {groups_per_block}.")
+        out = []
+        for start in range(0, len(self), groups_per_block):
+            members = self.group_members[start : start + groups_per_block]
+            units = self.group_units[start : start + groups_per_block]
+            out.append((np.unique(self.member_image[members[members >= 0]]),
+                        np.unique(self.unit_caption[units[units >= 0]])))
+        return out
 
     @classmethod
     def from_json(cls, path: str | os.PathLike, dataset: Any) -> GroupSet:
@@ -242,9 +264,59 @@ def _image_finder(names: list[str]) -> Callable[[Any, str], int]:
     return find
 
 
-def _cell(value: float | None) -> str:
-    """A figure in the table: ``n/a`` where it cannot be computed (None), NaN as ``nan``."""
-    return f"{'n/a':>8s}" if value is None else f"{value:8.1f}"
+class PairScores:
+    """Scores of chosen (image, caption) pairs of a split, read like the ``[images, captions]``
+    matrix (``scores[rows, cols]`` with index arrays): what :func:`score_groups` needs without
+    scoring every image against every caption.
+
+    Args:
+        blocks: ``(image indices, caption indices)`` of each scored block
+            (:meth:`GroupSet.blocks`).
+        scores: each block's ``[len(images), len(captions)]`` scores.
+        shape: ``(images, captions)`` of the whole split.
+
+    Raises:
+        KeyError: on reading a pair that no block scored (named).
+
+    Example:
+        >>> blocks = [(np.array([0, 1]), np.array([0, 1]))]
+        >>> pairs = PairScores(blocks, [np.array([[0.9, 0.2], [0.3, 0.8]])], shape=(4, 4))
+        >>> pairs[np.array([1, 0]), np.array([1, 1])]
+        array([0.8, 0.2])
+    """
+
+    def __init__(self, blocks: Sequence[tuple[np.ndarray, np.ndarray]], scores: Sequence[Any],
+                 shape: tuple[int, int]) -> None:
+        self.shape = (int(shape[0]), int(shape[1]))
+        keys, values = [], []
+        for (rows, cols), block in zip(blocks, scores, strict=True):
+            rows, cols, block = np.asarray(rows, np.int64), np.asarray(cols, np.int64), _as_scores(block)
+            if block.shape != (len(rows), len(cols)):
+                raise ValueError(f"a block of {len(rows)} images x {len(cols)} captions has scores of shape {block.shape}.")
+            keys.append((rows[:, None] * self.shape[1] + cols[None, :]).ravel())
+            values.append(block.ravel())
+        keys_all = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+        self._keys, first = np.unique(keys_all, return_index=True)
+        self._values = (np.concatenate(values) if values else np.zeros(0))[first]
+
+    def __getitem__(self, index: tuple[Any, Any]) -> np.ndarray:
+        rows, cols = np.broadcast_arrays(np.asarray(index[0], np.int64), np.asarray(index[1], np.int64))
+        keys = rows * self.shape[1] + cols
+        at = np.minimum(np.searchsorted(self._keys, keys), max(len(self._keys) - 1, 0))
+        found = self._keys[at] == keys if len(self._keys) else np.zeros(keys.shape, bool)
+        if not found.all():
+            k = np.flatnonzero(~found.ravel())[0]
+            raise KeyError(f"image {rows.ravel()[k]} with caption {cols.ravel()[k]} was not scored; "
+                           "score the blocks of GroupSet.blocks() or pass the whole matrix.")
+        return self._values[at]
+
+
+def _cell(value: float | None, interval: Sequence[float] | None = None) -> str:
+    """A figure in the table: ``n/a`` where it cannot be computed (None), NaN as ``nan``, with
+    its interval ``[low, high]`` when there is one."""
+    if value is None:
+        return "n/a"
+    return f"{value:.1f}" if interval is None else f"{value:.1f} [{interval[0]:.1f}, {interval[1]:.1f}]"
 
 
 @dataclass
@@ -252,35 +324,58 @@ class GroupResult:
     """Group figures, in percent: overall and per kind of difference.
 
     Each row holds ``t2i``, ``i2t`` (accuracy within the group), ``text``, ``image``, ``group``
-    (Winoground scores over the pair groups; None without pairs), their chance levels
-    (``t2i_chance``...) and counts (``groups``, ``pairs``, ``queries``).
+    (Winoground scores over the pair groups; None without pairs), their bootstrap intervals
+    (``t2i_ci``: ``[low, high]``, see ``bootstrap``; absent in results made without them),
+    their chance levels (``t2i_chance``...) and counts (``groups``, ``pairs``, ``queries``).
+
+    Attributes:
+        overall: the row over all groups.
+        by_kind: a row per kind of difference (empty with a single kind).
+        bootstrap: how the intervals were made (``resamples``, ``confidence``, ``seed``,
+            ``method``); None without intervals.
     """
 
     overall: dict[str, Any]
     by_kind: dict[str, dict[str, Any]] = field(default_factory=dict)
+    bootstrap: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (JSON)."""
-        return {"overall": dict(self.overall), "by_kind": {k: dict(v) for k, v in self.by_kind.items()}}
+        data = {"overall": dict(self.overall), "by_kind": {k: dict(v) for k, v in self.by_kind.items()}}
+        if self.bootstrap is not None:
+            data["bootstrap"] = dict(self.bootstrap)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GroupResult:
-        return cls(dict(data["overall"]), {k: dict(v) for k, v in data.get("by_kind", {}).items()})
+        """A result from :meth:`as_dict`'s data (results written before the intervals load
+        without them)."""
+        bootstrap = data.get("bootstrap")
+        return cls(dict(data["overall"]), {k: dict(v) for k, v in data.get("by_kind", {}).items()},
+                   None if bootstrap is None else dict(bootstrap))
 
     def table(self) -> str:
-        """One row per kind of difference, then all groups."""
-        head = f"{'kind':14s}{'groups':>7s}" + "".join(f"{f:>8s}" for f in FIGURES)
-        rows = [head]
+        """One row per kind of difference, then all groups, then chance; each figure with its
+        bootstrap interval ``[low, high]`` when computed."""
+        rows = [["kind", "groups", *FIGURES]]
         for name, row in [*sorted(self.by_kind.items()), ("all", self.overall)]:
-            rows.append(f"{name:14s}{row['groups']:7d}" + "".join(_cell(row.get(f)) for f in FIGURES))
-        rows.append(f"{'chance':14s}{'':7s}" + "".join(_cell(self.overall.get(f + "_chance")) for f in FIGURES))
+            rows.append([name, str(row["groups"]), *(_cell(row.get(f), row.get(f"{f}_ci")) for f in FIGURES)])
+        rows.append(["chance", "", *(_cell(self.overall.get(f + "_chance")) for f in FIGURES)])
+        widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths))) for r in rows]
         if any(row.get(f) is None for row in [self.overall, *self.by_kind.values()] for f in FIGURES):
-            rows.append("n/a: no groups of two (pairs) of that kind; the Winoground scores (text, image, group) "
-                        "are defined on pairs only.")
-        return "\n".join(rows)
+            lines.append("n/a: no groups of two (pairs) of that kind; the Winoground scores (text, image, group) "
+                         "are defined on pairs only.")
+        if self.bootstrap is not None:
+            b = self.bootstrap
+            lines.append(f"[low, high]: {100 * b['confidence']:g}% bootstrap interval ({b['resamples']} resamples of "
+                         f"the groups with replacement, a kind's within the kind; seed {b['seed']}).")
+        return "\n".join(lines)
 
 
-def _as_scores(scores: Any) -> np.ndarray:
+def _as_scores(scores: Any) -> np.ndarray | PairScores:
+    if isinstance(scores, PairScores):
+        return scores
     if hasattr(scores, "detach"):
         scores = scores.detach().float().cpu().numpy()
     return np.asarray(scores)
@@ -292,14 +387,16 @@ def _unit_outcomes(scores: np.ndarray, gs: GroupSet) -> tuple[np.ndarray, np.nda
     own = scores[own_image, gs.unit_caption]
     group = gs.member_group[gs.unit_member]
 
+    # padded slots read the unit's own pair (masked out below): every pair read lies within a
+    # group, so scores of the groups' pairs only (PairScores) suffice
     members = gs.group_members[group]  # [U, Gmax]
     valid = (members >= 0) & (members != gs.unit_member[:, None])
-    images = gs.member_image[np.where(members >= 0, members, 0)]
+    images = gs.member_image[np.where(members >= 0, members, gs.unit_member[:, None])]
     rivals = np.where(valid, scores[images, gs.unit_caption[:, None]], -np.inf)
     t2i = own > rivals.max(axis=1)
 
     units = gs.group_units[group]  # [U, Umax]: every caption of the group
-    safe = np.where(units >= 0, units, 0)
+    safe = np.where(units >= 0, units, np.arange(len(units))[:, None])
     valid = (units >= 0) & (gs.unit_member[safe] != gs.unit_member[:, None])
     rivals = np.where(valid, scores[own_image[:, None], gs.unit_caption[safe]], -np.inf)
     i2t = own > rivals.max(axis=1)
@@ -315,7 +412,7 @@ def _winoground(scores: np.ndarray, gs: GroupSet) -> tuple[np.ndarray, np.ndarra
         return pairs, empty, empty, empty
     a_member, b_member = gs.group_members[pairs, 0], gs.group_members[pairs, 1]
     units = gs.group_units[pairs]  # [P, Umax]
-    safe = np.where(units >= 0, units, 0)
+    safe = np.where(units >= 0, units, units[:, :1])  # padding reads the group's first caption (masked out)
     caption, owner = gs.unit_caption[safe], gs.unit_member[safe]
     in_a = (units >= 0) & (owner == a_member[:, None])
     in_b = (units >= 0) & (owner == b_member[:, None])
@@ -334,23 +431,49 @@ def _winoground(scores: np.ndarray, gs: GroupSet) -> tuple[np.ndarray, np.ndarra
     return pairs, mean(text), mean(image), mean(text & image)
 
 
-def score_groups(scores: Any, groups: GroupSet) -> GroupResult:
-    """Group accuracies and Winoground scores of a score matrix, overall and per kind.
+#: bootstrap resamples of :func:`score_groups`' intervals, by default
+RESAMPLES = 1000
+#: resample x group cells drawn at once (bounds the bootstrap's memory for large group sets)
+BOOTSTRAP_CELLS = 1 << 22
+
+
+def score_groups(
+    scores: Any,
+    groups: GroupSet,
+    *,
+    resamples: int = RESAMPLES,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> GroupResult:
+    """Group accuracies and Winoground scores of a score matrix, overall and per kind, each
+    with a percentile bootstrap interval over the groups.
 
     Args:
-        scores: ``[images, captions]`` similarities over the whole split (numpy or torch).
+        scores: ``[images, captions]`` similarities over the whole split (numpy or torch), or
+            :class:`PairScores` holding at least the pairs within each group.
         groups: the split's groups (:class:`GroupSet`).
+        resamples: bootstrap resamples (0: no intervals).
+        confidence: the intervals' coverage (0.95: the 2.5th to the 97.5th percentile).
+        seed: the resampling seed; the same seed gives the same intervals.
 
     Returns:
         A :class:`GroupResult` in percent. ``t2i`` / ``i2t`` average over queries (every
         member caption, every member image-caption pair); the Winoground scores average over
-        pair groups (each group weighs the same however many captions it has).
+        pair groups (each group weighs the same however many captions it has). A figure's
+        interval (``t2i_ci``...) resamples the row's groups with replacement (a kind's within
+        the kind, ``all`` over every group), ``resamples`` times, and takes the percentiles
+        of the figure recomputed on each resample: queries stay with their group, so the
+        captions of one group, which succeed or fail together, are not counted as independent.
 
     Example:
         >>> gs = GroupSet([Group((0, 1), "relation")], caption_image=np.array([0, 1]))
         >>> score_groups(np.array([[0.9, 0.2], [0.3, 0.8]]), gs).overall["group"]
         100.0
     """
+    if resamples < 0:
+        raise ValueError(f"resamples must be 0 (no intervals) or more, got {resamples}.")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie between 0 and 1 (e.g. 0.95), got {confidence}.")
     scores = _as_scores(scores)
     if groups.member_image.max() >= scores.shape[0] or groups.unit_caption.max() >= scores.shape[1]:
         raise ValueError(
@@ -361,8 +484,17 @@ def score_groups(scores: Any, groups: GroupSet) -> GroupResult:
     unit_group = groups.member_group[groups.unit_member]
     pairs, text, image, both = _winoground(scores, groups)
     kinds = np.asarray(groups.kinds)
+    # per group: sums and counts of each figure's outcomes, what a resample of groups adds up
+    n = len(groups)
+    is_pair = np.zeros(n)
+    is_pair[pairs] = 1.0
+    per_pair = np.zeros((3, n))
+    per_pair[:, pairs] = [text, image, both]
+    queries = np.bincount(unit_group, minlength=n).astype(np.float64)
+    sums = np.stack([np.bincount(unit_group, t2i, n), np.bincount(unit_group, i2t, n), *per_pair])
+    counts = np.stack([queries, queries, is_pair, is_pair, is_pair])
 
-    def row(selected: np.ndarray) -> dict[str, Any]:
+    def row(selected: np.ndarray, name: str) -> dict[str, Any]:
         units = selected[unit_group]
         in_pairs = selected[pairs]
         n_pairs = int(in_pairs.sum())
@@ -370,11 +502,19 @@ def score_groups(scores: Any, groups: GroupSet) -> GroupResult:
         def pct(x: np.ndarray) -> float | None:
             return float(100.0 * x.mean()) if len(x) else None
 
-        return {
+        figures = {
             "t2i": pct(t2i[units]), "i2t": pct(i2t[units]),
             "text": pct(text[in_pairs]) if n_pairs else None,
             "image": pct(image[in_pairs]) if n_pairs else None,
             "group": pct(both[in_pairs]) if n_pairs else None,
+        }
+        if resamples:
+            rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+            low, high = _bootstrap(sums[:, selected], counts[:, selected], resamples, confidence, rng)
+            figures |= {f"{f}_ci": None if figures[f] is None else [float(low[k]), float(high[k])]
+                        for k, f in enumerate(FIGURES)}
+        return {
+            **figures,
             "t2i_chance": pct(t2i_chance[units]), "i2t_chance": pct(i2t_chance[units]),
             # random scores: each of the two comparisons holds with probability 1/2
             "text_chance": 25.0 if n_pairs else None, "image_chance": 25.0 if n_pairs else None,
@@ -383,9 +523,35 @@ def score_groups(scores: Any, groups: GroupSet) -> GroupResult:
             "groups": int(selected.sum()), "pairs": n_pairs, "queries": int(units.sum()),
         }
 
-    everything = np.ones(len(groups), dtype=bool)
-    by_kind = {str(k): row(kinds == k) for k in sorted(set(groups.kinds))}
-    return GroupResult(row(everything), by_kind if len(by_kind) > 1 else {})
+    everything = np.ones(n, dtype=bool)
+    by_kind = {str(k): row(kinds == k, str(k)) for k in sorted(set(groups.kinds))}
+    bootstrap = None
+    if resamples:
+        bootstrap = {"resamples": resamples, "confidence": confidence, "seed": seed,
+                     "method": "percentile; groups resampled with replacement (per kind within the kind)"}
+    return GroupResult(row(everything, "all"), by_kind if len(by_kind) > 1 else {}, bootstrap)
+
+
+def _bootstrap(sums: np.ndarray, counts: np.ndarray, resamples: int, confidence: float,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile interval of each figure ``sum(sums[f]) / sum(counts[f])`` (in percent) over
+    ``resamples`` draws of the groups (the columns) with replacement: ``(low [F], high [F])``;
+    NaN where no resample has a count (a figure without pairs)."""
+    n = sums.shape[1]
+    stats = np.empty((resamples, len(sums)))
+    step = max(1, BOOTSTRAP_CELLS // n)
+    for start in range(0, resamples, step):
+        b = min(step, resamples - start)
+        draws = rng.integers(0, n, size=(b, n)) + (np.arange(b) * n)[:, None]
+        times = np.bincount(draws.ravel(), minlength=b * n).reshape(b, n).astype(np.float64)  # [b, groups]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            stats[start : start + b] = 100.0 * (times @ sums.T) / (times @ counts.T)
+    tail = 50.0 * (1 - confidence)
+    low, high = np.full(len(sums), np.nan), np.full(len(sums), np.nan)
+    defined = ~np.isnan(stats).all(axis=0)  # a resample without pairs has no Winoground score: left out
+    if defined.any():
+        low[defined], high[defined] = np.nanpercentile(stats[:, defined], [tail, 100 - tail], axis=0)
+    return low, high
 
 
 def dataset_groups(dataset: Any, source: str | os.PathLike | None = None) -> GroupSet:
@@ -411,4 +577,6 @@ def dataset_groups(dataset: Any, source: str | os.PathLike | None = None) -> Gro
     return found if isinstance(found, GroupSet) else GroupSet(list(found), dataset.caption_image)
 
 
-__all__ = ["FIGURES", "Group", "GroupResult", "GroupSet", "GroupsFileError", "dataset_groups", "score_groups"]
+__all__ = [
+    "FIGURES", "Group", "GroupResult", "GroupSet", "GroupsFileError", "PairScores", "dataset_groups", "score_groups",
+]

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from xmatch.eval.groups import FIGURES as GROUP_FIGURES
-from xmatch.eval.suite import RunRecord, save_records
+from xmatch.eval.suite import NO_RECALL, RunRecord, save_records
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,20 @@ class NotApplicable:
         return "n/a"
 
 
+@dataclass(frozen=True)
+class WithInterval:
+    """A figure with its confidence interval, written ``85.3 [82.1, 88.4]``.
+
+    Example:
+        >>> format_figure(WithInterval(85.31, 82.06, 88.44))
+        '85.3 [82.1, 88.4]'
+    """
+
+    value: Any
+    low: float
+    high: float
+
+
 #: a figure that was not computed: the protocol was not asked for, or the result file lacks it
 NOT_COMPUTED = "-"
 #: what each mark means (the report's legend)
@@ -79,10 +93,14 @@ def format_figure(value: Any, digits: int = 1) -> str:
     ``inf`` or ``-inf`` when it came out non-finite (never ``-``: a broken figure must not look
     like a missing one).
 
+    A :class:`WithInterval` is the figure then its interval in brackets.
+
     Example:
         >>> [format_figure(v) for v in (66.83, 3, None, NotApplicable("no pairs"), float("nan"), float("-inf"))]
         ['66.8', '3', '-', 'n/a', 'NaN', '-inf']
     """
+    if isinstance(value, WithInterval):
+        return f"{format_figure(value.value, digits)} [{format_figure(value.low, digits)}, {format_figure(value.high, digits)}]"
     if value is None:
         return NOT_COMPUTED
     if isinstance(value, (str, NotApplicable)):
@@ -107,6 +125,7 @@ def legend_lines(values: Sequence[Any]) -> list[str]:
         >>> legend_lines([1.0, float("nan"), NotApplicable("no pairs of this kind")])
         ['n/a: no pairs of this kind', 'NaN: the figure came out as not-a-number (e.g. a score matrix holding NaN): check the scores']
     """
+    values = [v.value if isinstance(v, WithInterval) else v for v in values]
     shown = {format_figure(v) for v in values if not isinstance(v, str)}
     reasons = list(dict.fromkeys(v.reason for v in values if isinstance(v, NotApplicable)))
     lines = [f"n/a: {reason}" for reason in reasons]
@@ -192,8 +211,12 @@ def provenance_table(records: Sequence[RunRecord]) -> Table:
     return table
 
 
-def recall_table(records: Sequence[RunRecord]) -> Table:
-    """R@1/5/10 both ways, medr, rsum and any NDCG, one row per model."""
+def recall_table(records: Sequence[RunRecord]) -> Table | None:
+    """R@1/5/10 both ways, medr, rsum and any NDCG, one row per model (None when no record
+    computed Recall@K: protocol ``none``, e.g. the scenes ``groups`` split)."""
+    records = [r for r in records if r.result.protocol != NO_RECALL]
+    if not records:
+        return None
     ndcg = sorted({k for r in records for k in r.result.t2i if k.startswith("ndcg_")})
     columns = ["model", *(f"{d} R@{k}" for d in ("i2t", "t2i") for k in (1, 5, 10)), "i2t medr", "t2i medr",
                *(f"{d} {n.replace('ndcg_', 'NDCG ')}" for n in ndcg for d in ("i2t", "t2i")), "rsum"]
@@ -234,8 +257,40 @@ def group_figure(row: Mapping[str, Any], figure: str) -> Any:
     return NotApplicable("no queries of this kind")
 
 
+def group_interval(row: Mapping[str, Any], figure: str) -> tuple[float, float] | None:
+    """The bootstrap interval ``(low, high)`` of a group figure (``row["t2i_ci"]``), None when
+    the row has none (results made before the intervals, or a figure that cannot be computed).
+
+    Example:
+        >>> group_interval({"t2i": 85.3, "t2i_ci": [82.1, 88.4]}, "t2i")
+        (82.1, 88.4)
+    """
+    interval = row.get(f"{figure}_ci")
+    if not isinstance(interval, (list, tuple)) or len(interval) != 2 or group_figure(row, figure) is None:
+        return None
+    return float(interval[0]), float(interval[1])
+
+
+def group_cell(row: Mapping[str, Any], figure: str) -> Any:
+    """A group figure as a table cell: with its interval (:class:`WithInterval`) when it has one,
+    else as :func:`group_figure` gives it."""
+    value, interval = group_figure(row, figure), group_interval(row, figure)
+    return value if interval is None or isinstance(value, NotApplicable) else WithInterval(value, *interval)
+
+
+def interval_note(records: Sequence[RunRecord]) -> str:
+    """What the group figures' intervals are, from the first record that has them ('' if none)."""
+    for r in records:
+        b = (r.extras.get("groups") or {}).get("bootstrap")
+        if b:
+            return (f"[low, high]: {100 * float(b['confidence']):g}% bootstrap interval: the groups resampled with "
+                    f"replacement {b['resamples']} times (a kind's within the kind), percentiles (seed {b['seed']}).")
+    return ""
+
+
 def group_table(records: Sequence[RunRecord]) -> Table | None:
-    """Hard-negative group accuracies and Winoground scores, per kind of difference."""
+    """Hard-negative group accuracies and Winoground scores, per kind of difference, with the
+    number of groups of each kind and, where computed, each figure's bootstrap interval."""
     with_groups = [r for r in records if "groups" in r.extras]
     if not with_groups:
         return None
@@ -246,10 +301,11 @@ def group_table(records: Sequence[RunRecord]) -> Table | None:
         g = r.extras["groups"]
         for k, (kind, row) in enumerate([*sorted(g["by_kind"].items()), ("all", g["overall"])]):
             table.rows.append([r.name if k == 0 else "", kind, row.get("groups"),
-                               *(group_figure(row, f) for f in GROUP_FIGURES)])
+                               *(group_cell(row, f) for f in GROUP_FIGURES)])
     table.rows.append(["chance", "", "", *(group_figure(chance, f"{f}_chance") for f in GROUP_FIGURES)])
-    table.note = ("t2i: a caption's own image beats every other image of its group; i2t: an image's own caption "
-                  "beats every caption of the other members; text / image / group: Winoground scores over pairs.")
+    table.note = " ".join(filter(None, [
+        "t2i: a caption's own image beats every other image of its group; i2t: an image's own caption beats every "
+        "caption of the other members; text / image / group: Winoground scores over pairs.", interval_note(with_groups)]))
     return table
 
 
@@ -527,7 +583,11 @@ def group_kinds_figure(records: Sequence[RunRecord]) -> Any:
     handles_per_row = min(n + 1, 4)  # the models and the chance line
     top_in = 0.45 + 0.22 * -(-(n + 1) // handles_per_row) + 0.35  # title, legend rows, panel titles
     values = {f: [(r.name, [group_figure(_kind_row(r, k), f) for k in kinds]) for r in usable] for f in panels}
+    intervals = {f: [[group_interval(_kind_row(r, k), f) for k in kinds] for r in usable] for f in panels}
     reasons = legend_lines([v for series in values.values() for _, vs in series for v in vs])
+    note = interval_note(usable)
+    if note and any(i is not None for per_model in intervals.values() for row in per_model for i in row):
+        reasons.append("error bars: " + note.removeprefix("[low, high]: "))
     bottom_in = 0.6 + 0.18 * len(reasons) + 0.14 * len(footer) + 0.1
     height = top_in + rows * row_in + bottom_in
 
@@ -537,13 +597,21 @@ def group_kinds_figure(records: Sequence[RunRecord]) -> Any:
     bar = 0.8 / n
     y = np.arange(rows)
     for ax, figure in zip(axes, panels):
-        for k, ((name, vals), colour) in enumerate(zip(values[figure], colours)):
+        for k, ((name, vals), colour, spans) in enumerate(zip(values[figure], colours, intervals[figure])):
             at = y + (k - (n - 1) / 2) * bar
             widths = [np.nan if (number := _finite(v)) is None else number for v in vals]
             ax.barh(at, widths, bar, label=name, color=colour)
-            for centre, value, width in zip(at, vals, widths):
+            shown = [j for j, (w, span) in enumerate(zip(widths, spans)) if np.isfinite(w) and span is not None]
+            if shown:  # the bootstrap interval as an error bar on the bar
+                low = [widths[j] - spans[j][0] for j in shown]
+                high = [spans[j][1] - widths[j] for j in shown]
+                ax.errorbar([widths[j] for j in shown], at[shown], xerr=np.clip([low, high], 0, None), fmt="none",
+                            ecolor="black", elinewidth=0.8, capsize=min(2.0, 30 * bar), capthick=0.8)
+            for centre, value, width, span in zip(at, vals, widths, spans):
                 if np.isfinite(width):
-                    ax.annotate(f"{width:.1f}", (max(width, 0), centre), xytext=(2, 0), textcoords="offset points",
+                    # beside the bar, or beside its error bar where that reaches further
+                    end = max(width, 0, span[1] if span is not None else 0)
+                    ax.annotate(f"{width:.1f}", (end, centre), xytext=(2, 0), textcoords="offset points",
                                 ha="left", va="center", fontsize=7, bbox=VALUE_BOX)
                 else:
                     ax.annotate(format_figure(value), (0, centre), xytext=(2, 0), textcoords="offset points",
@@ -632,7 +700,9 @@ PLOTS: dict[str, tuple[Callable[[Sequence[RunRecord], Any], Path | None], str]] 
                     "right one wins, per kind of difference. The dashed line is chance for random scores; a model "
                     "that scores both members of a pair alike falls below it on the Winoground scores, which need "
                     "two comparisons to go opposite ways. n/a marks a figure that cannot be computed: a kind "
-                    "without pairs (groups of two) has no Winoground score."),
+                    "without pairs (groups of two) has no Winoground score. Error bars, where drawn, are the "
+                    "bootstrap intervals over the groups written under the plot; the number of groups of each kind is "
+                    "beside its name."),
     "probe_costs": (plot_probe_costs, "R@1 lost when every caption is altered. A model that reads word order loses "
                     "recall under shuffling; a bag-of-words model loses none."),
 }
@@ -697,7 +767,7 @@ def write_report(records: Sequence[RunRecord], out: str | os.PathLike, *, comman
         path = plot(records, out / f"{key}.png")
         if path is not None:
             written[key] = path
-    missing = [r.name for r in records if r.ranks("t2i") is None]
+    missing = [r.name for r in records if r.ranks("t2i") is None and r.result.protocol != NO_RECALL]
     if missing:
         logger.warning("no per-query ranks for %s (result files written without them): no curves drawn for them",
                        ", ".join(missing))
@@ -710,8 +780,9 @@ def write_report(records: Sequence[RunRecord], out: str | os.PathLike, *, comman
 
 
 __all__ = [
-    "LEGEND", "NOT_COMPUTED", "NotApplicable", "Table", "check_plotting", "comparison_tables", "cxc_table",
-    "eccv_table", "format_figure", "group_figure", "group_kinds_figure", "group_table", "legend_lines",
+    "LEGEND", "NOT_COMPUTED", "NotApplicable", "Table", "WithInterval", "check_plotting", "comparison_tables",
+    "cxc_table", "eccv_table", "format_figure", "group_cell", "group_figure", "group_interval", "group_kinds_figure",
+    "group_table", "interval_note", "legend_lines",
     "plot_group_kinds", "plot_probe_costs", "plot_rank_distribution", "plot_recall_curves", "probe_table",
     "provenance_table", "rank_histogram", "recall_curve", "recall_table", "tables", "write_report",
 ]

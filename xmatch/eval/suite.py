@@ -41,8 +41,12 @@ logger = logging.getLogger(__name__)
 
 #: protocols computed beside the Recall@K one, from the same scores
 EXTRA_PROTOCOLS = ("eccv-caption", "cxc", "groups", "probes")
-#: the extras that read the whole [images, captions] matrix
-WHOLE_MATRIX = ("eccv-caption", "cxc", "groups")
+#: the extras that read the whole [images, captions] matrix (groups reads it when it is scored
+#: anyway, else only the pairs within its groups)
+WHOLE_MATRIX = ("eccv-caption", "cxc")
+#: the Recall@K choice that computes none: only the extras beside it (not with probes, which
+#: measure what a perturbation costs in R@K)
+NO_RECALL = "none"
 RECORD_FORMAT = "xmatch-eval/1"
 #: what a result file is, for messages
 RESULT_FILE = "the JSON that xmatch eval --json or --report writes (results.json)"
@@ -53,26 +57,46 @@ class ResultFileError(XmatchError, ValueError):
     ``xmatch eval --json`` writes (the message names the file and what is wrong)."""
 
 
-def parse_protocols(text: str | Sequence[str]) -> tuple[str, tuple[str, ...]]:
+def parse_protocols(text: str | Sequence[str], default: str | None = None) -> tuple[str, tuple[str, ...]]:
     """``"full,groups"`` -> ``("full", ("groups",))``: the Recall@K protocol and the extras.
+
+    Args:
+        text: the protocol names, comma-separated; ``none`` as the Recall@K protocol computes
+            only the extras.
+        default: the Recall@K protocol when ``text`` names none (a split's declared
+            ``recall_protocol``); ``none`` applies only beside extras other than ``probes``.
+            Without it: ``full``, or ``coco-5k`` beside ``eccv-caption`` / ``cxc``.
 
     Example:
         >>> parse_protocols("eccv-caption,cxc")
         ('coco-5k', ('eccv-caption', 'cxc'))
+        >>> parse_protocols("groups", default="none")
+        ('none', ('groups',))
     """
     names = [p.strip().lower() for p in (text.split(",") if isinstance(text, str) else text) if p.strip()]
-    unknown = [p for p in names if p not in PROTOCOLS and p not in EXTRA_PROTOCOLS]
+    unknown = [p for p in names if p not in PROTOCOLS and p != NO_RECALL and p not in EXTRA_PROTOCOLS]
     if unknown:
         raise ValueError(
-            f"unknown protocol {unknown[0]!r}; Recall@K protocols: {', '.join(PROTOCOLS)}; "
+            f"unknown protocol {unknown[0]!r}; Recall@K protocols: {', '.join(PROTOCOLS)} (or {NO_RECALL}); "
             f"beside them (comma-separated): {', '.join(EXTRA_PROTOCOLS)}."
         )
-    recall = [p for p in names if p in PROTOCOLS]
+    recall = [p for p in names if p in PROTOCOLS or p == NO_RECALL]
     if len(recall) > 1:
         raise ValueError(f"choose one Recall@K protocol, got {recall}.")
     extras = tuple(dict.fromkeys(p for p in names if p in EXTRA_PROTOCOLS))
-    default = "coco-5k" if {"eccv-caption", "cxc"} & set(extras) else "full"
-    return (recall[0] if recall else default), extras
+    if recall == [NO_RECALL] and (not extras or "probes" in extras):
+        raise ValueError(
+            f"protocol {NO_RECALL!r} computes no Recall@K, so it needs an extra protocol beside it "
+            f"({', '.join(p for p in EXTRA_PROTOCOLS if p != 'probes')}); probes measure what a perturbation "
+            "costs in R@K and need a Recall@K protocol (e.g. full)."
+        )
+    if default is not None and default not in PROTOCOLS and default != NO_RECALL:
+        raise ValueError(f"unknown default Recall@K protocol {default!r}; one of {', '.join(PROTOCOLS)}, {NO_RECALL}.")
+    if recall:
+        return recall[0], extras
+    if default is not None and (default != NO_RECALL or (extras and "probes" not in extras)):
+        return default, extras
+    return ("coco-5k" if {"eccv-caption", "cxc"} & set(extras) else "full"), extras
 
 
 @dataclass
@@ -337,7 +361,7 @@ def _provenance(models: Sequence[MatchingModel], names: Sequence[str], dataset: 
     from xmatch.core.version import __version__
 
     return {
-        "protocol": "+".join([recall, *extras]),
+        "protocol": "+".join([*([recall] if recall != NO_RECALL else []), *extras]),
         "split": getattr(dataset, "split", None),
         "dataset": {
             "name": dataset_name, "fingerprint": dataset_fingerprint(dataset),
@@ -385,7 +409,9 @@ def run_protocols(
     Args:
         models: a model or several (an ensemble).
         dataset: the split (see :class:`~xmatch.eval.RetrievalSet`).
-        protocols: e.g. ``"full,groups,probes"`` (see :func:`parse_protocols`).
+        protocols: e.g. ``"full,groups,probes"`` (see :func:`parse_protocols`); without a
+            Recall@K protocol, the one the split declares (``dataset.recall_protocol``: the
+            scenes ``groups`` split declares ``none``), else ``full``.
         name: the record's label (default: the model names joined by ``+``).
         model_names: one name per model, for the provenance (default ``model0``...).
         dataset_name: the dataset's name in the provenance (default: its class name).
@@ -417,32 +443,44 @@ def run_protocols(
     if not models:
         raise ValueError("run_protocols needs at least one model.")
     model_names = list(model_names or [f"model{k}" for k in range(len(models))])
-    recall, extras = parse_protocols(protocols)
+    recall, extras = parse_protocols(protocols, getattr(dataset, "recall_protocol", None))
     c = dataset.captions_per_image
     if not c:
         raise ValueError("these protocols need the same number of captions for every image.")
+    if recall == NO_RECALL and relevance:
+        raise ValueError("NDCG (relevance) is a Recall@K figure; name a Recall@K protocol (e.g. full) beside the others.")
     n_images = len(dataset.captions) // c
-    folds = fold_layout(n_images, recall, fold_images)
+    folds = [] if recall == NO_RECALL else fold_layout(n_images, recall, fold_images)
     if isinstance(dataset, ImageTextDataset):
         for model in models:
             check_images_fit(model, dataset, "evaluation")
     needs = _resolve_needs(dataset, extras, groups, caption_ids, pmrp_dir, word_classes, probes)
 
     whole = bool(set(WHOLE_MATRIX) & set(extras))
+    scored = [slice(0, n_images)] if whole else folds
+    covers = scored == [slice(0, n_images)]  # the whole matrix is scored anyway: groups read it
+    # else the groups protocol scores only its own pairs: a caption against its group's images
+    pair_blocks = needs["groups"].blocks() if "groups" in extras and not covers else []
     blocks, timings, images = ensemble_blocks(
-        models, dataset, [slice(0, n_images)] if whole else folds, c, image_batch_size=image_batch_size,
+        models, dataset, [*scored, *pair_blocks], c, image_batch_size=image_batch_size,
         text_batch_size=text_batch_size, progress=progress, keep_images="probes" in extras,
     )
-    full = blocks[0] if whole else None
+    blocks, pair_scores = blocks[: len(scored)], blocks[len(scored) :]
+    full = blocks[0] if covers else None
     if whole:
         blocks = [full[f, c * f.start : c * f.stop] for f in folds]
-    result = evaluate_blocks(blocks, recall, c, relevance)
+    if recall == NO_RECALL:
+        result = EvalResult(NO_RECALL, {}, {}, float("nan"))
+    else:
+        result = evaluate_blocks(blocks, recall, c, relevance)
     result.timings = timings
 
     figures: dict[str, Any] = {}
     if "groups" in extras:
-        from xmatch.eval.groups import score_groups
+        from xmatch.eval.groups import PairScores, score_groups
 
+        if full is None:
+            full = PairScores(pair_blocks, pair_scores, (n_images, len(dataset.captions)))
         figures["groups"] = score_groups(full, needs["groups"]).as_dict()
     if "eccv-caption" in extras:
         from xmatch.eval.eccv import eccv_caption_metrics, pmrp

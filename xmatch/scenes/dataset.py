@@ -21,7 +21,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import numpy as np
 from xmatch.data.image_captions import ImageCaptionsDataset
 from xmatch.scenes.captions import captions as draw_captions
 from xmatch.scenes.captions import describe
-from xmatch.scenes.render import Scene, SceneObject, render, sample_group
+from xmatch.scenes.render import VARIANTS, Scene, SceneObject, render, sample_group
 from xmatch.data.teran import TeranDataset
 
 #: images per split (train, val, test); each an even number (scenes come in twin pairs)
@@ -40,6 +40,17 @@ PRESETS: dict[str, tuple[int, int, int]] = {
     "large": (20000, 1000, 1000),
 }
 SPLITS = ("train", "val", "test")
+#: the evaluation split of twin pairs only, balanced over the kinds of difference (docs/scenes.md)
+GROUPS_SPLIT = "groups"
+#: the twins' kinds of difference, cycled group by group in the groups split
+GROUP_KINDS = VARIANTS[1:]
+#: groups of each kind in the groups split (the same first groups in every preset)
+GROUPS_PER_KIND: dict[str, int] = {"tiny": 2, "small": 320, "large": 320}
+#: the groups split's subfolder of a scene set: a scene set of its own, generated on first use
+GROUPS_FOLDER = "groups"
+#: random streams of the groups split (scenes, captions, proposal boxes), apart from the
+#: train / val / test streams 0, 1, 2, so that no preset's other splits hold its scenes
+GROUPS_STREAMS = (3, 4, 5)
 LAYOUTS = ("regions", "images")
 CAPTIONS_PER_IMAGE = 5
 #: bump when the scenes, captions or files change, so old caches are not reused
@@ -73,7 +84,10 @@ def open_scenes(
     Args:
         root: the cache folder (default ``<XMATCH_HOME>/datasets/scenes``, see
             :func:`xmatch.io.hub.cache_dir`); each parameter set gets its own subfolder.
-        split: ``"train"``, ``"val"`` or ``"test"``.
+        split: ``"train"``, ``"val"``, ``"test"``, or ``"groups"``: an evaluation split of twin
+            pairs only, :data:`GROUPS_PER_KIND` of each kind (relation, colour, size: 320 each in
+            ``small`` and ``large``), generated on first use into the set's ``groups``
+            subfolder (train / val / test stay as they are).
         size: a preset of :data:`PRESETS`: ``tiny`` (12 images), ``small`` (1,000, the
             default: about a minute on 2 CPU cores), ``large`` (22,000).
         seed: the same seed gives identical images, captions and features.
@@ -115,34 +129,49 @@ def open_scenes(
     if not folder.is_dir():
         _check_may_generate(base, folder, generate, explicit=root is not None)
     _build_once(folder, lambda tmp: write_scenes(tmp, size, seed, canvas, progress))
+    box_stream = 2
+    if split == GROUPS_SPLIT:
+        folder = folder / GROUPS_FOLDER
+        _build_once(folder, lambda tmp: write_groups(tmp, size, seed, canvas, progress))
+        box_stream = GROUPS_STREAMS[2]
     if layout == "images":
         return _declare_for_evaluation(ImageCaptionsDataset(folder, split))
     features = folder / features_folder_name(regions, backbone, weights)
-    _build_once(
-        features, lambda tmp: write_features(folder, tmp, regions, backbone, weights, seed, batch_size, progress)
-    )
-    return _declare_for_evaluation(TeranDataset(
-        folder, split, captions=folder / KARPATHY_FILE, sizes=folder / SIZES_FILE, features=features
+    _build_once(features, lambda tmp: write_features(
+        folder, tmp, regions, backbone, weights, seed, batch_size, progress, box_stream=box_stream
     ))
+    # the teran layout's Karpathy file knows train / val / test: the groups set is stored as the
+    # test split of its own folder, and named for what it is once read
+    dataset = TeranDataset(
+        folder, "test" if split == GROUPS_SPLIT else split, captions=folder / KARPATHY_FILE,
+        sizes=folder / SIZES_FILE, features=features,
+    )
+    dataset.split = split
+    return _declare_for_evaluation(dataset)
 
 
 def _declare_for_evaluation(dataset: TeranDataset | ImageCaptionsDataset) -> TeranDataset | ImageCaptionsDataset:
     """Declare what the evaluation's extra protocols read (docs/evaluation.md): the twins as
-    hard-negative groups (``--protocol groups``) and the grammar's word classes (``probes``)."""
+    hard-negative groups (``--protocol groups``) and the grammar's word classes (``probes``);
+    the groups split also declares no Recall@K protocol of its own (``recall_protocol``:
+    ``--protocol groups`` then scores only the pairs within each group, not the whole
+    images x captions matrix; name one, e.g. ``full,groups``, to rank the whole split too)."""
     from functools import partial
 
     from xmatch.scenes.tagger import scenes_tagger
 
     dataset.hard_negative_groups = partial(scene_groups, dataset)
     dataset.word_classes = scenes_tagger
+    if dataset.split == GROUPS_SPLIT:
+        dataset.recall_protocol = "none"
     return dataset
 
 
 def _check_options(
     split: str, size: str, seed: int, layout: str, regions: int, canvas: int, batch_size: int
 ) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r} for scenes; splits: {', '.join(SPLITS)}.")
+    if split not in (*SPLITS, GROUPS_SPLIT):
+        raise ValueError(f"unknown split {split!r} for scenes; splits: {', '.join((*SPLITS, GROUPS_SPLIT))}.")
     if size not in PRESETS:
         presets = ", ".join(f"{k} ({sum(v)} images)" for k, v in PRESETS.items())
         raise ValueError(f"unknown scenes size {size!r}; presets: {presets}.")
@@ -225,19 +254,55 @@ def _rng(seed: int, index: int, stream: int) -> np.random.Generator:
 def write_scenes(folder: Path, size: str, seed: int, canvas: int, progress: bool = True) -> None:
     """Render a scene set into ``folder``: ``images/<id>.png``, the Karpathy split file, the
     sizes file, ``<split>.csv`` captions and ``scenes.json`` (every object, box and twin)."""
+    counts = PRESETS[size]
+    split_of = [s for s, n in zip(SPLITS, counts) for _ in range(n)]
+    pairs = ((sample_group(_rng(seed, g, 0), canvas), _rng(seed, g, 1)) for g in range(len(split_of) // 2))
+    params = {"size": size, "seed": seed, "canvas": canvas, "version": GENERATOR_VERSION}
+    _write_set(folder, pairs, split_of, SPLITS, params, f"scenes: rendering {size} (seed {seed})", progress)
+
+
+def write_groups(folder: Path, size: str, seed: int, canvas: int, progress: bool = True) -> None:
+    """Render the groups split of a scene set into ``folder`` (the set's ``groups`` subfolder),
+    laid out like a scene set: :data:`GROUPS_PER_KIND` twin pairs of each kind, the kinds in
+    turn (relation, colour, size, relation, ...), drawn from their own random streams
+    (:data:`GROUPS_STREAMS`). The Karpathy file lists them as its ``test`` split (the teran
+    layout's names), ``groups.csv`` and ``scenes.json`` as ``groups``."""
+    n_groups = GROUPS_PER_KIND[size] * len(GROUP_KINDS)
+    scene, caption, _ = GROUPS_STREAMS
+    pairs = (
+        (sample_group(_rng(seed, g, scene), canvas, GROUP_KINDS[g % len(GROUP_KINDS)]), _rng(seed, g, caption))
+        for g in range(n_groups)
+    )
+    params = {"size": size, "seed": seed, "canvas": canvas, "version": GENERATOR_VERSION, "split": GROUPS_SPLIT,
+              "groups_per_kind": GROUPS_PER_KIND[size]}
+    _write_set(folder, pairs, [GROUPS_SPLIT] * (2 * n_groups), (GROUPS_SPLIT,), params,
+               f"scenes: rendering the {size} groups split (seed {seed})", progress, {GROUPS_SPLIT: "test"})
+
+
+def _write_set(
+    folder: Path,
+    pairs: Iterable[tuple[tuple[Scene, Scene], np.random.Generator]],
+    split_of: Sequence[str],
+    splits: Sequence[str],
+    params: dict[str, Any],
+    desc: str,
+    progress: bool,
+    karpathy_split: Mapping[str, str] | None = None,
+) -> None:
+    """Render twin pairs (with each pair's caption stream) into ``folder``, image ``k`` into
+    ``split_of[k]``: the images, the Karpathy split file (split names mapped by
+    ``karpathy_split``), the sizes file, a ``<split>.csv`` per split and ``scenes.json``."""
     from PIL import Image
     from xmatch.core.progress import progress_bar
 
-    counts = PRESETS[size]
-    split_of = [s for s, n in zip(SPLITS, counts) for _ in range(n)]
+    karpathy_split = karpathy_split or {}
+    canvas = int(params["canvas"])
     (folder / "images").mkdir()
     records: list[dict[str, Any]] = []
     entries: list[dict[str, Any]] = []
-    rows: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
-    bar = progress_bar(total=len(split_of), desc=f"scenes: rendering {size} (seed {seed})", unit="img", show=progress)
-    for group in range(len(split_of) // 2):
-        pair = sample_group(_rng(seed, group, 0), canvas)
-        caption_rng = _rng(seed, group, 1)
+    rows: dict[str, list[tuple[str, str]]] = {s: [] for s in splits}
+    bar = progress_bar(total=len(split_of), desc=desc, unit="img", show=progress)
+    for group, (pair, caption_rng) in enumerate(pairs):
         for scene in pair:
             image_id = len(records)
             image, boxes = render(scene, canvas)
@@ -247,7 +312,8 @@ def write_scenes(folder: Path, size: str, seed: int, canvas: int, progress: bool
             split = split_of[image_id]
             records.append(_scene_record(scene, boxes, image_id, group, split))
             entries.append({
-                "split": split, "imgid": image_id, "filepath": "images", "filename": filename,
+                "split": karpathy_split.get(split, split), "imgid": image_id, "filepath": "images",
+                "filename": filename,
                 "sentids": [image_id * CAPTIONS_PER_IMAGE + k for k in range(len(texts))],
                 "sentences": [
                     {"raw": t, "tokens": t.replace(",", " ,").replace(";", " ;").split(), "imgid": image_id,
@@ -265,7 +331,6 @@ def write_scenes(folder: Path, size: str, seed: int, canvas: int, progress: bool
             writer = csv.writer(f, lineterminator="\n")
             writer.writerow(["image", "caption"])
             writer.writerows(split_rows)
-    params = {"size": size, "seed": seed, "canvas": canvas, "version": GENERATOR_VERSION}
     _write_json(folder / METADATA_FILE, {"params": params, "scenes": records})
 
 
@@ -300,10 +365,13 @@ def write_features(
     seed: int,
     batch_size: int,
     progress: bool = True,
+    *,
+    box_stream: int = 2,
 ) -> None:
     """Pool the backbone's feature map over each image's proposal boxes into ``folder``:
     ``bu_att/<id>.npz`` (``feat [regions, C]`` float16, as compact as the original's stored
-    features are float32) and ``bu_box/<id>.npy`` (``[regions, 4]`` float32 pixel boxes)."""
+    features are float32) and ``bu_box/<id>.npy`` (``[regions, 4]`` float32 pixel boxes);
+    the proposals are drawn from the random stream ``box_stream`` of each image."""
     from PIL import Image
     from xmatch.core.progress import progress_bar
 
@@ -322,7 +390,7 @@ def write_features(
         boxes = np.stack([
             proposal_boxes(
                 np.array([o["box"] for o in r["objects"]], dtype=np.float64), canvas, regions,
-                _rng(seed, r["id"], 2),
+                _rng(seed, r["id"], box_stream),
             )
             for r in batch
         ])

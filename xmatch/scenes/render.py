@@ -97,18 +97,32 @@ def digit_glyphs() -> tuple[np.ndarray, np.ndarray]:
     return digits.images.astype(np.float32), digits.target.astype(np.int64)
 
 
-def sample_group(rng: np.random.Generator, canvas: int) -> tuple[Scene, Scene]:
+def sample_group(rng: np.random.Generator, canvas: int, variant: str | None = None) -> tuple[Scene, Scene]:
     """A base scene and its hard-negative twin (same objects; relation, colours or sizes swapped).
+
+    Args:
+        rng: the group's random stream.
+        canvas: image side in pixels.
+        variant: what the twin changes (``relation``, ``colour`` or ``size``: the pair is then
+            drawn with sizes that differ); None draws it among those the base scene allows (a
+            size swap needs sizes that differ), as the train / val / test splits do.
 
     Example:
         >>> base, twin = sample_group(np.random.default_rng(0), 224)
         >>> sorted(o.kind for o in base.objects) == sorted(o.kind for o in twin.objects)
         True
+        >>> sample_group(np.random.default_rng(0), 224, "size")[1].variant
+        'size'
     """
+    if variant is not None and variant not in VARIANTS[1:]:
+        raise ValueError(f"unknown twin variant {variant!r}; one of {', '.join(VARIANTS[1:])}.")
     _, labels = digit_glyphs()
     kinds = rng.choice(len(KINDS), size=2, replace=False)
     colours = rng.choice(len(COLOURS), size=2, replace=False)
-    sizes = rng.choice(("small", "large"), size=2)
+    if variant == "size":
+        sizes = rng.permutation(np.array(["small", "large"]))
+    else:
+        sizes = rng.choice(("small", "large"), size=2)
     centres, relation = _related_slots(rng, canvas)
     pair = tuple(
         _make_object(rng, KINDS[k], list(COLOURS)[c], str(s), centre, canvas, labels)
@@ -118,6 +132,8 @@ def sample_group(rng: np.random.Generator, canvas: int) -> tuple[Scene, Scene]:
     g1, g2 = (int(v) for v in rng.integers(30, 111, size=2))
     background = (g1, g2, float(rng.uniform(0, 2 * np.pi)))
     base = Scene(pair + distractors, relation, "base", background)
+    if variant is not None:
+        return base, twin_of(base, variant)
     options = ["relation", "colour"] + (["size"] if pair[0].size != pair[1].size else [])
     return base, twin_of(base, str(rng.choice(options)))
 
