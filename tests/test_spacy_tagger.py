@@ -103,6 +103,11 @@ def test_the_colour_class_is_a_colour_that_describes(tagger):
     assert found["colour"] == ["pink"]
 
 
+def test_compound_nouns_are_one_span(tagger):
+    assert classes(tagger, "A living room with a couch and a flat screen tv.")["noun"] == ["living room", "couch", "screen tv"]
+    assert classes(tagger, "A red fire hydrant sitting on the side of a road.")["noun"] == ["fire hydrant", "road"]
+
+
 def test_spans_index_the_split_words_with_punctuation(tagger):
     words = split_words("A black and white cat sitting in a sink.")
     assert words[-1] == "."
@@ -174,6 +179,17 @@ def test_each_caption_is_parsed_once(nlp):
         tagger.warm(["a dog on a sofa"])
     with pytest.raises(ValueError, match="cache_size"):
         SpacyTagger(nlp=counting, cache_size=0)
+
+
+def test_a_caption_past_255_words_keeps_its_spans(tagger):
+    # the cache packs the spans of a caption into bytes below 256 words, keeps lists above
+    for repeats in (2, 60):
+        words = split_words(" and ".join(["a dog on a mat"] * repeats))
+        assert len(words) > 255 or repeats == 2
+        last = len(words) - 1
+        for _ in range(2):  # parsed, then from the cache
+            assert tagger.spans(words, "noun")[-1] == (last, last + 1)
+            assert len(tagger.spans(words, "relation")) == repeats
 
 
 def test_a_pickled_tagger_loads_the_pipeline_again(tagger):
