@@ -354,3 +354,107 @@ def test_verifier_spec_errors():
         xmatch.build(small_spec(verifier={"name": "cross-attention", "dim": 8}))
     with pytest.raises(SpecError, match=r"model -> verifier \(cross-attention\): .*not divisible by heads 5"):
         xmatch.build(small_spec(verifier={"name": "cross-attention", "heads": 5}))
+
+
+# -- evaluation: xmatch eval --rerank K -------------------------------------------------------
+
+FAST = ["--data-option", "size=tiny", "--data-option", "backbone=test_efficientnet", "--data-option", "weights=random"]
+
+
+@pytest.fixture(scope="module")
+def scenes_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("scenes")
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory) -> dict[str, str]:
+    out = {}
+    for name, extra in (("verifier", {"verifier": {"name": "cross-attention", "layers": 1, "heads": 2}}), ("plain", {})):
+        torch.manual_seed(0)
+        path = tmp_path_factory.mktemp(name)
+        xmatch.save_pretrained(xmatch.build(small_spec(**extra)), path)
+        out[name] = f"local-dir:{path}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def train_split(scenes_root, bundles):
+    pytest.importorskip("timm")
+    from xmatch.scenes.dataset import open_scenes
+
+    return open_scenes(scenes_root, "train", size="tiny", backbone="test_efficientnet", weights="random", progress=False)
+
+
+def test_eval_rerank_is_reported_apart_and_k1_keeps_the_poolers_figures(bundles, scenes_root, train_split, tmp_path, capsys):
+    from xmatch.cli.main import main
+    from xmatch.eval.suite import load_records
+
+    code = main(["eval", bundles["verifier"], "--dataset", "scenes", "--data", str(scenes_root), *FAST, "--split", "train",
+                 "--protocol", "full,groups", "--rerank", "1", "--json", str(tmp_path / "r.json")])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert f"Re-ranked: {bundles['verifier']}'s verifier re-scores each query's top 1" in text
+    assert "hard-negative groups, re-ranked:" in text and "s without re-ranking (encode" in text
+    (record,) = load_records(tmp_path / "r.json")  # the re-ranked figures round-trip through the result file
+    rerank = record.extras["rerank"]
+    # re-ranking a list of one changes no order: every figure is the pooler's own
+    assert rerank["k"] == 1 and rerank["recall"]["i2t"] == record.result.i2t and rerank["recall"]["t2i"] == record.result.t2i
+    assert rerank["recall"]["rsum"] == pytest.approx(record.result.rsum)
+    for kind, row in record.extras["groups"]["by_kind"].items():
+        assert {f: rerank["groups"]["by_kind"][kind][f] for f in ("t2i", "i2t", "text", "image", "group")} == \
+               {f: row[f] for f in ("t2i", "i2t", "text", "image", "group")}
+    t = rerank["timings"]
+    assert t["with_s"] == pytest.approx(t["without_s"] + t["rerank_s"]) and t["ratio"] > 1
+    assert t["without_s"] == pytest.approx(t["encode_s"] + t["similarity_s"])
+    images, captions = len(train_split.image_names), len(train_split.captions)
+    assert rerank["pairs"] <= images + captions and rerank["pairs"] >= max(images, captions)
+
+
+def test_rerank_of_every_candidate_is_the_verifiers_own_ranking(bundles, train_split):
+    from xmatch.eval.groups import dataset_groups, score_groups
+    from xmatch.eval.protocol import evaluate_scores
+    from xmatch.eval.rerank import rerank_figures
+
+    model = xmatch.build(bundles["verifier"], pretrained=True).eval()
+    groups = dataset_groups(train_split)
+    figures = rerank_figures(model, train_split, 1000, groups=groups, progress=False)
+    with torch.inference_mode():
+        img = Embeddings.cat([model.encode_images(b.images) for b in train_split.image_batches(64)])
+        txt = model.encode_texts(list(train_split.captions))
+        n, m = len(img), len(txt)
+        logits = model.verify(img[torch.arange(n).repeat_interleave(m)], txt[torch.arange(m).repeat(n)]).view(n, m)
+    expected = evaluate_scores(logits, captions_per_image=train_split.captions_per_image)
+    assert figures["recall"]["i2t"] == pytest.approx(expected.i2t) and figures["recall"]["t2i"] == pytest.approx(expected.t2i)
+    own = score_groups(logits, groups)
+    assert all(figures["groups"]["overall"][f] == pytest.approx(own.overall[f]) for f in ("t2i", "i2t", "text", "image", "group"))
+    assert figures["pairs"] == n * m  # every pair verified once, though it is in both directions' lists
+    # without a Recall@K protocol (a split of groups only) the groups are still re-ranked
+    assert rerank_figures(model, train_split, 1000, recall=None, groups=groups, progress=False)["recall"] is None
+
+
+def test_eval_rerank_errors(bundles, scenes_root, capsys):
+    from xmatch.cli.main import main
+
+    data = ["--dataset", "scenes", "--data", str(scenes_root), *FAST, "--split", "train"]
+    assert main(["eval", bundles["plain"], *data, "--rerank", "5"]) == 2
+    err = capsys.readouterr().err
+    assert f"--rerank 5: the model {bundles['plain']} has no verifier to re-rank with" in err and "leave out --rerank" in err
+    assert main(["eval", bundles["verifier"], *data, "--rerank", "0"]) == 2
+    assert "at least 1; got 0" in capsys.readouterr().err
+    assert main(["eval", bundles["verifier"], bundles["verifier"], "--ensemble", *data, "--rerank", "5"]) == 2
+    assert "without --ensemble" in capsys.readouterr().err
+
+
+def test_groups_read_each_direction_from_its_own_scores():
+    import numpy as np
+
+    from xmatch.eval.groups import Group, GroupSet, score_groups
+
+    gs = GroupSet([Group((0, 1), "relation")], caption_image=np.array([0, 1]))
+    t2i = np.array([[0.9, 0.2], [0.3, 0.8]])  # each caption prefers its own image
+    i2t = np.array([[0.1, 0.2], [0.3, 0.8]])  # image 0 prefers caption 1
+    both = score_groups(t2i, gs, i2t_scores=i2t).overall
+    assert (both["t2i"], both["i2t"], both["image"], both["text"], both["group"]) == (100.0, 50.0, 100.0, 0.0, 0.0)
+    assert score_groups(t2i, gs).overall["group"] == 100.0
+    with pytest.raises(ValueError, match=r"i2t_scores are \[1, 2\] but scores are \[2, 2\]"):
+        score_groups(t2i, gs, i2t_scores=i2t[:1])

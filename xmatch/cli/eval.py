@@ -64,6 +64,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="probes: shuffle, drop-CLASS or swap-CLASS (repeatable; default: shuffle, drop each of "
                         "noun/adjective/relation, swap each attribute class)")
     parser.add_argument("--probe-seed", type=int, default=0, help="probes: seed of the perturbations (default 0)")
+    parser.add_argument("--rerank", type=int, metavar="K",
+                        help="also report the figures with the model's verifier re-ranking each query's top K "
+                        "(a model with a [verifier]; reported apart from the pooler's own figures, with the time it takes)")
     return parser
 
 
@@ -75,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from xmatch.cli.options import open_data
     from xmatch.data.vocab import EVAL_FIX, check_captions
     from xmatch.eval.report import check_plotting, comparison_tables, write_report
+    from xmatch.eval.rerank import RERANK, check_rerank_request, rerank_table
     from xmatch.eval.suite import load_records, parse_protocols, run_protocols, save_records
 
     if args.report:
@@ -87,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     records = []
     if names:
         parse_protocols(args.protocol)  # a typo fails before any data or weights are read
+        check_rerank_request(args.rerank, len(names) if args.ensemble else 1)
         dataset = open_data(args, args.split, args.data_option)
         relevance = _relevance(args, dataset)
         # several models are compared side by side; --ensemble averages their scores into one
@@ -99,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
                 models, dataset, args.protocol, name=" + ".join(entry), model_names=entry, dataset_name=args.dataset,
                 relevance=relevance, fold_images=args.fold_images, groups=args.groups, caption_ids=args.caption_ids,
                 pmrp_dir=args.pmrp, word_classes=word_classes_option(args.word_classes), probes=args.probe, probe_seed=args.probe_seed,
+                rerank=args.rerank,
                 image_batch_size=args.batch_size, text_batch_size=4 * args.batch_size,
             ))
             del models
@@ -110,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n{record.name} on {where[0]}:{where[1]}\n{record.result.table()}")
     else:
         print("\n" + comparison_tables(records))
+    for record in records:
+        if RERANK in record.extras:
+            print("\n" + rerank_table(record.extras[RERANK], record.name))
     for record in records:
         if record.result.folds:
             print(f"({record.name}, COCO 1K: mean of {len(record.result.folds)} folds; the original evalrank would "

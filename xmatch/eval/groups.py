@@ -381,8 +381,11 @@ def _as_scores(scores: Any) -> np.ndarray | PairScores:
     return np.asarray(scores)
 
 
-def _unit_outcomes(scores: np.ndarray, gs: GroupSet) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per unit (member caption): t2i success and i2t success, and their chance levels."""
+def _unit_outcomes(
+    scores: np.ndarray, gs: GroupSet, i2t_scores: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per unit (member caption): t2i success (by ``scores``) and i2t success (by
+    ``i2t_scores``), and their chance levels."""
     own_image = gs.member_image[gs.unit_member]
     own = scores[own_image, gs.unit_caption]
     group = gs.member_group[gs.unit_member]
@@ -398,14 +401,17 @@ def _unit_outcomes(scores: np.ndarray, gs: GroupSet) -> tuple[np.ndarray, np.nda
     units = gs.group_units[group]  # [U, Umax]: every caption of the group
     safe = np.where(units >= 0, units, np.arange(len(units))[:, None])
     valid = (units >= 0) & (gs.unit_member[safe] != gs.unit_member[:, None])
-    rivals = np.where(valid, scores[own_image[:, None], gs.unit_caption[safe]], -np.inf)
-    i2t = own > rivals.max(axis=1)
+    rivals = np.where(valid, i2t_scores[own_image[:, None], gs.unit_caption[safe]], -np.inf)
+    i2t = i2t_scores[own_image, gs.unit_caption] > rivals.max(axis=1)
     return t2i, i2t, 1.0 / (gs.sizes[group]), 1.0 / (1 + valid.sum(axis=1))
 
 
-def _winoground(scores: np.ndarray, gs: GroupSet) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _winoground(
+    scores: np.ndarray, gs: GroupSet, i2t_scores: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per pair group: (group indices, text, image, group scores in [0, 1]), each averaged
-    over every pairing of a caption of the first image with a caption of the second."""
+    over every pairing of a caption of the first image with a caption of the second; ``text``
+    (an image prefers its caption) reads ``i2t_scores``, ``image`` reads ``scores``."""
     pairs = np.flatnonzero(gs.sizes == 2)
     if not len(pairs):
         empty = np.zeros(0)
@@ -420,7 +426,8 @@ def _winoground(scores: np.ndarray, gs: GroupSet) -> tuple[np.ndarray, np.ndarra
     s_aa, s_ba = scores[img_a, caption], scores[img_b, caption]  # image x caption, every slot
     s_ab, s_bb = s_aa, s_ba
     # pairing (k, l): caption k of the first image, caption l of the second
-    text = (s_aa[:, :, None] > s_ab[:, None, :]) & (s_bb[:, None, :] > s_ba[:, :, None])
+    r_aa, r_ba = i2t_scores[img_a, caption], i2t_scores[img_b, caption]
+    text = (r_aa[:, :, None] > r_aa[:, None, :]) & (r_ba[:, None, :] > r_ba[:, :, None])
     image = (s_aa[:, :, None] > s_ba[:, :, None]) & (s_bb[:, None, :] > s_ab[:, None, :])
     valid = in_a[:, :, None] & in_b[:, None, :]
     count = valid.sum(axis=(1, 2))
@@ -444,6 +451,7 @@ def score_groups(
     resamples: int = RESAMPLES,
     confidence: float = 0.95,
     seed: int = 0,
+    i2t_scores: Any = None,
 ) -> GroupResult:
     """Group accuracies and Winoground scores of a score matrix, overall and per kind, each
     with a percentile bootstrap interval over the groups.
@@ -455,6 +463,8 @@ def score_groups(
         resamples: bootstrap resamples (0: no intervals).
         confidence: the intervals' coverage (0.95: the 2.5th to the 97.5th percentile).
         seed: the resampling seed; the same seed gives the same intervals.
+        i2t_scores: the scores that the image-to-text comparisons read (``i2t``, Winoground's
+            ``text``), when they differ from ``scores`` (re-ranked per direction); default ``scores``.
 
     Returns:
         A :class:`GroupResult` in percent. ``t2i`` / ``i2t`` average over queries (every
@@ -480,9 +490,14 @@ def score_groups(
             f"scores are {list(scores.shape)} but the groups refer to image {groups.member_image.max()} and "
             f"caption {groups.unit_caption.max()}; pass the [images, captions] scores of the whole split."
         )
-    t2i, i2t, t2i_chance, i2t_chance = _unit_outcomes(scores, groups)
+    i2t_scores = scores if i2t_scores is None else _as_scores(i2t_scores)
+    if i2t_scores.shape != scores.shape:
+        raise ValueError(
+            f"i2t_scores are {list(i2t_scores.shape)} but scores are {list(scores.shape)}; give both for the same split."
+        )
+    t2i, i2t, t2i_chance, i2t_chance = _unit_outcomes(scores, groups, i2t_scores)
     unit_group = groups.member_group[groups.unit_member]
-    pairs, text, image, both = _winoground(scores, groups)
+    pairs, text, image, both = _winoground(scores, groups, i2t_scores)
     kinds = np.asarray(groups.kinds)
     # per group: sums and counts of each figure's outcomes, what a resample of groups adds up
     n = len(groups)

@@ -35,6 +35,7 @@ from xmatch.core.errors import XmatchError
 from xmatch.model.buckets import BucketedEmbeddings
 from xmatch.eval.evaluate import Encoded, RetrievalSet, ensemble_blocks, score_blocks
 from xmatch.eval.protocol import PROTOCOLS, EvalResult, evaluate_blocks, fold_layout
+from xmatch.eval.rerank import RERANK, check_rerank_models, rerank_figures
 from xmatch.model.model import MatchingModel
 
 logger = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ class RunRecord:
             rsum=float(data.get("rsum", float("nan"))), folds=list(data.get("folds", [])), queries=queries,
             timings=dict(data.get("timings", {})),
         )
-        extras = {k: data[k] for k in EXTRA_PROTOCOLS if k in data}
+        extras = {k: data[k] for k in (*EXTRA_PROTOCOLS, RERANK) if k in data}
         provenance = dict(data.get("provenance") or {"source": source, "protocol": result.protocol})
         name = str(data.get("name") or Path(source).stem or "run")
         return cls(name, result, extras, provenance)
@@ -400,6 +401,7 @@ def run_protocols(
     word_classes: Any = None,
     probes: Sequence[Any] | Sequence[str] | None = None,
     probe_seed: int = 0,
+    rerank: int | None = None,
     image_batch_size: int = 64,
     text_batch_size: int = 256,
     progress: bool = True,
@@ -428,6 +430,9 @@ def run_protocols(
         probes: ``probes``: perturbations or their names (``shuffle``, ``drop-noun``...;
             default: :func:`~xmatch.eval.probes.default_probes`).
         probe_seed: seed of the perturbations.
+        rerank: K: also the figures with the model's verifier re-ranking each query's top K
+            (:func:`~xmatch.eval.rerank.rerank_figures`; one model with a verifier), in
+            ``extras["rerank"]``, beside the pooler's own.
 
     Returns:
         A :class:`RunRecord`; ``extras`` holds each extra protocol's figures.
@@ -455,6 +460,7 @@ def run_protocols(
         for model in models:
             check_images_fit(model, dataset, "evaluation")
     needs = _resolve_needs(dataset, extras, groups, caption_ids, pmrp_dir, word_classes, probes)
+    check_rerank_models(models, model_names, rerank)
 
     whole = bool(set(WHOLE_MATRIX) & set(extras))
     scored = [slice(0, n_images)] if whole else folds
@@ -512,6 +518,12 @@ def run_protocols(
             score_captions, list(dataset.captions), lambda b: evaluate_blocks(b, recall, c), result,
             needs["probes"], probe_seed, progress=progress,
         ).as_dict()
+    if rerank is not None:
+        figures[RERANK] = rerank_figures(
+            models[0], dataset, rerank, recall=recall if folds else None, fold_images=fold_images,
+            groups=needs.get("groups"), relevance=relevance, image_batch_size=image_batch_size,
+            text_batch_size=text_batch_size, progress=progress,
+        )
     provenance = _provenance(models, model_names, dataset, dataset_name or type(dataset).__name__, recall, extras)
     logger.info("%s: %s on %s (%s)", name or " + ".join(model_names), provenance["protocol"],
                 provenance["dataset"]["name"], ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))

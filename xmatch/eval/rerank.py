@@ -1,0 +1,201 @@
+"""Evaluation with the verifier re-ranking each query's top K (``xmatch eval --rerank K``).
+
+The pooler's own figures stay what they are (comparable with the papers); these are computed
+beside them, on a pass of their own that times every stage: encoding, the pooler's scores, and
+the verifier re-scoring each caption's top K images and each image's top K captions
+(:meth:`~xmatch.model.model.MatchingModel.rerank`; a pair in both short lists is verified once).
+
+- Recall@K: image-to-text figures from the ``i2t`` re-ranked scores, text-to-image figures from
+  the ``t2i`` ones (each direction re-ranks its own queries' lists).
+- Hard-negative groups: a caption's group members that are among its top K over the whole split
+  are ordered by the verifier, above the members that are not (which keep the pooler's order);
+  the image-to-text comparisons (``i2t``, Winoground ``text``) read the ``i2t`` re-ranked
+  scores, the text-to-image ones (``t2i``, ``image``) the ``t2i`` ones, ``group`` both.
+
+Example:
+    >>> figures = rerank_figures(model, test, 20, recall="full", groups=dataset_groups(test))  # evaluates a model with a verifier on a split (minutes)  # doctest: +SKIP
+    >>> figures["timings"]["ratio"]  # doctest: +SKIP
+    1.4
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from xmatch.eval.evaluate import RetrievalSet, encode_dataset, score_blocks
+from xmatch.eval.protocol import EvalResult, evaluate_blocks, fold_layout
+from xmatch.core.progress import progress_bar
+from xmatch.model.model import MatchingModel
+from xmatch.model.rerank import RowGatherer, rerank_scores
+
+#: the verifier figures' key in a run record's extras (``xmatch eval --json``)
+RERANK = "rerank"
+
+
+def check_rerank_request(k: int | None, ensemble: int = 1) -> None:
+    """Refuse a ``--rerank`` K below 1, or ``--rerank`` on an ensemble of several models, before
+    any data is read."""
+    if k is None:
+        return
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"--rerank takes the number of candidates re-scored per query, at least 1; got {k!r}.")
+    if ensemble > 1:
+        raise ValueError(
+            "--rerank re-scores one model's short lists with its own verifier; evaluate the models one by one "
+            "(without --ensemble)."
+        )
+
+
+def check_rerank_models(models: Sequence[MatchingModel], names: Sequence[str], k: int | None) -> None:
+    """Refuse ``--rerank`` before anything is encoded: a K below 1, several models scored as
+    one ensemble, or a model without a verifier (named)."""
+    if k is None:
+        return
+    check_rerank_request(k, len(models))
+    for model, name in zip(models, names):
+        if model.verifier is None:
+            raise ValueError(
+                f"--rerank {k}: the model {name} has no verifier to re-rank with; evaluate a model trained with a "
+                "[verifier] table (docs/evaluation.md, \"Re-ranking with a verifier\"), or leave out --rerank."
+            )
+
+
+def rerank_figures(
+    model: MatchingModel,
+    dataset: RetrievalSet,
+    k: int,
+    *,
+    recall: str | None = "full",
+    fold_images: int | None = None,
+    groups: Any = None,
+    relevance: Mapping[str, np.ndarray] | None = None,
+    image_batch_size: int = 64,
+    text_batch_size: int = 256,
+    verify_batch: int = 256,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """The figures of ``model`` with its verifier re-ranking every query's top ``k``, and the
+    time that takes beside the pooler alone.
+
+    Args:
+        model: a model with a verifier.
+        dataset: the split.
+        k: candidates re-scored per query.
+        recall: the Recall@K protocol (``full``, ``coco-1k``...), or None for no Recall@K.
+        fold_images: images per fold.
+        groups: the split's hard-negative groups (a :class:`~xmatch.eval.groups.GroupSet`), or None.
+        relevance: NDCG relevance matrices, as for the pooler's figures.
+        verify_batch: pairs per verifier call.
+
+    Returns:
+        Plain data: ``k``, ``recall`` (``protocol``, ``i2t``, ``t2i``, ``rsum``; None without
+        Recall@K), ``groups`` (a :meth:`~xmatch.eval.groups.GroupResult.as_dict`, with
+        ``groups``), ``pairs`` (pairs the verifier scored) and ``timings``: ``encode_s``,
+        ``similarity_s``, ``rerank_s``, ``without_s`` (encode + similarity: the evaluation
+        without re-ranking), ``with_s`` (+ re-ranking) and ``ratio`` (with / without).
+    """
+    c = dataset.captions_per_image
+    n_images = len(dataset.captions) // c
+    folds = [] if recall is None else fold_layout(n_images, recall, fold_images)
+    # the groups read each caption's top k over the whole split: score the whole matrix then
+    whole = groups is not None or not folds
+    scored = [slice(0, n_images)] if whole else folds
+    encoded = encode_dataset(
+        model, dataset, image_batch_size=image_batch_size, text_batch_size=text_batch_size, progress=progress
+    )
+    start = time.perf_counter()
+    blocks = score_blocks(model, encoded, scored, c, progress=progress)
+    similarity_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    reranked: dict[str, list[np.ndarray]] = {"i2t": [], "t2i": []}
+    pairs = 0
+    with torch.inference_mode(), progress_bar(total=len(scored), desc="verifier", unit="block", show=progress) as bar:
+        for block, fold in zip(blocks, scored):
+            images, texts = RowGatherer(encoded.images[fold]), RowGatherer(encoded.captions[c * fold.start : c * fold.stop])
+
+            def verify(i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+                nonlocal pairs
+                pairs += len(i)
+                return model.verify(images(i), texts(t), batch_size=verify_batch)
+
+            out = rerank_scores(torch.from_numpy(block), k, verify, ("i2t", "t2i"), verify_batch)
+            for direction, scores in out.items():
+                reranked[direction].append(scores.numpy())
+            bar.update(1)
+    rerank_s = time.perf_counter() - start
+    encode_s = encoded.seconds
+    del encoded
+
+    without = encode_s + similarity_s
+    figures: dict[str, Any] = {
+        "k": k, "recall": None, "pairs": pairs,
+        "timings": {
+            "encode_s": encode_s, "similarity_s": similarity_s, "rerank_s": rerank_s,
+            "without_s": without, "with_s": without + rerank_s, "ratio": (without + rerank_s) / without,
+        },
+    }
+    if folds:
+        by_fold = reranked
+        if whole:  # one matrix: cut it into the protocol's folds
+            by_fold = {d: [m[0][f, c * f.start : c * f.stop] for f in folds] for d, m in reranked.items()}
+        figures["recall"] = combine_directions(
+            evaluate_blocks(by_fold["i2t"], recall, c, relevance), evaluate_blocks(by_fold["t2i"], recall, c, relevance)
+        ).figures()
+    if groups is not None:
+        from xmatch.eval.groups import score_groups
+
+        figures["groups"] = score_groups(reranked["t2i"][0], groups, i2t_scores=reranked["i2t"][0]).as_dict()
+    return figures
+
+
+def combine_directions(i2t: EvalResult, t2i: EvalResult) -> EvalResult:
+    """One result of the image-to-text figures of ``i2t`` and the text-to-image figures of
+    ``t2i`` (two evaluations of the same folds), ``rsum`` over both.
+
+    Example:
+        >>> from xmatch.eval.protocol import evaluate_scores
+        >>> a, b = evaluate_scores(np.eye(2).repeat(5, axis=1)), evaluate_scores(-np.eye(2).repeat(5, axis=1))
+        >>> combine_directions(a, b).rsum
+        500.0
+    """
+    rsum = sum(i2t.i2t[f"r{n}"] + t2i.t2i[f"r{n}"] for n in (1, 5, 10))
+    folds = [
+        {"i2t": a["i2t"], "t2i": b["t2i"], "rsum": sum(a["i2t"][f"r{n}"] + b["t2i"][f"r{n}"] for n in (1, 5, 10))}
+        for a, b in zip(i2t.folds, t2i.folds)
+    ]
+    queries = {k: v for k, v in i2t.queries.items() if k.startswith("i2t")}
+    queries |= {k: v for k, v in t2i.queries.items() if k.startswith("t2i")}
+    return EvalResult(i2t.protocol, dict(i2t.i2t), dict(t2i.t2i), float(rsum), folds, queries)
+
+
+def rerank_table(figures: Mapping[str, Any], name: str) -> str:
+    """The re-ranked figures of one run (``extras["rerank"]``) as text: Recall@K, the groups
+    and the evaluation time with and without re-ranking.
+
+    Example:
+        >>> print(rerank_table({"k": 5, "recall": None, "pairs": 40, "timings": {"encode_s": 1.0, "similarity_s": 1.0,
+        ...     "rerank_s": 0.5, "without_s": 2.0, "with_s": 2.5, "ratio": 1.25}}, "m"))
+        Re-ranked: m's verifier re-scores each query's top 5 (the figures above are the pooler's own)
+        evaluation time: 2.0 s without re-ranking (encode 1.0 s, pooler 1.0 s), 2.5 s with it (verifier 0.5 s, 40 pairs): 1.25x
+    """
+    from xmatch.eval.groups import GroupResult
+
+    lines = [f"Re-ranked: {name}'s verifier re-scores each query's top {figures['k']} (the figures above are the pooler's own)"]
+    recall = figures.get("recall")
+    if recall:
+        lines.append(EvalResult(recall["protocol"], recall["i2t"], recall["t2i"], recall["rsum"]).table())
+    if figures.get("groups"):
+        lines += ["hard-negative groups, re-ranked:", GroupResult.from_dict(figures["groups"]).table()]
+    t = figures["timings"]
+    lines.append(
+        f"evaluation time: {t['without_s']:.1f} s without re-ranking (encode {t['encode_s']:.1f} s, pooler "
+        f"{t['similarity_s']:.1f} s), {t['with_s']:.1f} s with it (verifier {t['rerank_s']:.1f} s, "
+        f"{figures['pairs']:,} pairs): {t['ratio']:.2f}x"
+    )
+    return "\n".join(lines)
