@@ -133,7 +133,27 @@ class TextEncoder(nn.Module):
 
 
 class Reasoner(nn.Module):
-    """``[B, N, D]`` + mask -> ``[B, N, D]``; one instance used for both modalities shares weights."""
+    """``[B, N, D]`` + mask -> ``[B, N, D]``; one instance used for both modalities shares weights.
+
+    A reasoner that reads region geometry sets ``uses_boxes = True`` and takes a keyword
+    ``forward(x, mask, boxes=None)``: the model then hands it the encoder's ``[B, N, 4]``
+    normalised ``x1, y1, x2, y2`` boxes (zeros for a global slot and padding), or None where the
+    encoder has none (every text side, so a reasoner shared by both modalities must work
+    without them). Every other reasoner is called as ``forward(x, mask)``.
+
+    Attributes:
+        uses_boxes: whether the model passes ``boxes`` to :meth:`forward`.
+
+    Example:
+        >>> class Boxes(Reasoner):
+        ...     uses_boxes = True
+        ...     def forward(self, x, mask, boxes=None):
+        ...         return x if boxes is None else x + boxes.sum(-1, keepdim=True)
+        >>> Boxes()(torch.zeros(1, 2, 3), torch.ones(1, 2, dtype=torch.bool), boxes=torch.ones(1, 2, 4))[0, 0]
+        tensor([4., 4., 4.])
+    """
+
+    uses_boxes: bool = False
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
