@@ -4,6 +4,7 @@ one process, or several under ``torchrun -m xmatch train``."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--min-count", type=int, help="with --build-text-side: keep words seen this often (default: the encoder's)")
     parser.add_argument("--allow-unknown-words", action="store_true",
                         help="train even when over 20%% of the caption tokens are unknown to the text side")
+    parser.add_argument("--hard-negatives", action="store_true",
+                        help="add structural hard negatives with the default [train.negatives] table when the recipe "
+                        "has none (docs/training.md, 'Hard negatives')")
+    parser.add_argument("--word-classes", metavar="SOURCE",
+                        help="word classes of the structural negatives: 'dataset' (what the training set declares, the "
+                        "default), 'scenes', 'spacy', 'nltk' or a JSON file of word lists; implies --hard-negatives")
     return parser
 
 
@@ -70,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
     if args.min_count is not None:
         flags["text_min_count"] = args.min_count
     config = config.merged(flags) if flags else config
+    if args.hard_negatives or args.word_classes:
+        negatives = dataclasses.asdict(config.negatives) if config.negatives is not None else {}
+        config = config.merged({"negatives": {**negatives, **({"word_classes": args.word_classes} if args.word_classes else {})}})
     ctx = setup(args.device)
     try:
         # the data first: a missing folder is reported before any weights are downloaded

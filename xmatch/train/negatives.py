@@ -335,7 +335,8 @@ def build_makers(names: Sequence[str], tagger: Tagger) -> list[NegativeMaker]:
 
 def tagger_for(source: str, dataset: Any) -> Tagger:
     """The word classes of the makers: ``"dataset"`` = the lists ``dataset`` declares
-    (``dataset.word_classes()``, e.g. the scenes grammar's), else any source of
+    (``dataset.word_classes()``, e.g. the scenes grammar's), ``"scenes"`` = the scenes grammar's
+    lists, else any source of
     :func:`xmatch.eval.probes.make_tagger` (``"spacy"``, ``"nltk"``, a JSON file of word lists).
 
     Raises:
@@ -347,6 +348,10 @@ def tagger_for(source: str, dataset: Any) -> Tagger:
     """
     from xmatch.eval.probes import make_tagger
 
+    if source == "scenes":
+        from xmatch.scenes.tagger import scenes_tagger
+
+        return scenes_tagger()
     if source == "dataset":
         declared = getattr(dataset, "word_classes", None)
         if declared is None:
