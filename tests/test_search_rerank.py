@@ -204,6 +204,17 @@ def test_cascade_with_the_verifier(index, model):
         assert list(got.timings) == ["shortlist", "cascade", "verifier"]
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)")
+def test_a_model_on_the_gpu_searches_and_reranks_as_on_the_cpu(index, model):
+    """Stage 1 stays beside the stored tokens on the CPU; stages 2 and 3 run on the model's device
+    (stage 1 was handed the GPU queries: a device mismatch in the token scan)."""
+    on_gpu = xmatch.index.open(index.root, scoring_model("MrSw", DIM, verifier="cross-attention"), device="cuda")
+    for cpu, gpu in zip(index.search_texts(TEXTS, k=10, rerank=6), on_gpu.search_texts(TEXTS, k=10, rerank=6)):
+        assert cpu.ids == gpu.ids and gpu.exact
+        assert [h.verifier for h in gpu.hits[:6]] == pytest.approx([h.verifier for h in cpu.hits[:6]], abs=1e-3)
+
+
 # --- errors --------------------------------------------------------------------------------------
 
 

@@ -370,7 +370,7 @@ class SearchIndex:
         n = len(self)
         generator = self.generator(stage1, queries, nprobe=nprobe)
         budget = min(n, max(k, candidates if candidates is not None else default_candidates(n, k)))
-        proposed = generator.propose(queries, budget)
+        proposed = generator.propose(queries.to("cpu"), budget)  # stage 1 runs beside the stored tokens, on the CPU
         proposing = time.perf_counter() - start
         results: list[SearchResult | None] = [None] * len(queries)
         redo = []
