@@ -341,7 +341,7 @@ class SearchIndex:
             NoVerifierError: ``rerank`` with a model that has no verifier head.
 
         Example:
-            >>> index = xmatch.index.open("idx", "teran-mrsw-hn-scenes")  # a model with a verifier, the index's encoders  # doctest: +SKIP
+            >>> index = xmatch.index.open("idx-v")  # needs an index built with a model that has a verifier head  # doctest: +SKIP
             >>> top = index.search_texts(["a red circle left of a blue seven"], k=5, rerank=20)[0]  # doctest: +SKIP
             >>> [(h.stage, h.verifier is not None) for h in top.hits][0], top.reranked  # doctest: +SKIP
             (('verifier', True), 20)
