@@ -79,20 +79,19 @@ def run(cmd: list[str], log: Path, env: dict[str, str]) -> float:
 
 
 def eval_commands(model: str, data: Path, folder: Path, device: str, options: list[str], rerank: int | None) -> dict[str, list[str]]:
+    """The evaluations of one model; with ``rerank`` each also re-ranks with the verifier (the
+    JSON then holds the pooler's figures and, under ``rerank``, the re-ranked ones)."""
     base = [*XMATCH, "eval", model, "--dataset", "scenes", "--data", str(data), "--device", device]
     base += [a for o in options for a in ("--data-option", o)]
-    commands = {
-        "test": base + ["--split", "test", "--json", str(folder / "test.json")],
-        "groups": base + ["--split", "groups", "--protocol", "groups", "--json", str(folder / "groups.json")],
+    extra = ["--rerank", str(rerank)] if rerank else []
+    return {
+        "test": base + ["--split", "test", "--json", str(folder / "test.json"), *extra],
+        "groups": base + ["--split", "groups", "--protocol", "groups", "--json", str(folder / "groups.json"), *extra],
     }
-    if rerank:
-        commands["groups-rerank"] = base + ["--split", "groups", "--protocol", "groups", "--rerank", str(rerank),
-                                            "--json", str(folder / "groups-rerank.json")]
-        commands["test-rerank"] = base + ["--split", "test", "--rerank", str(rerank), "--json", str(folder / "test-rerank.json")]
-    return commands
 
 
-def run_config(config: Config, seed: int, data: Path, out: Path, device: str, threads: int, rerank: int) -> dict:
+def run_config(config: Config, seed: int, data: Path, out: Path, device: str, threads: int, rerank: int,
+               data_options: list[str], train_set: list[str]) -> dict:
     folder = out / f"{config.key}-s{seed}"
     result_file = folder / "result.json"
     if result_file.is_file():
@@ -102,13 +101,18 @@ def run_config(config: Config, seed: int, data: Path, out: Path, device: str, th
     train = [*XMATCH, "train", "teran-mrsw-scenes", "--dataset", "scenes", "--data", str(data), "--recipe", config.recipe,
              "--set", f"seed={seed}", "--device", device, "--out", str(folder / "run"), "--overwrite", "--no-progress"]
     train += [a for s in config.model_set for a in ("--model-set", s)]
-    train += [a for s in config.train_set for a in ("--set", s)]
+    train += [a for s in [*config.train_set, *train_set] for a in ("--set", s)]
+    train += [a for o in data_options for a in ("--data-option", o)]
     times = {"train": run(train, folder / "train.log", env)}
     model = f"local-dir:{folder / 'run' / 'best'}"
-    for name, cmd in eval_commands(model, data, folder, device, [], rerank if config.verifier else None).items():
-        times[name] = run(cmd, folder / f"eval-{name}.log", env)
-    result = {"config": config.key, "seed": seed, "seconds": times, "train_command": shlex.join(train)}
-    for name in ("test", "groups", "groups-rerank", "test-rerank"):
+    failures = {}
+    for name, cmd in eval_commands(model, data, folder, device, data_options, rerank if config.verifier else None).items():
+        try:
+            times[name] = run(cmd, folder / f"eval-{name}.log", env)
+        except RuntimeError as exc:  # keep the run and the other evaluations
+            failures[name] = str(exc)
+    result = {"config": config.key, "seed": seed, "seconds": times, "train_command": shlex.join(train), "failures": failures}
+    for name in ("test", "groups"):
         if (folder / f"{name}.json").is_file():
             result[name] = json.loads((folder / f"{name}.json").read_text())
     result_file.write_text(json.dumps(result, indent=1))
@@ -116,7 +120,7 @@ def run_config(config: Config, seed: int, data: Path, out: Path, device: str, th
     return result
 
 
-def run_shipped(name: str, data: Path, out: Path, device: str, threads: int) -> dict:
+def run_shipped(name: str, data: Path, out: Path, device: str, threads: int, data_options: list[str]) -> dict:
     folder = out / f"shipped-{name}"
     result_file = folder / "result.json"
     if result_file.is_file():
@@ -124,7 +128,7 @@ def run_shipped(name: str, data: Path, out: Path, device: str, threads: int) -> 
     folder.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     times = {k: run(cmd, folder / f"eval-{k}.log", env)
-             for k, cmd in eval_commands(name, data, folder, device, SHIPPED[name], None).items()}
+             for k, cmd in eval_commands(name, data, folder, device, [*SHIPPED[name], *data_options], None).items()}
     result = {"config": f"shipped:{name}", "seed": None, "seconds": times}
     for key in ("test", "groups"):
         result[key] = json.loads((folder / f"{key}.json").read_text())
@@ -142,13 +146,15 @@ def figure(doc: dict, *path: str) -> float:
     return float(node)
 
 
-def group_figures(doc: dict) -> dict[str, dict[str, float]]:
-    """``{kind: {figure: value}}`` of the groups protocol in an eval JSON document."""
-    groups = doc.get("groups") or doc.get("protocols", {}).get("groups") or {}
-    per_kind = groups.get("per_kind") or groups.get("kinds") or {}
-    out = {kind: {k: float(v) for k, v in figures.items() if isinstance(v, (int, float))} for kind, figures in per_kind.items()}
-    if "overall" in groups:
-        out["all"] = {k: float(v) for k, v in groups["overall"].items() if isinstance(v, (int, float))}
+def group_figures(doc: dict, reranked: bool = False) -> dict[str, dict[str, float]]:
+    """``{kind: {figure: value}, "all": ...}`` of the groups protocol in an ``xmatch eval --json``
+    document (``reranked``: the verifier's figures)."""
+    groups = (doc.get("rerank") or {}).get("groups") if reranked else doc.get("groups")
+    if not groups:
+        return {}
+    plain = lambda figures: {k: float(v) for k, v in figures.items() if isinstance(v, (int, float))}  # noqa: E731
+    out = {kind: plain(figures) for kind, figures in groups.get("by_kind", {}).items()}
+    out["all"] = plain(groups.get("overall", {}))
     return out
 
 
@@ -170,11 +176,14 @@ def summary(results: list[dict]) -> str:
         return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
 
     for key, runs in by_config.items():
+        runs = [r for r in runs if "test" in r and "groups" in r]
+        if not runs:
+            continue
         test = [r["test"] for r in runs]
         groups = [group_figures(r["groups"]) for r in runs]
         rsum = [sum(figure(t, d, k) for d in ("i2t", "t2i") for k in ("r1", "r5", "r10")) for t in test]
         kinds = lambda gs, kind, name: [g.get(kind, {}).get(name, float("nan")) for g in gs]  # noqa: E731
-        reranked = [group_figures(r["groups-rerank"]) for r in runs if "groups-rerank" in r]
+        reranked = [g for g in (group_figures(r["groups"], reranked=True) for r in runs) if g]
         rr = "-" if not reranked else (f"{cell(kinds(reranked, 'relation', 't2i'))} / {cell(kinds(reranked, 'relation', 'group'))}, "
                                        f"{cell(kinds(reranked, 'colour', 't2i'))}, {cell(kinds(reranked, 'size', 't2i'))}")
         lines.append(
@@ -195,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (every job shares it)")
     parser.add_argument("--rerank", type=int, default=20, help="verifier re-ranking depth K (default 20)")
     parser.add_argument("--shipped", action="store_true", help="also evaluate today's zoo models")
+    parser.add_argument("--data-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="scenes option for every run, e.g. size=tiny (repeatable)")
+    parser.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="training setting for every run, e.g. max_steps=2 (repeatable)")
     args = parser.parse_args(argv)
     keys = args.configs.split(",") if args.configs else [c.key for c in CONFIGS]
     by_key = {c.key: c for c in CONFIGS}
@@ -206,16 +219,19 @@ def main(argv: list[str] | None = None) -> int:
     from xmatch.io.hub import cache_dir
 
     data = args.data or cache_dir() / "datasets" / "scenes"
-    for split in ("train", "groups"):
-        open_dataset("scenes", data, split=split, progress=False)  # generate once, before the jobs race for it
+    options = dict(o.split("=", 1) for o in args.data_option)
+    for split in ("train", "groups"):  # generate once, before the jobs race for it
+        open_dataset("scenes", data, split=split, progress=False, **options)
     if args.shipped:
-        open_dataset("scenes", data, split="groups", layout="images", progress=False)
+        open_dataset("scenes", data, split="groups", layout="images", progress=False, **options)
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
-    jobs = [(by_key[k], s) for s in seeds for k in keys]
+    # the longest runs first, so that the last wave is not one long run alone
+    jobs = sorted(((by_key[k], s) for s in seeds for k in keys), key=lambda job: not job[0].train_set)
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda job: run_config(*job, data, args.out, args.device, threads, args.rerank), jobs))
+        results = list(pool.map(lambda job: run_config(*job, data, args.out, args.device, threads, args.rerank,
+                                                                args.data_option, args.train_set), jobs))
         if args.shipped:
-            results += list(pool.map(lambda name: run_shipped(name, data, args.out, args.device, threads), SHIPPED))
+            results += list(pool.map(lambda name: run_shipped(name, data, args.out, args.device, threads, args.data_option), SHIPPED))
     print(summary(results))
     (args.out / "summary.md").write_text(summary(results) + "\n")
     return 0
