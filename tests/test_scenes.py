@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from xmatch.data import ImageCaptionsDataset, TeranDataset, open_dataset
 from xmatch.scenes import dataset as scenes_module
 from xmatch.scenes.dataset import (
+    GROUPS_FOLDER,
     KARPATHY_FILE,
     features_folder_name,
     open_scenes,
@@ -357,7 +359,7 @@ def test_extractor_preprocessing_is_timms_transform(folder):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"split": "dev"}, "unknown split 'dev' for scenes; splits: train, val, test"),
+        ({"split": "dev"}, "unknown split 'dev' for scenes; splits: train, val, test, groups"),
         ({"size": "huge"}, r"unknown scenes size 'huge'; presets: tiny \(12 images\), small \(1000 images\)"),
         ({"layout": "pixels"}, "unknown scenes layout 'pixels'; layouts: regions, images"),
         ({"regions": 3}, "regions must be at least 4"),
@@ -406,3 +408,102 @@ def test_twin_accuracy_counts_captions_whose_own_scene_beats_its_twin(cache):
     assert twin_accuracy(torch.tensor(half), test) == (0.5, 10)
     with pytest.raises(ValueError, match=r"\[images, captions\] = \[2, 10\]"):
         twin_accuracy(right.T, test)
+
+
+# -- the groups split ---------------------------------------------------------------------------
+
+#: sha256 of the tiny preset's caption files (seed 0): the train / val / test splits that the
+#: shipped models are measured on must not change when the generator gains something new
+TINY_CAPTIONS_SHA256 = {
+    "train.csv": "ae0569845aaf1407a38220b4efa2dea3d381b605c779d51ecd68f3d09404c586",
+    "val.csv": "51943806c7194866cca8203a24db77e382026cbc9ceca54031a559844e70e02c",
+    "test.csv": "9d27fbdc2c425d5285e9675efe39db14504d4f3c405325532bc9eb974ba4b142",
+}
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file of a scene set outside its groups split (lock files aside)."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.suffix != ".lock" and p.relative_to(folder).parts[0] != GROUPS_FOLDER
+    }
+
+
+@pytest.fixture(scope="module")
+def groups_cache(tmp_path_factory) -> Path:
+    """A tiny scene set made (scenes and features) before anyone asked for its groups split."""
+    root = tmp_path_factory.mktemp("scenes-groups")
+    open_scenes(root, "test", **FAST)
+    return root
+
+
+def test_train_val_test_captions_are_unchanged(folder):
+    assert {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in TINY_CAPTIONS_SHA256} == (
+        TINY_CAPTIONS_SHA256)
+
+
+def test_the_groups_split_is_added_on_demand_and_leaves_the_other_splits_as_they_were(groups_cache, monkeypatch):
+    folder = scenes_folder(groups_cache, "tiny", 0, CANVAS)
+    before = _digests(folder)
+    assert not (folder / GROUPS_FOLDER).exists()
+    ds = open_scenes(groups_cache, "groups", **FAST)
+    assert _digests(folder) == before  # images, captions, metadata and features of train / val / test
+    assert isinstance(ds, TeranDataset) and ds.split == "groups" and ds.root == folder / GROUPS_FOLDER
+    assert ds.num_images == 12 and len(ds.captions) == 60 and ds.image(0).regions.shape == (36, 256)
+    assert (folder / GROUPS_FOLDER / features_folder_name(36, "test_efficientnet", "random") / "bu_att").is_dir()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the cache was not used")
+
+    # generated once: opening it again, in either layout, renders and extracts nothing
+    monkeypatch.setattr(scenes_module, "write_groups", refuse)
+    monkeypatch.setattr(scenes_module, "write_features", refuse)
+    images = open_scenes(groups_cache, "groups", layout="images", **FAST)
+    assert isinstance(images, ImageCaptionsDataset) and images.split == "groups" and images.captions == ds.captions
+    assert [Path(n).stem for n in images.image_names] == list(ds.image_names)
+    assert open_scenes(groups_cache, "groups", **FAST).captions == ds.captions
+    monkeypatch.undo()
+    # another extractor set-up adds a features folder beside the first, named the same way
+    monkeypatch.setattr(scenes_module, "write_groups", refuse)
+    assert open_scenes(groups_cache, "groups", regions=8, **FAST).image(0).regions.shape == (8, 256)
+    assert _digests(folder) == before
+
+
+def test_the_groups_split_holds_twin_pairs_of_each_kind_in_turn(groups_cache):
+    ds = open_scenes(groups_cache, "groups", **FAST)
+    records = read_scenes(ds.root)
+    assert [r["id"] for r in records] == list(range(12)) and {r["split"] for r in records} == {"groups"}
+    pairs: dict[int, list[dict]] = {}
+    for r in records:
+        pairs.setdefault(r["group"], []).append(r)
+    assert [twin["variant"] for _, twin in pairs.values()] == ["relation", "colour", "size"] * 2
+    for base, twin in pairs.values():
+        assert base["variant"] == "base"
+        assert_twins(base, twin)  # a size twin's pair has sizes that differ
+    for i, name in enumerate(ds.image_names):  # every caption states its own scene
+        record = records[int(name)]
+        a, b, *_ = record["objects"]
+        for caption in (c for c, k in zip(ds.captions, ds.caption_image) if k == i):
+            first, rel, second, _ = parse(caption)
+            assert (first, rel, second) in ((key(a), record["relation"], key(b)),
+                                            (key(b), INVERSE[record["relation"]], key(a))), caption
+    # declared for the evaluation like the other splits, with no Recall@K protocol of its own
+    groups = ds.hard_negative_groups()
+    assert Counter(groups.kinds) == {"relation": 2, "colour": 2, "size": 2} and ds.recall_protocol == "none"
+    assert ds.word_classes is not None and not hasattr(open_scenes(groups_cache, "test", **FAST), "recall_protocol")
+    # its own random streams: none of its scenes is one of the train / val / test scenes
+    others = read_scenes(scenes_folder(groups_cache, "tiny", 0, CANVAS))
+    assert not {r["description"] for r in records} & {r["description"] for r in others}
+
+
+def test_sample_group_draws_the_variant_asked_for():
+    for variant in ("relation", "colour", "size"):
+        for seed in range(20):
+            base, twin = sample_group(np.random.default_rng(seed), CANVAS, variant)
+            assert twin.variant == variant
+            if variant == "size":
+                assert base.objects[0].size != base.objects[1].size
+    with pytest.raises(ValueError, match="unknown twin variant 'count'"):
+        sample_group(np.random.default_rng(0), CANVAS, "count")
+
