@@ -69,9 +69,38 @@ def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike, dtype:
     }
     tmp = directory / (WEIGHTS_FILE + ".partial")
     # a cast copy: the caller's model keeps its precision
-    save_model(copy.deepcopy(model).to(dtype) if dtype is not None else model, str(tmp), metadata=metadata)
+    save_model(_owning_storages(copy.deepcopy(model).to(dtype) if dtype is not None else model), str(tmp), metadata=metadata)
     move_into_place(tmp, directory / WEIGHTS_FILE)
     return directory
+
+
+def _owning_storages(model: torch.nn.Module) -> torch.nn.Module:
+    """``model``, or a copy of it in which every parameter and buffer that is a view into a
+    larger storage owns its own: safetensors refuses such views (on a GPU, cuDNN keeps all of an
+    RNN's weights in one flat buffer, so a Bi-GRU trained there could not be saved). Tensors
+    that share a whole storage (tied weights, a shared reasoner) stay shared: safetensors
+    stores them once.
+
+    Example:
+        >>> flat = torch.zeros(6)
+        >>> lin = torch.nn.Linear(2, 2)
+        >>> lin.weight.data, lin.bias.data = flat[:4].view(2, 2), flat[4:]
+        >>> owned = _owning_storages(lin)
+        >>> owned is not lin, owned.weight.untyped_storage().nbytes() == 16, torch.equal(owned.weight, lin.weight)
+        (True, True, True)
+    """
+    def partial(t: torch.Tensor) -> bool:
+        return t.numel() * t.element_size() != t.untyped_storage().nbytes()
+
+    if not any(partial(t) for t in (*model.parameters(), *model.buffers())):
+        return model
+    owned = copy.deepcopy(model)
+    for module in owned.modules():
+        for table in (module._parameters, module._buffers):
+            for name, tensor in table.items():
+                if tensor is not None and partial(tensor):
+                    tensor.data = tensor.data.clone()
+    return owned
 
 
 def read_bundle_spec(directory: str | os.PathLike) -> tuple[dict[str, Any], Path]:
