@@ -68,7 +68,7 @@ class NegativesConfig:
         weight: the term's weight beside the model's own loss.
         word_classes: where the makers' word classes come from: ``"dataset"`` (the lists the
             training set declares, e.g. the scenes grammar's), ``"spacy"`` (the optional spaCy
-            tagger, ``pip install 'xmatch[spacy]'``), ``"nltk"``, or a JSON file of word lists.
+            tagger, ``pip install 'xmatch-zoo[spacy]'``), ``"nltk"``, or a JSON file of word lists.
         groups: when the training set declares hard-negative groups (``hard_negative_groups()``),
             batch each group's members together and add the in-group terms.
 

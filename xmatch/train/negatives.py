@@ -358,7 +358,7 @@ def tagger_for(source: str, dataset: Any) -> Tagger:
             raise ValueError(
                 f"structural negatives need word classes and the training set ({type(dataset).__name__}) declares "
                 "none: set negatives.word_classes to a JSON file of word lists (xmatch train --word-classes FILE), "
-                "to 'spacy' (pip install 'xmatch[spacy]') or to 'nltk'."
+                "to 'spacy' (pip install 'xmatch-zoo[spacy]') or to 'nltk'."
             )
         return declared() if callable(declared) else declared
     return make_tagger(source)
