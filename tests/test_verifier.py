@@ -399,6 +399,7 @@ def test_eval_rerank_is_reported_apart_and_k1_keeps_the_poolers_figures(bundles,
     rerank = record.extras["rerank"]
     # re-ranking a list of one changes no order: every figure is the pooler's own
     assert rerank["k"] == 1 and rerank["recall"]["i2t"] == record.result.i2t and rerank["recall"]["t2i"] == record.result.t2i
+    assert len(rerank["verifier"]) == 12  # the verifier's fingerprint: the model's covers the pooler's figures only
     assert rerank["recall"]["rsum"] == pytest.approx(record.result.rsum)
     for kind, row in record.extras["groups"]["by_kind"].items():
         assert {f: rerank["groups"]["by_kind"][kind][f] for f in ("t2i", "i2t", "text", "image", "group")} == \

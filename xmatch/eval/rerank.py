@@ -20,6 +20,8 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -93,7 +95,7 @@ def rerank_figures(
         verify_batch: pairs per verifier call.
 
     Returns:
-        Plain data: ``k``, ``recall`` (``protocol``, ``i2t``, ``t2i``, ``rsum``; None without
+        Plain data: ``k``, ``verifier`` (:func:`verifier_fingerprint`), ``recall`` (``protocol``, ``i2t``, ``t2i``, ``rsum``; None without
         Recall@K), ``groups`` (a :meth:`~xmatch.eval.groups.GroupResult.as_dict`, with
         ``groups``), ``pairs`` (pairs the verifier scored) and ``timings``: ``encode_s``,
         ``similarity_s``, ``rerank_s``, ``without_s`` (encode + similarity: the evaluation
@@ -134,7 +136,7 @@ def rerank_figures(
 
     without = encode_s + similarity_s
     figures: dict[str, Any] = {
-        "k": k, "recall": None, "pairs": pairs,
+        "k": k, "verifier": verifier_fingerprint(model), "recall": None, "pairs": pairs,
         "timings": {
             "encode_s": encode_s, "similarity_s": similarity_s, "rerank_s": rerank_s,
             "without_s": without, "with_s": without + rerank_s, "ratio": (without + rerank_s) / without,
@@ -152,6 +154,25 @@ def rerank_figures(
 
         figures["groups"] = score_groups(reranked["t2i"][0], groups, i2t_scores=reranked["i2t"][0]).as_dict()
     return figures
+
+
+def verifier_fingerprint(model: MatchingModel) -> str:
+    """12 hex digits over the verifier's spec and weights: the re-ranked figures depend on them,
+    the pooler's figures (and the model fingerprint of the provenance) do not.
+
+    Example:
+        >>> len(verifier_fingerprint(xmatch.build("teran-mrsw-scenes", verifier={"name": "cross-attention"})))
+        12
+    """
+    try:
+        spec = model.spec.get("verifier")
+    except AttributeError:  # a model made without a spec: its verifier's class
+        spec = type(model.verifier).__name__
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.verifier.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:12]
 
 
 def combine_directions(i2t: EvalResult, t2i: EvalResult) -> EvalResult:
