@@ -236,7 +236,7 @@ def test_groups_on_the_groups_split_score_only_their_pairs_and_give_the_whole_ma
     """`--protocol groups` on the scenes groups split: no Recall@K (the split declares none),
     each caption scored against its own group's images only, the same figures as from the
     whole images x captions matrix (`full,groups`) and from Recall@K folds beside the pairs."""
-    from xmatch.eval.groups import GroupSet
+    from xmatch.eval.groups import Group, GroupSet
     from xmatch.scenes.dataset import open_scenes
 
     split = open_scenes(scenes_root, "groups", size="tiny", backbone="test_efficientnet", weights="random",
@@ -254,6 +254,11 @@ def test_groups_on_the_groups_split_score_only_their_pairs_and_give_the_whole_ma
     assert sum(a * b for a, b in scored) == 12 * 60
     folds = run_protocols(model, split, "full,groups", fold_images=4, progress=False)
     assert pairs.extras["groups"] == whole.extras["groups"] == folds.extras["groups"]
+    # groups whose members are not neighbours, with chosen captions: gathered, the same figures
+    scattered = GroupSet([Group((0, 5), "x"), Group((3, 1, 7), "y", captions=((15,), (5, 6), (35,)))],
+                         split.caption_image)
+    assert (run_protocols(model, split, "none,groups", groups=scattered, progress=False).extras["groups"]
+            == run_protocols(model, split, "full,groups", groups=scattered, progress=False).extras["groups"])
     assert pairs.extras["groups"]["overall"]["groups"] == 6 and "t2i_ci" in pairs.extras["groups"]["by_kind"]["size"]
     assert pairs.result.protocol == "none" and pairs.provenance["protocol"] == "groups" and pairs.ranks("t2i") is None
     assert whole.provenance["protocol"] == "full+groups" and whole.provenance["split"] == "groups"
