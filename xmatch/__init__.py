@@ -38,6 +38,7 @@ from xmatch.core.registry import (
     register_proposer,
     register_reasoner,
     register_text_encoder,
+    register_verifier,
 )
 from xmatch.core.spec import SpecError
 
@@ -46,7 +47,7 @@ register_builtins()
 
 def list_components(kind: str) -> list[str]:
     """Registered names of one component kind (``image_encoders``, ``text_encoders``,
-    ``reasoners``, ``poolers``, ``losses``, ``models``, ``datasets``, ``proposers``, ``negatives``).
+    ``reasoners``, ``poolers``, ``losses``, ``models``, ``datasets``, ``proposers``, ``negatives``, ``verifiers``).
 
     Example:
         >>> xmatch.list_components("poolers")  # and those of the installed plugins
@@ -62,6 +63,6 @@ __all__ = [
     "PixelInputs", "Pooler", "Reasoner", "RegionInputs", "SpecError", "TextEncoder", "TokenBatch", "XmatchError", "ZooEntry", "build", "convert_original",
     "info", "list_components", "list_models", "model_from_spec", "normalize_boxes",
     "register_dataset", "register_image_encoder", "register_loss", "register_model",
-    "register_negative", "register_pooler", "register_proposer", "register_reasoner", "register_text_encoder", "save_pretrained",
+    "register_negative", "register_pooler", "register_proposer", "register_reasoner", "register_text_encoder", "register_verifier", "save_pretrained",
     "zoo_entries_from_toml",
 ]

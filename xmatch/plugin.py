@@ -9,7 +9,8 @@ never a name that starts with ``_`` nor a module ``xmatch._*``: those may change
 Base classes (subclass one, declare it under the entry-point group ``xmatch_<kind>``):
 
 - :class:`ImageEncoder`, :class:`TextEncoder`, :class:`Reasoner`, :class:`Pooler`,
-  :class:`Loss`: the component kinds; :class:`RegionFeaturesImageEncoder` hands precomputed region
+  :class:`Loss`, :class:`Verifier` (a head that scores an image-caption pair for re-ranking):
+  the component kinds; :class:`RegionFeaturesImageEncoder` hands precomputed region
   features on (padded slots zeroed, inputs checked); :class:`WordTextEncoder` gives a
   word-level text encoder its vocabulary, tokenizer, unknown-word measure and saved assets;
   :class:`RNNTextEncoder`, :class:`BiGRUTextEncoder`, :class:`BiLSTMTextEncoder` are the
@@ -50,7 +51,7 @@ Helpers:
   :func:`register_text_encoder`, :func:`register_reasoner`, :func:`register_pooler`,
   :func:`register_loss`, :func:`register_model`, :func:`register_dataset`,
   :func:`register_proposer` (region proposers for ``xmatch extract``), :func:`register_negative`
-  (structural hard-negative makers for training);
+  (structural hard-negative makers for training), :func:`register_verifier` (re-ranking heads);
 - backbones: :func:`create_timm_model` (a timm network with its weights from timm's hub, a
   file or a package, as xmatch's own image encoders make theirs), :func:`load_backbone_weights`
   (a weights file or any :mod:`xmatch.io.hub` source, fetched and checked like zoo weights,
@@ -94,9 +95,10 @@ Example:
 from __future__ import annotations
 
 from xmatch import Embeddings, EncoderOutput, ImageEncoder, Loss, LossOutput, MatchingModel, Pooler, Reasoner
+from xmatch.model.interfaces import Verifier
 from xmatch import SpecError, TextEncoder, XmatchError, TokenBatch, ZooEntry, normalize_boxes, zoo_entries_from_toml
 from xmatch import register_dataset, register_image_encoder, register_loss, register_model, register_pooler
-from xmatch import register_negative, register_proposer, register_reasoner, register_text_encoder
+from xmatch import register_negative, register_proposer, register_reasoner, register_text_encoder, register_verifier
 from xmatch.components.alignment import AlignmentPooler, pairwise_cosines
 from xmatch.components.image.bottomup import RegionFeaturesImageEncoder, check_region_inputs
 from xmatch.components.image.backbone import create_timm_model
@@ -128,9 +130,9 @@ __all__ = [
     "init_projection_like_original", "input_type_of", "last_true_mask", "lengths_to_mask",
     "load_backbone_weights", "load_vocabulary", "Loss", "LossOutput", "MatchingModel", "merge",
     "normalize_boxes", "pad_stack", "pairwise_cosines", "PixelInputs", "Pooler", "read_original_vocabulary",
-    "Reasoner", "RegionFeaturesImageEncoder", "RegionInputs", "register_dataset", "register_image_encoder",
+    "Reasoner", "RegionFeaturesImageEncoder", "Verifier", "RegionInputs", "register_dataset", "register_image_encoder",
     "register_loss", "register_model", "register_negative", "register_pooler", "register_proposer", "register_reasoner",
-    "register_text_encoder", "RNNTextEncoder", "SpecError", "split_words", "START", "TextEncoder",
+    "register_text_encoder", "register_verifier", "RNNTextEncoder", "SpecError", "split_words", "START", "TextEncoder",
     "TokenBatch", "TokenCoverage", "tokenize_words", "uniform_word_embedding", "VOCAB_FILE", "Vocabulary",
     "with_markers", "WordTextEncoder", "XmatchError", "zoo_entries_from_toml", "ZooEntry",
 ]

@@ -160,8 +160,8 @@ def _too_large(
     key = name if name in canonical else "embed_dim"  # the projections are sized by embed_dim
     table = canonical.get(key)
     label = f"model -> {key}" + (f" ({table['name']})" if isinstance(table, Mapping) and "name" in table else "")
-    # reasoners are as wide as embed_dim (their injected dim), and so are the projections
-    widened = key == "embed_dim" or key.endswith("_reasoner")
+    # reasoners and the verifier are as wide as embed_dim (their injected dim), and so are the projections
+    widened = key == "embed_dim" or key.endswith("_reasoner") or key == "verifier"
     prefixes = (f"model -> {key} ->", "model -> embed_dim") if widened else (f"model -> {key} ->",)
     found = _culprit(list(shape), sizes, prefixes)
     own = ", ".join(f"{p.rsplit(' -> ', 1)[-1]} = {v:,}" for p, v in sizes if p.startswith(prefixes))
