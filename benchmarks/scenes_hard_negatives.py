@@ -103,7 +103,9 @@ def run_config(config: Config, seed: int, data: Path, out: Path, device: str, th
     train += [a for s in config.model_set for a in ("--model-set", s)]
     train += [a for s in [*config.train_set, *train_set] for a in ("--set", s)]
     train += [a for o in data_options for a in ("--data-option", o)]
-    times = {"train": run(train, folder / "train.log", env)}
+    done = (folder / "run" / "final").is_dir() and (folder / "run" / "best").is_dir()
+    # a run trained to the end (by an interrupted sweep) is evaluated, not trained again
+    times = {"train": float("nan") if done else run(train, folder / "train.log", env)}
     model = f"local-dir:{folder / 'run' / 'best'}"
     failures = {}
     for name, cmd in eval_commands(model, data, folder, device, data_options, rerank if config.verifier else None).items():
