@@ -162,8 +162,11 @@ class CrossAttentionVerifier(Verifier):
         caption its hardest in-batch image and for every image its hardest in-batch caption by
         ``scores`` (pairs of the same image id are never negatives); and every structural
         negative caption with the image its caption belongs to, ``(img[owner[m]],
-        negatives[m])``. The loss is ``loss_weight`` times the mean over all pairs; gradients
-        reach the embeddings too (pass detached embeddings to train the head alone).
+        negatives[m])``. The loss is ``loss_weight`` times the mean of two means, over the
+        positives and over the negatives: a batch holds two to four times as many negatives as
+        positives, and with one mean over all pairs the head settled on calling every pair a
+        negative (on the scenes benchmark, 80 % "accuracy" for 100 steps). Gradients reach the
+        embeddings too (pass detached embeddings to train the head alone).
 
         Args:
             img, txt: the batch's row-aligned embeddings (``B`` rows each).
@@ -197,7 +200,8 @@ class CrossAttentionVerifier(Verifier):
         logits = self(img[pairs.image.to(device)], texts[pairs.text.to(texts.tokens.device)])
         label = pairs.label.to(logits.device)
         bce = F.binary_cross_entropy_with_logits(logits.float(), label, reduction="none")
-        loss = self.loss_weight * bce.mean()
+        positive = label > 0.5
+        loss = self.loss_weight * (bce[positive].mean() + bce[~positive].mean()) / 2
         logs: dict[str, torch.Tensor | float] = {"verifier_loss": loss.detach()}
         term = pairs.term.to(logits.device)
         for k, name in enumerate(TERMS):
