@@ -168,12 +168,12 @@ class SpacyTagger:
         """
         from spacy.tokens import Doc
 
-        todo: dict[tuple[str, ...], None] = {}
+        unparsed: dict[tuple[str, ...], None] = {}
         for caption in captions:
             if isinstance(caption, str):
                 raise TypeError(f"warm() takes captions as lists of words (split_words(caption)), got the string {caption!r:.60}.")
-            todo[tuple(caption)] = None
-        words = [w for w in todo if w and w not in self._cache]
+            unparsed[tuple(caption)] = None
+        words = [w for w in unparsed if w and w not in self._cache]
         docs = self._nlp.pipe((Doc(self._nlp.vocab, words=list(w)) for w in words), batch_size=batch_size)
         for caption, doc in zip(words, docs):
             self._store(caption, word_classes(doc))
