@@ -11,22 +11,9 @@ import xmatch
 import xmatch.index
 from xmatch.index import Cascade, NoVerifierError, SearchIndexError
 from xmatch.index.synthetic import PlantedCorpus, scoring_model
+from test_search import DIM, TEXTS, regions
 
 pytest.importorskip("faiss")
-
-DIM = 32
-TEXTS = ["a large red circle left of a small blue seven", "a green square", "a tiny purple number one above a star",
-         "two shapes"]
-
-
-def regions(n: int, seed: int = 0, r: int = 6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    feats = torch.randn(n, r, DIM, generator=g)
-    xy = torch.rand(n, r, 2, generator=g) * 0.5
-    boxes = torch.cat([xy, xy + 0.3], dim=-1)
-    mask = torch.arange(r)[None] < torch.randint(2, r + 1, (n,), generator=g)[:, None]
-    return feats, boxes, mask
-
 
 @pytest.fixture(scope="module")
 def model() -> xmatch.MatchingModel:
