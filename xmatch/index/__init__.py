@@ -27,7 +27,8 @@ from xmatch.index.errors import (
 )
 from xmatch.model.fingerprint import model_fingerprint
 from xmatch.index.results import Hit, SearchResult
-from xmatch.index.search import SearchIndex, create, default_candidates, open
+from xmatch.index.ranking import default_candidates
+from xmatch.index.search import SearchIndex, create, open
 
 __all__ = [
     "Cascade", "DamagedIndexError", "EmptyIndexError", "Hit", "ModelMismatchError", "NoVerifierError", "SearchIndex",

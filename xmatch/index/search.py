@@ -13,6 +13,7 @@ enter the top-k is scored exhaustively instead.
 
 from __future__ import annotations
 
+import numbers
 import os
 import time
 from collections.abc import Sequence
@@ -23,30 +24,21 @@ import torch
 
 from xmatch.model.embeddings import Embeddings
 from xmatch.model.inputs import ImageInputs, PixelInputs, RegionInputs
-from xmatch.index import ann, rerank, verifier
-from xmatch.index.candidates import GENERATORS, FaissGenerator, FdeGenerator, PooledGenerator, TokenGenerator
-from xmatch.index.errors import EmptyIndexError, ModelMismatchError, SearchIndexError, WrongSideError
+from xmatch.index import qdrant_location, verifier
+from xmatch.index.candidates import FaissGenerator
+from xmatch.index.errors import DamagedIndexError, EmptyIndexError, ModelMismatchError, SearchIndexError, WrongSideError
 from xmatch.model.fingerprint import embedding_spec, model_fingerprint, short
-from xmatch.index.interaction import interaction, pooled_is_exact
-from xmatch.index.results import Hit, SearchResult
+from xmatch.index.ranking import Ranking
+from xmatch.index.results import SearchResult
 from xmatch.index.shards import STORED_DTYPES
 from xmatch.index.store import FORMAT, MANIFEST, ShardStore, check_side, read_manifest, write_manifest
 from xmatch.model.model import MatchingModel
 
 ENGINES = ("faiss", "qdrant")
 MODEL_FOLDER = "model"
-ANN_FOLDER = "ann"
-#: relative float32 rounding allowed when comparing a stage-1 bound with an exact score
-BOUND_TOLERANCE = 1e-5
 
 
-def default_candidates(n_items: int, k: int) -> int:
-    """Candidates scored exactly per query by default: 100 (or 10 k), at most the corpus. The
-    recall@10 measured at this setting is in docs/search.md."""
-    return min(n_items, max(100, 10 * k))
-
-
-class SearchIndex:
+class SearchIndex(Ranking):
     """A searchable corpus of images (text-to-image search) or captions (image-to-text).
 
     Made by :func:`create` or :func:`open`; holds the model whose encoders made the stored
@@ -65,6 +57,7 @@ class SearchIndex:
         self.model.eval()
         self.store = _open_store(root, manifest, in_memory)
         self._generators: dict[str, Any] = {}
+        self._manifest_signature: tuple[int, int, int] | None = None
 
     # --- what the index holds --------------------------------------------------------------
 
@@ -234,8 +227,18 @@ class SearchIndex:
             raise SearchIndexError(f"id {clash!r} is already in the index {self.root}; ids must be unique.")
 
     def _reload_if_changed(self) -> None:
-        """Another process may have appended since this index was opened: read its manifest."""
+        """Another process may have appended since this index was opened: read its manifest
+        when the file changed (a commit replaces it, so its inode and time change: one ``stat``
+        per call otherwise)."""
+        try:
+            stat = os.stat(self.root / MANIFEST)
+        except FileNotFoundError:
+            raise DamagedIndexError(f"{self.root / MANIFEST} is gone: the index was removed or moved.") from None
+        signature = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if signature == self._manifest_signature:
+            return
         current = read_manifest(self.root)
+        self._manifest_signature = signature
         if current.get("items") != self.manifest.get("items"):
             self.manifest = current
             self.store = _open_store(self.root, current, self.in_memory)
@@ -346,9 +349,13 @@ class SearchIndex:
             >>> [(h.stage, h.verifier is not None) for h in top.hits][0], top.reranked  # doctest: +SKIP
             (('verifier', True), 20)
         """
+        self._reload_if_changed()
         n = len(self)
         if n == 0:
             raise EmptyIndexError(f"the index {self.root} is empty; add items first (xmatch index ... --append).")
+        k = _count_option("k", k)
+        candidates = _count_option("candidates", candidates, none=True)
+        nprobe = _count_option("nprobe", nprobe, none=True)
         if not 1 <= k <= n:
             raise ValueError(f"k={k} but the index {self.root} holds {n} items; ask for 1 to {n} results.")
         if queries.dim != self.manifest["dim"]:
@@ -359,131 +366,6 @@ class SearchIndex:
         verifier.check(self.model, rerank, self.root, rerank_batch)
         results = self._ranked(queries, min(n, max(k, rerank)), labels, candidates, exact, stage1, nprobe)
         return verifier.rerank_results(self.model, self.side, self.store, queries, results, rerank, k, rerank_batch)
-
-    def _ranked(self, queries: Embeddings, k: int, labels: list, candidates: int | None, exact: bool,
-                stage1: str | None, nprobe: int | None) -> list[SearchResult]:
-        """The pooler's top ``k`` of each query (stages 1 and 2), with their times per query."""
-        start = time.perf_counter()
-        if exact:
-            results = self._exhaustive(queries, k, labels, "exhaustive")
-            return _timed(results, stage2=time.perf_counter() - start)
-        n = len(self)
-        generator = self.generator(stage1, queries, nprobe=nprobe)
-        budget = min(n, max(k, candidates if candidates is not None else default_candidates(n, k)))
-        proposed = generator.propose(queries.to("cpu"), budget)  # stage 1 runs beside the stored tokens, on the CPU
-        proposing = time.perf_counter() - start
-        results: list[SearchResult | None] = [None] * len(queries)
-        redo = []
-        for q, rows in enumerate(proposed.rows):  # each query has its own candidates: one pooler call each
-            if proposed.bounds is None:
-                scores = rerank.score_rows(self.model, self.side, self.store, rows, queries[q])
-                if len(scores) < k:
-                    redo.append(q)  # stage 1 found fewer than k items: score everything
-                    continue
-                top = scores.topk(k)
-                results[q] = self._result(top.values, rows[top.indices], labels[q], len(rows), False, generator.name)
-                continue
-            # a provable order needs no margin: start at 2 k, the bound says when to stop
-            first = candidates if candidates is not None else 2 * k
-            found = self._proven_top(queries[q], rows, proposed.bounds[q], float(proposed.floor[q]), k, first)
-            if found is None:
-                redo.append(q)
-            else:
-                top, scored = found
-                results[q] = self._result(top.values, rows[top.indices], labels[q], scored, True, generator.name)
-        if redo:
-            again = self._exhaustive(queries[torch.tensor(redo)], k, [labels[q] for q in redo], generator.name)
-            for q, result in zip(redo, again):
-                results[q] = result
-        return _timed(results, stage1=proposing, stage2=time.perf_counter() - start - proposing)  # type: ignore[arg-type]
-
-    def _proven_top(self, query: Embeddings, rows: torch.Tensor, bounds: torch.Tensor, floor: float, k: int,
-                    first: int) -> tuple[Any, int] | None:
-        """Score rows in decreasing order of their bound, doubling the batch, until no bound left
-        (nor ``floor``, the bound of every row not listed) can beat the k-th exact score: the
-        threshold algorithm. Returns ``(top-k, rows scored)``, or None when the unlisted rows
-        would have to be scored too."""
-        done = min(first, len(rows))
-        scores = rerank.score_rows(self.model, self.side, self.store, rows[:done], query)
-        while True:
-            top = scores.topk(min(k, len(scores)))
-            if len(top.values) == k:
-                left = max(float(bounds[done]) if done < len(rows) else -torch.inf, floor)
-                if _below(torch.tensor(left), top.values[-1]):
-                    return top, done
-            if done == len(rows):
-                return None
-            more = rows[done : 2 * done]
-            scores = torch.cat([scores, rerank.score_rows(self.model, self.side, self.store, more, query)])
-            done += len(more)
-
-    def _exhaustive(self, queries: Embeddings, k: int, labels: list, stage1: str) -> list[SearchResult]:
-        scores, rows = rerank.exhaustive_top(self.model, self.side, self.store, queries, k)
-        return [self._result(s, r, label, len(self), True, stage1) for s, r, label in zip(scores, rows, labels)]
-
-    def _result(self, scores: torch.Tensor, rows: torch.Tensor, label: str | None, scored: int, exact: bool,
-                stage1: str) -> SearchResult:
-        rows_list = rows.tolist()
-        ids, texts = self.store.ids_of(rows_list), self.store.texts(rows_list)
-        hits = [Hit(i, float(s), r, t) for i, s, r, t in zip(ids, scores.tolist(), rows_list, texts)]
-        return SearchResult(hits, label, scored, len(self), exact, stage1)
-
-    def generator(self, name: str | None, queries: Embeddings | None = None, *, nprobe: int | None = None) -> Any:
-        """The stage-1 generator ``name`` (default: the pooler's), built or loaded on first use."""
-        inter = interaction(self.model.pooler, self.model.spec.get("pooler", {}).get("name"))
-        if name is None:
-            name = self._default_stage1(inter)
-        key = name
-        if name == "pooled":
-            # the global vectors rank for poolers that score them (TERN); a token pooler's
-            # candidates come from the tokens' mean (its global slot, if any, is not scored)
-            source = "pooled" if inter is None and self._has_pooled(queries) else "mean"
-            key = f"pooled:{source}"
-        if key not in self._generators:
-            self._generators[key] = self._make_generator(name, inter, key)
-        gen = self._generators[key]
-        if nprobe is not None:
-            gen.nprobe = nprobe
-        return gen
-
-    def _default_stage1(self, inter: Any) -> str:
-        """``tokens`` (``maxsim`` on Qdrant) for token poolers, ``pooled`` for global-vector ones.
-
-        One exception, measured (docs/search.md): a pooler whose only sum runs over the stored
-        item's tokens (MwSr for text queries) gets ``pooled`` (the tokens' mean) once the corpus
-        is past the exact token scan; the centroid estimate of such sums is weaker.
-        """
-        if inter is None:
-            return "pooled"
-        if self.engine == "qdrant":
-            return "maxsim"
-        query_sum = inter.text_sum if self.side == "images" else inter.image_sum
-        if not query_sum and int(self.store.lengths().sum()) > ann.FLAT_LIMIT:
-            return "pooled"
-        return "tokens"
-
-    def _has_pooled(self, queries: Embeddings | None) -> bool:
-        stored = self.store.has_pooled()
-        return stored and (queries is None or queries.pooled is not None)
-
-    def _make_generator(self, name: str, inter: Any, key: str) -> Any:
-        if self.engine == "qdrant":
-            from xmatch.index.qdrant import QdrantGenerator
-
-            return QdrantGenerator(self.store, name, inter, self.side, exact_pooled=pooled_is_exact(self.model.pooler))
-        if name not in GENERATORS:
-            raise ValueError(f"unknown stage-1 generator {name!r} for the FAISS engine; generators: {', '.join(GENERATORS)}.")
-        folder, writable = self.root / ANN_FOLDER, os.access(self.root, os.W_OK)
-        common = {"writable": writable, "progress": self.progress}
-        if name == "pooled":
-            source = key.split(":", 1)[1]
-            exact = pooled_is_exact(self.model.pooler) and source == "pooled"
-            return PooledGenerator(self.store, folder, source=source, exact_scores=exact, **common)
-        if inter is None:
-            raise ValueError(f"the pooler {type(self.model.pooler).__name__} reads only global vectors; use stage1='pooled'.")
-        if name == "fde":
-            return FdeGenerator(self.store, folder, inter, self.side, **common)
-        return TokenGenerator(self.store, folder, inter, self.side, **common)
 
     def prepare(self, stage1: str | None = None) -> None:
         """Build (or bring up to date) the stage-1 structure now rather than at the first query."""
@@ -506,25 +388,11 @@ class SearchIndex:
         self.close()
 
 
-def _timed(results: list[SearchResult], **seconds: float) -> list[SearchResult]:
-    """Record each stage's time per query (milliseconds) in every result of one call."""
-    for result in results:
-        result.timings.update({stage: 1000 * s / len(results) for stage, s in seconds.items()})
-    return results
-
-
 def _encoded(results: list[SearchResult], seconds: float) -> list[SearchResult]:
     """Put the queries' encoding time per query (milliseconds) first in every result's timings."""
     for result in results:
         result.timings = {"encode": 1000 * seconds / len(results), **result.timings}
     return results
-
-
-def _below(bound: torch.Tensor, kth: torch.Tensor) -> bool:
-    """Whether no unscored item can beat the k-th exact score: at most a tie within float
-    rounding (the bound and the score are float32 sums of the same products)."""
-    kth = float(kth)
-    return float(bound) <= kth + BOUND_TOLERANCE * max(1.0, abs(kth))
 
 
 def _open_store(root: Path, manifest: dict[str, Any], in_memory: bool = False) -> Any:
@@ -592,8 +460,7 @@ def create(
         save_pretrained(model, root / MODEL_FOLDER)
     engine_record: dict[str, Any] = {"name": engine}
     if engine == "qdrant":
-        engine_record |= {"location": qdrant or str((root / "qdrant").resolve()),
-                          "collection": collection or f"xmatch-{root.resolve().name}"}
+        engine_record |= qdrant_location.engine_record(root, qdrant, collection)
     manifest = {
         "format": FORMAT,
         "xmatch_version": __version__,
@@ -658,6 +525,15 @@ def open(  # noqa: A001 - the public name is xmatch.index.open, as the issue ask
             f"Open the index without a model to use {ref}, or re-index with this model (xmatch index ... --out NEW_INDEX)."
         )
     return SearchIndex(root, manifest, model, progress=progress, in_memory=in_memory)
+
+
+def _count_option(name: str, value: Any, *, none: bool = False) -> Any:
+    """``value`` checked as a whole number >= 1 (None allowed where ``none``)."""
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}.")
+    return int(value)
 
 
 def _all_strings(items: Any) -> bool:

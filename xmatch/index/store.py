@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from xmatch.model.embeddings import Embeddings
+from xmatch.index import qdrant_location
 from xmatch.index.errors import DamagedIndexError, SearchIndexError
 from xmatch.index.shards import STORED_DTYPES, Shard, ShardInfo, fsync_dir, write_shard
 
@@ -98,9 +99,8 @@ def _manifest_problem(manifest: dict[str, Any]) -> str | None:
     engine = manifest.get("engine")
     if not isinstance(engine, dict) or engine.get("name") not in ("faiss", "qdrant"):
         return "'engine' must name the engine, faiss or qdrant"
-    if engine["name"] == "qdrant" and not (isinstance(engine.get("location"), str)
-                                           and isinstance(engine.get("collection"), str)):
-        return "a Qdrant index must record its location and collection"
+    if engine["name"] == "qdrant" and qdrant_location.engine_problem(engine):
+        return qdrant_location.engine_problem(engine)
     shards = manifest.get("shards")
     if not isinstance(shards, list) or not _count(manifest.get("items")):
         return "'shards' must list the shard records and 'items' count them"
