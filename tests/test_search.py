@@ -216,8 +216,8 @@ KILL_SCRIPT = textwrap.dedent("""
     g = torch.Generator().manual_seed(0)
     batch = 0
     while True:
-        e = xmatch.Embeddings(torch.nn.functional.normalize(torch.randn(8, 6, 32, generator=g), dim=-1),
-                              torch.ones(8, 6, dtype=torch.bool))
+        tokens = torch.nn.functional.normalize(torch.randn(8, 6, 32, generator=g), dim=-1)
+        e = xmatch.Embeddings(tokens, torch.ones(8, 6, dtype=torch.bool), torch.nn.functional.normalize(tokens.mean(1), dim=-1))
         index.add(e, [f"b{batch}-{i}" for i in range(8)])
         batch += 1
 """)
@@ -241,7 +241,8 @@ def test_kill_during_appends_keeps_every_complete_batch(tmp_path, model):
     assert n >= 24 and n % 8 == 0
     assert reopened.ids == [f"b{b}-{i}" for b in range(n // 8) for i in range(8)]
     reopened.verify()
-    reopened.add(xmatch.Embeddings(torch.ones(1, 6, 32) / 32**0.5, torch.ones(1, 6, dtype=torch.bool)), ["after"])
+    reopened.add(xmatch.Embeddings(torch.ones(1, 6, 32) / 32**0.5, torch.ones(1, 6, dtype=torch.bool),
+                                   torch.ones(1, 32) / 32**0.5), ["after"])
     assert len(xmatch.index.open(root, model)) == n + 1
 
 

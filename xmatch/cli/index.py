@@ -30,6 +30,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--side", choices=("images", "texts"), default="images",
                         help="index the images (text->image search, default) or the captions (image->text search)")
     parser.add_argument("--append", action="store_true", help="add to an existing index, skipping the ids it already holds")
+    parser.add_argument("--overwrite", action="store_true", help="delete the index already at --out (its manifest, shards, "
+                        "stage-1 files, saved model and Qdrant Edge storage; other files stay) and build it anew")
     parser.add_argument("--from-index", type=Path, metavar="INDEX", help="copy the token sets of another index instead of encoding "
                         "(e.g. to move an embedded index into Qdrant)")
     parser.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="stored precision (default: float16)")
@@ -45,53 +47,92 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Create (or, with ``--append``, continue) the index and prepare its stage-1 structure."""
+    """Create (or, with ``--append``, continue) the index and prepare its stage-1 structure.
+
+    A run that fails before its first committed shard removes the index it created, so the
+    corrected command runs as it was typed; one that fails later keeps its committed shards
+    (continue with ``--append``).
+    """
+    from xmatch.index.store import MANIFEST, foreign_files, remove_index
+
+    if args.append and args.overwrite:
+        print("xmatch index: --append adds to the index, --overwrite replaces it: give one of them.", file=sys.stderr)
+        return 2
+    exists = (args.out / MANIFEST).is_file()
+    if exists and args.overwrite:
+        others = foreign_files(args.out)
+        if others:
+            print(f"xmatch index: {args.out} holds files that are not the index's ({', '.join(others[:5])}); move them "
+                  "out before --overwrite, or choose another --out.", file=sys.stderr)
+            return 2
+        remove_index(args.out)
+        exists = False
+    if exists and not args.append:
+        print(f"xmatch index: {args.out} already holds an index; add --append to add to it, --overwrite to replace it, "
+              "or choose another --out.", file=sys.stderr)
+        return 2
+    if not exists and not args.from_index and not args.model:
+        print("xmatch index: name the MODEL to encode with (e.g. teran-mrsw-scenes).", file=sys.stderr)
+        return 2
+    if not exists and args.data is None and not args.from_index and args.dataset.lower() != "scenes":
+        print(f"xmatch index: --data DIR is required for the {args.dataset} dataset.", file=sys.stderr)
+        return 2
+    made: list[Any] = []
+    try:
+        index, added = _fill(args, exists, made)
+    except BaseException:
+        if made and len(made[0]) == 0:
+            made[0].close()
+            remove_index(args.out)  # nothing committed: leave no index behind to block the rerun
+        elif made:
+            print(f"xmatch index: stopped with {len(made[0])} items committed in {args.out}; continue with --append.",
+                  file=sys.stderr)
+        raise
+    index.close()
+    what = index.side
+    print(f"indexed {added} {what} into {args.out} ({len(index)} in all, engine {index.engine}); "
+          f"search it with: xmatch search {args.out} --{'text' if what == 'images' else 'image'} ...")
+    return 0
+
+
+def _fill(args: argparse.Namespace, exists: bool, made: list[Any]) -> tuple[Any, int]:
+    """Open or create the index and add the dataset (or the source index) to it; an index
+    created here is put in ``made`` as soon as it exists."""
     from xmatch.model.factory import build_reference
     from xmatch.cli.options import model_ref
     from xmatch.data import open_dataset
     from xmatch.index import create
     from xmatch.index import open as open_index
     from xmatch.index.build import copy_index, index_dataset
-    from xmatch.index.store import MANIFEST
     from xmatch.model.inputs import PixelInputs, input_type_of
 
     progress = not args.no_progress
-    exists = (args.out / MANIFEST).is_file()
-    if exists and not args.append:
-        print(f"xmatch index: {args.out} already holds an index; add --append to add to it, or choose another --out.",
-              file=sys.stderr)
-        return 2
     if args.from_index:
         source = open_index(args.from_index, device=args.device)
         target = create(args.out, source.model, side=source.side, model_ref=source.manifest["model"]["ref"],
                         dtype=args.dtype, engine=args.engine, qdrant=args.qdrant, collection=args.collection)
+        made.append(target)
         added = copy_index(source, target, progress=progress)
         index = target
     else:
         if exists:
             index = open_index(args.out, args.model and model_ref(args.model), device=args.device)
-        elif not args.model:
-            print("xmatch index: name the MODEL to encode with (e.g. teran-mrsw-scenes).", file=sys.stderr)
-            return 2
+            model = index.model
         else:
             model = build_reference(args.model, args.device)
-            index = create(args.out, model, side=args.side, model_ref=model_ref(args.model), dtype=args.dtype,
-                           engine=args.engine, qdrant=args.qdrant, collection=args.collection)
-        if args.data is None and args.dataset.lower() != "scenes":
-            print(f"xmatch index: --data DIR is required for the {args.dataset} dataset.", file=sys.stderr)
-            return 2
         options = dict(kv.split("=", 1) for kv in args.data_option or [])
         if args.dataset.lower() == "scenes":
             options.setdefault("progress", str(progress))
-            if input_type_of(index.model.image_encoder) is PixelInputs:
+            if input_type_of(model.image_encoder) is PixelInputs:
                 options.setdefault("layout", "images")
+        # the dataset opens before an index is made: a wrong path or option leaves nothing behind
         dataset = open_dataset(args.dataset, args.data, split=args.split, **options)
+        if not exists:
+            index = create(args.out, model, side=args.side, model_ref=model_ref(args.model), dtype=args.dtype,
+                           engine=args.engine, qdrant=args.qdrant, collection=args.collection)
+            made.append(index)
         added = index_dataset(index, dataset, batch_size=args.batch_size, shard_size=args.shard_size,
                               resume=args.append, progress=progress)
     index.progress = progress
     index.prepare(args.stage1)
-    index.close()
-    what = index.side
-    print(f"indexed {added} {what} into {args.out} ({len(index)} in all, engine {index.engine}); "
-          f"search it with: xmatch search {args.out} --{'text' if what == 'images' else 'image'} ...")
-    return 0
+    return index, added

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from xmatch.model.embeddings import Embeddings
-from xmatch.model.inputs import ImageInputs, PixelInputs, RegionInputs
-from xmatch.index import qdrant_location, verifier
+from xmatch.model.inputs import ImageInputs, PixelInputs, RegionInputs, input_type_of
+from xmatch.index import checks, qdrant_location, verifier
 from xmatch.index.candidates import FaissGenerator
 from xmatch.index.errors import DamagedIndexError, EmptyIndexError, ModelMismatchError, SearchIndexError, WrongSideError
 from xmatch.model.fingerprint import embedding_spec, model_fingerprint, short
@@ -134,7 +134,7 @@ class SearchIndex(Ranking):
             2
         """
         if isinstance(items, Embeddings):
-            return self._append(items, ids, boxes=items.boxes)
+            return self._append(items, ids, boxes=items.boxes, outside=True)
         if isinstance(items, str):
             raise TypeError("add takes a list of captions; wrap a single one in a list.")
         captions = _all_strings(items)
@@ -165,8 +165,11 @@ class SearchIndex(Ranking):
         *,
         boxes: torch.Tensor | None = None,
         texts: list[str | None] | None = None,
+        outside: bool = False,
     ) -> int:
-        """Commit encoded items, with their region boxes (image index) or captions (caption index)."""
+        """Commit encoded items, with their region boxes (image index) or captions (caption
+        index); ``outside``: the embeddings were not encoded here (their layout is checked
+        against the model's)."""
         from filelock import FileLock
 
         n = len(embeddings)
@@ -178,8 +181,34 @@ class SearchIndex(Ranking):
             self._check_new_ids(ids, n)
             if embeddings.dim != self.manifest["dim"]:
                 raise SearchIndexError(f"the index holds {self.manifest['dim']}-d tokens, the batch has {embeddings.dim}-d.")
-            self.store.add(embeddings.detach().to("cpu"), ids, boxes=boxes, texts=texts)
+            embeddings = embeddings.detach().to("cpu")
+            checks.check_finite(embeddings, ids)
+            expected = self._makes_pooled() if outside else None
+            if expected is not None:
+                checks.check_pooled(embeddings.pooled is not None, expected, self.root)
+            self.store.add(embeddings, ids, boxes=boxes, texts=texts)
         return n
+
+    def _makes_pooled(self) -> bool | None:
+        """Whether this index's items carry pooled vectors: as the stored ones do, or, in an
+        empty index, as the model makes them for one probe item (None: the image encoder does
+        not say what it reads)."""
+        if len(self):
+            return bool(self.store.has_pooled())
+        with torch.inference_mode():
+            if self.side == "texts":
+                return self.model.encode_texts(["a"]).pooled is not None
+            encoder = self.model.image_encoder
+            if input_type_of(encoder) is PixelInputs:
+                from PIL import Image
+
+                probe = PixelInputs([Image.new("RGB", (64, 64))])
+            else:
+                width = getattr(encoder, "feature_dim", None)
+                if width is None:  # a plugin encoder that does not say its input width
+                    return None
+                probe = RegionInputs(torch.zeros(1, 1, width), torch.tensor([[[0.0, 0.0, 1.0, 1.0]]]))
+            return self.model.encode_images(probe).pooled is not None
 
     def _stored_boxes(self, inputs: ImageInputs, e: Embeddings) -> torch.Tensor | None:
         """The region boxes stored with the image embeddings ``e`` of ``inputs`` (None when the

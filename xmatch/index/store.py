@@ -28,6 +28,7 @@ import torch
 
 from xmatch.model.embeddings import Embeddings
 from xmatch.index import qdrant_location
+from xmatch.index.checks import non_finite_items
 from xmatch.index.errors import DamagedIndexError, SearchIndexError
 from xmatch.index.shards import STORED_DTYPES, Shard, ShardInfo, fsync_dir, write_shard
 
@@ -37,6 +38,8 @@ SIDES = ("images", "texts")
 SHARDS = "shards"
 #: how a manifest names a shard: a file in ``shards/`` (never a path elsewhere)
 SHARD_FILE = re.compile(r"shards/[0-9]{8,}\.safetensors")
+#: the names this store gives shard files (a ``.partial`` one is a write in progress)
+OWN_SHARD_FILE = re.compile(r"[0-9]{8,}\.safetensors(\.partial)?")
 #: the record of each shard in the manifest, and what each entry is
 SHARD_RECORD = {"file": str, "count": int, "width": int, "bytes": int, "sha256": str}
 
@@ -184,8 +187,7 @@ class ShardStore:
         texts: list[str] | None = None,
     ) -> None:
         """Append one batch as a new shard and commit it in the manifest (call under the lock)."""
-        folder = self.root / SHARDS
-        folder.mkdir(exist_ok=True)
+        folder = own_folder(self.root, SHARDS)
         self._remove_uncommitted(folder)
         name = f"{len(self.shards):08d}.safetensors"
         embeddings = embeddings.trimmed()
@@ -202,10 +204,12 @@ class ShardStore:
             self._row_of.update({item: len(self) - len(ids) + k for k, item in enumerate(ids)})
 
     def _remove_uncommitted(self, folder: Path) -> None:
-        """Shard files a killed append left behind (not in the manifest)."""
+        """Shard files a killed append left behind: files named as this store names shards
+        (``NNNNNNNN.safetensors``, or its ``.partial``) that the manifest does not list. Any
+        other file is the user's and stays; links are never followed nor removed."""
         committed = {Path(s["file"]).name for s in self.manifest.get("shards", [])}
         for path in folder.iterdir():
-            if path.name not in committed:
+            if path.name not in committed and OWN_SHARD_FILE.fullmatch(path.name) and not path.is_symlink():
                 path.unlink(missing_ok=True)
 
     def locate(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -268,16 +272,84 @@ class ShardStore:
         return out
 
     def verify(self) -> None:
-        """Check every shard's sha256 against the manifest (reads the whole corpus once).
+        """Check every shard's sha256 against the manifest and its values for NaN and infinity
+        (reads the whole corpus once).
 
         Raises:
-            DamagedIndexError: naming the first shard whose content changed.
+            DamagedIndexError: naming the first shard whose content changed or is not finite.
         """
         from xmatch.io.files import sha256_file
 
         for shard in self.shards:
             if sha256_file(shard.path) != shard.info.sha256:
                 raise DamagedIndexError(shard._damaged("has another sha256 than the manifest records"))
+            bad = non_finite_items(shard.tokens, shard.mask, shard.pooled)
+            if bool(bad.any()):
+                first = int(bad.nonzero()[0])
+                raise DamagedIndexError(shard._damaged(
+                    f"holds NaN or infinite values in {int(bad.sum())} items (the first: {shard.ids[first]!r})"
+                ))
+
+
+#: the folders an index makes for itself (whole): the model bundle, stage-1 files, Qdrant Edge storage
+OWN_FOLDERS = ("model", "ann", "qdrant")
+
+
+def foreign_files(root: Path) -> list[str]:
+    """Names in the index folder ``root`` that are not the index's own (sorted)."""
+    own = {MANIFEST, MANIFEST + ".partial", ".lock", SHARDS, *OWN_FOLDERS}
+    return sorted(p.name for p in root.iterdir() if p.name not in own) if root.is_dir() else []
+
+
+def remove_index(root: Path) -> None:
+    """Delete the index at ``root``: its manifest, lock, shard files and the folders it made
+    (:data:`OWN_FOLDERS`); the folder itself when nothing else is left. Other files stay, and
+    links are removed as links (never followed).
+
+    Example:
+        >>> remove_index(Path("idx"))  # what `xmatch index --overwrite` does first  # doctest: +SKIP
+    """
+    import shutil
+
+    for name in (MANIFEST, MANIFEST + ".partial", ".lock"):
+        (root / name).unlink(missing_ok=True)
+    for name in OWN_FOLDERS:
+        folder = root / name
+        if folder.is_symlink():
+            folder.unlink()
+        elif folder.is_dir():
+            shutil.rmtree(folder)
+    shards = root / SHARDS
+    if shards.is_symlink():
+        shards.unlink()
+    elif shards.is_dir():
+        for path in shards.iterdir():
+            if OWN_SHARD_FILE.fullmatch(path.name) and not path.is_symlink():
+                path.unlink()
+        if not any(shards.iterdir()):
+            shards.rmdir()
+    if root.is_dir() and not root.is_symlink() and not any(root.iterdir()):
+        root.rmdir()
+
+
+def own_folder(root: Path, name: str) -> Path:
+    """The index's subfolder ``name``, made if missing; refused when it is a link or resolves
+    out of the index (writing there would put files, or delete them, elsewhere).
+
+    Raises:
+        DamagedIndexError: the folder is a symbolic link, or not a folder.
+    """
+    folder = root / name
+    if folder.is_symlink() or os.path.realpath(folder) != os.path.join(os.path.realpath(root), name):
+        raise DamagedIndexError(
+            f"{folder} is a symbolic link (to {os.path.realpath(folder)}): an index writes only inside its own "
+            f"folder. Replace the link by a real folder holding the index's files, or rebuild the index "
+            "(xmatch index ... --out NEW_INDEX)."
+        )
+    if folder.exists() and not folder.is_dir():
+        raise DamagedIndexError(f"{folder} is a file where the index keeps a folder; move it away.")
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def _inside(root: Path, file: str) -> Path:

@@ -79,7 +79,8 @@ class PlantedCorpus:
         return self._concept_ids((self.groups, self.regions), g)
 
     def batches(self, size: int = 1024) -> Iterator[tuple[list[str], Embeddings]]:
-        """``(ids, Embeddings)`` of consecutive images, ``size`` at a time (deterministic)."""
+        """``(ids, Embeddings)`` of consecutive images, ``size`` at a time (deterministic); each
+        image's global vector is the mean of its tokens, normalised."""
         centres, bases = self._centres(), self._group_bases()
         rows = self.group_rows()
         member = torch.full((self.images,), -1, dtype=torch.long)
@@ -99,7 +100,10 @@ class PlantedCorpus:
                 planted[is_base] = bases[which[is_base]]  # the base keeps every concept
                 ids[grouped] = planted
             tokens = self._noisy(centres[ids], self.noise, g)
-            yield [str(i) for i in range(start, stop)], Embeddings(tokens, torch.ones(stop - start, self.regions, dtype=torch.bool))
+            # a global vector per image, as the scoring model's image encoder makes one (its CLS slot)
+            pooled = F.normalize(tokens.mean(dim=1), dim=-1)
+            mask = torch.ones(stop - start, self.regions, dtype=torch.bool)
+            yield [str(i) for i in range(start, stop)], Embeddings(tokens, mask, pooled)
 
     def queries(self, n: int | None = None) -> tuple[Embeddings, torch.Tensor]:
         """``(query word sets, planted rows [n, group_size])`` for the first ``n`` groups."""
