@@ -343,8 +343,10 @@ def test_a_damaged_stage1_file_is_named(index, model):
 # --- Qdrant ---------------------------------------------------------------------------------------
 
 
-def test_qdrant_local_mode_returns_the_same_exact_top_k(tmp_path, index, model):
-    pytest.importorskip("qdrant_client")
+def test_qdrant_edge_returns_the_same_exact_top_k(tmp_path, index, model):
+    """The embedded Qdrant engine (a Qdrant Edge shard inside the index, exact MaxSim scan)
+    proves the same top-k as the FAISS engine's exhaustive search; more in test_qdrant_edge.py."""
+    pytest.importorskip("qdrant_edge")
     from xmatch.index.build import copy_index
 
     target = xmatch.index.create(tmp_path / "q", model, engine="qdrant", dtype="float32")

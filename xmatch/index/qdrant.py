@@ -1,17 +1,23 @@
-"""The Qdrant engine: the token sets live in a Qdrant collection as multi-vectors.
+"""The Qdrant engine: the token sets live in Qdrant as multi-vectors.
 
 Qdrant stores a variable number of vectors per point and scores a multi-vector query by
-late interaction (``MultiVectorComparator.MAX_SIM``: for each query vector, the best stored
-vector, summed). With a caption as the query and an image's regions stored, that is exactly
-TERAN's MrSw. Each item is a point ``id = row`` with named vectors ``tokens`` (the real tokens,
-no padding) and, when the model has them, ``pooled``; the payload holds the item's id, row and
-caption.
+late interaction (``MultiVectorComparator`` MaxSim on ``Dot``: for each query vector, the best
+stored vector, summed). With a caption as the query and an image's regions stored, that is
+exactly TERAN's MrSw. Each item is a point ``id = row`` with named vectors ``tokens`` (the real
+tokens, no padding) and, when the model has them, ``pooled``; the payload holds the item's id,
+row, caption and region boxes. Two places hold the points:
 
-- **Embedded local mode** (``qdrant=PATH``, default ``INDEX/qdrant``): no server; Qdrant scans
-  every point exactly, so stage 1 is exhaustive MaxSim. The tests use it.
-- **Server** (``qdrant=http://host:6333``): the collection can be sharded and replicated over
-  a cluster; MaxSim candidates then come from Qdrant's HNSW graph (approximate), and stage 2
-  stays exact: the candidates' token sets are fetched from Qdrant and scored by the pooler.
+- **Embedded** (default; the manifest's location is a folder *name* such as ``qdrant``): a
+  `Qdrant Edge <https://qdrant.tech/documentation/edge/>`_ shard inside the index folder, Qdrant's
+  own Rust engine in-process (``qdrant-edge-py``). It persists as a write-ahead log and segment
+  files (JSON configuration, memory-mapped vectors; no pickle). xmatch never runs Edge's
+  optimizer, so the segments stay plain, and every MaxSim search asks for an exact scan
+  (``SearchParams(exact=True)``): stage 1 is exhaustive MaxSim and proves its top-k. The shard
+  is locked by the process that opened it (another process gets a clear error).
+- **Server** (``qdrant=http://host:6333``, through ``qdrant-client``): the collection can be
+  sharded and replicated over a cluster; MaxSim candidates come from Qdrant's HNSW graph
+  (approximate: no bounds), and stage 2 stays exact (the candidates' token sets are fetched and
+  scored by the pooler).
 
 Appends are committed by the index manifest: points of an append that was killed before its
 manifest was written (``row >= items``) are invisible to searches and removed by the next append.
@@ -19,91 +25,314 @@ manifest was written (``row >= items``) are invisible to searches and removed by
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from xmatch.model.embeddings import Embeddings
 from xmatch.index.candidates import Candidates
 from xmatch.index.errors import DamagedIndexError, SearchIndexError
 from xmatch.index.interaction import Interaction
+from xmatch.index.qdrant_location import is_url
 from xmatch.index.shards import STORED_DTYPES
 from xmatch.index.store import write_manifest
+from xmatch.model.embeddings import Embeddings
 from xmatch.model.masks import pad_stack
 
 #: points per upsert request
 UPSERT_BATCH = 256
+#: rows per retrieve request when listing every id
+ID_PAGE = 4096
+
+
+def edge() -> Any:
+    from xmatch.core.optional import require
+
+    return require("qdrant_edge", "xmatch-zoo[index]", "the embedded Qdrant engine (Qdrant Edge)")
 
 
 def qdrant() -> Any:
     from xmatch.core.optional import require
 
-    return require("qdrant_client", "xmatch-zoo[index]", "the Qdrant engine")
+    return require("qdrant_client", "xmatch-zoo[index]", "the Qdrant server engine")
 
 
-def is_url(location: str) -> bool:
-    return location.startswith(("http://", "https://"))
+@dataclass
+class Point:
+    """One item as either engine stores it: named vectors and payload of point ``row``."""
+
+    row: int
+    vectors: dict[str, Any]
+    payload: dict[str, Any]
+
+
+class EdgeShard:
+    """The embedded engine: one Qdrant Edge shard in ``INDEX/<name>``, opened by this process alone.
+
+    Example:
+        >>> shard = EdgeShard(Path("idx"), "qdrant")  # doctest: +SKIP
+        >>> shard.create(dim=256, dtype="float16", pooled=False)  # doctest: +SKIP
+    """
+
+    #: every search scans the plain segments (never an HNSW graph): its rankings are exact
+    exact = True
+
+    def __init__(self, root: Path, name: str) -> None:
+        self.folder = root / name
+        self.label = str(self.folder)
+        _check_inside(root, self.folder)
+        self.shard: Any = None
+        if (self.folder / "edge_config.json").is_file():
+            try:
+                self.shard = edge().EdgeShard.load(str(self.folder))
+            except Exception as exc:  # noqa: BLE001 - Edge raises a bare Exception for every failure
+                raise _edge_error(self.folder, exc) from None
+
+    def exists(self) -> bool:
+        return self.shard is not None
+
+    def vector_names(self) -> set[str]:
+        """The named vectors the shard was made with (from its JSON configuration)."""
+        try:
+            return set(json.loads((self.folder / "edge_config.json").read_text(encoding="utf-8"))["vectors"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DamagedIndexError(f"{self.folder / 'edge_config.json'} is unreadable ({exc}); restore the index "
+                                    "folder from a copy, or rebuild the index.") from None
+
+    def create(self, dim: int, dtype: str, pooled: bool) -> None:
+        qe = edge()
+        datatype = qe.VectorStorageDatatype.Float16 if dtype == "float16" else qe.VectorStorageDatatype.Float32
+        vectors = {"tokens": qe.EdgeVectorParams(
+            size=dim, distance=qe.Distance.Dot, datatype=datatype,
+            multivector_config=qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim))}
+        if pooled:
+            vectors["pooled"] = qe.EdgeVectorParams(size=dim, distance=qe.Distance.Dot, datatype=datatype)
+        try:
+            self.shard = qe.EdgeShard.create(str(self.folder), qe.EdgeConfig(vectors=vectors))
+            # the committed-rows filter of every search reads this index, not each point's payload
+            self.shard.update(qe.UpdateOperation.create_field_index("row", qe.PayloadSchemaType.Integer))
+        except Exception as exc:  # noqa: BLE001
+            raise _edge_error(self.folder, exc) from None
+        _check_inside(self.folder.parent, self.folder)
+
+    def _below(self, items: int, at_least: bool = False) -> Any:
+        qe = edge()
+        bound = qe.RangeFloat(gte=items) if at_least else qe.RangeFloat(lt=items)
+        return qe.Filter(must=[qe.FieldCondition(key="row", range=bound)])
+
+    def delete_from(self, row: int) -> None:
+        self.shard.update(edge().UpdateOperation.delete_points_by_filter(self._below(row, at_least=True)))
+
+    def upsert(self, points: list[Point]) -> None:
+        qe = edge()
+        self.shard.update(qe.UpdateOperation.upsert_points(
+            [qe.Point(p.row, p.vectors, p.payload) for p in points]))
+
+    def flush(self) -> None:
+        self.shard.flush()
+
+    def retrieve(self, rows: list[int], payload: bool | list[str], vectors: list[str]) -> dict[int, Any]:
+        if not rows:
+            return {}
+        found = self.shard.retrieve(rows, with_payload=payload, with_vector=vectors or False)
+        return {int(p.id): p for p in found}
+
+    def query(self, vectors: list[Any], using: str, limit: int, items: int) -> list[list[tuple[int, float]]]:
+        qe = edge()
+        exact = qe.SearchParams(exact=True)
+        batch = qe.QueryBatchRequest([
+            qe.QueryRequest(limit=limit, query=qe.Query.Nearest(v, using=using), filter=self._below(items),
+                            params=exact, with_payload=False, with_vector=False) for v in vectors])
+        return [[(int(p.id), float(p.score)) for p in found] for found in self.shard.query_batch(batch)]
+
+    def count(self, items: int) -> int:
+        return int(self.shard.count(edge().CountRequest(exact=True, filter=self._below(items))))
+
+    def close(self) -> None:
+        if self.shard is not None:
+            self.shard.close()
+            self.shard = None
+
+
+def _check_inside(root: Path, folder: Path) -> None:
+    """Refuse a shard folder that is, or holds, a symbolic link: Edge would follow it out of the index."""
+    if folder.is_symlink() or (folder.exists() and folder.resolve() != root.resolve() / folder.name):
+        raise DamagedIndexError(f"{folder} is a link out of the index folder; the index's Qdrant shard must be a "
+                                "plain folder inside it. Remove the link and rebuild the index.")
+    if folder.is_dir():
+        for parent, dirs, files in os.walk(folder):
+            for name in dirs + files:
+                if os.path.islink(os.path.join(parent, name)):
+                    raise DamagedIndexError(
+                        f"{os.path.join(parent, name)} is a symbolic link inside the index's Qdrant shard; Qdrant Edge "
+                        "would follow it out of the index folder. Remove it and rebuild the index.")
+
+
+def _edge_error(folder: Path, exc: Exception) -> SearchIndexError:
+    if "WouldBlock" in str(exc):
+        return SearchIndexError(f"the Qdrant shard {folder} is open in another process or index object ({exc}); "
+                                "close that one (index.close()) first.")
+    return DamagedIndexError(f"the Qdrant shard {folder} cannot be opened ({exc}); restore the index folder from a "
+                             "copy, or rebuild the index.")
+
+
+class Server:
+    """The server engine: one collection of a Qdrant server or cluster, through qdrant-client.
+
+    Every request that gets no answer raises a :class:`SearchIndexError` naming the URL.
+    """
+
+    #: candidates come from the server's HNSW graph: approximate, never bounds
+    exact = False
+
+    def __init__(self, url: str, collection: str) -> None:
+        self.label, self.collection = f"{url} (collection {collection!r})", collection
+        self.url = url
+        # no version check: it would be one more request at every opening, and a warning where
+        # the server is down before the error below says so
+        self.client = qdrant().QdrantClient(url=url, check_compatibility=False)
+
+    @contextlib.contextmanager
+    def _answered(self) -> Iterator[None]:
+        from qdrant_client.http.exceptions import ApiException, ResponseHandlingException
+
+        try:
+            yield
+        except ResponseHandlingException as exc:
+            raise SearchIndexError(
+                f"the Qdrant server at {self.url} does not answer ({exc.source}); start it, or, if it moved, put its "
+                "address in the index's index.json (engine -> location).") from None
+        except ApiException as exc:
+            raise SearchIndexError(f"the Qdrant server at {self.url} refused a request for the collection "
+                                   f"{self.collection!r}: {str(exc).splitlines()[0]}.") from None
+
+    def exists(self) -> bool:
+        with self._answered():
+            return bool(self.client.collection_exists(self.collection))
+
+    def vector_names(self) -> set[str]:
+        """The named vectors of a collection made beforehand (e.g. sharded and replicated by its owner)."""
+        with self._answered():
+            vectors = self.client.get_collection(self.collection).config.params.vectors
+        return set(vectors) if isinstance(vectors, dict) else set()
+
+    def create(self, dim: int, dtype: str, pooled: bool) -> None:
+        m = qdrant().models
+        datatype = m.Datatype.FLOAT16 if dtype == "float16" else m.Datatype.FLOAT32
+        vectors = {"tokens": m.VectorParams(
+            size=dim, distance=m.Distance.DOT, datatype=datatype,
+            multivector_config=m.MultiVectorConfig(comparator=m.MultiVectorComparator.MAX_SIM),
+        )}
+        if pooled:
+            vectors["pooled"] = m.VectorParams(size=dim, distance=m.Distance.DOT, datatype=datatype)
+        with self._answered():
+            self.client.create_collection(self.collection, vectors_config=vectors)
+            # the committed-rows filter of every search reads this index
+            self.client.create_payload_index(self.collection, "row", field_schema=m.PayloadSchemaType.INTEGER)
+
+    def _below(self, items: int, at_least: bool = False) -> Any:
+        m = qdrant().models
+        bound = m.Range(gte=items) if at_least else m.Range(lt=items)
+        return m.Filter(must=[m.FieldCondition(key="row", range=bound)])
+
+    def delete_from(self, row: int) -> None:
+        m = qdrant().models
+        with self._answered():
+            self.client.delete(self.collection, points_selector=m.FilterSelector(filter=self._below(row, True)), wait=True)
+
+    def upsert(self, points: list[Point]) -> None:
+        m = qdrant().models
+        with self._answered():
+            self.client.upsert(self.collection, wait=True,
+                               points=[m.PointStruct(id=p.row, vector=p.vectors, payload=p.payload) for p in points])
+
+    def flush(self) -> None:
+        """Nothing to do: every upsert waited for the server's acknowledgement."""
+
+    def retrieve(self, rows: list[int], payload: bool | list[str], vectors: list[str]) -> dict[int, Any]:
+        with self._answered():
+            found = self.client.retrieve(self.collection, ids=rows, with_payload=payload, with_vectors=vectors or False)
+        return {int(p.id): p for p in found}
+
+    def query(self, vectors: list[Any], using: str, limit: int, items: int) -> list[list[tuple[int, float]]]:
+        m = qdrant().models
+        requests = [m.QueryRequest(query=v, using=using, limit=limit, filter=self._below(items), with_payload=False)
+                    for v in vectors]
+        with self._answered():
+            answers = self.client.query_batch_points(self.collection, requests=requests)
+        return [[(int(p.id), float(p.score)) for p in a.points] for a in answers]
+
+    def count(self, items: int) -> int:
+        with self._answered():
+            return int(self.client.count(self.collection, count_filter=self._below(items), exact=True).count)
+
+    def close(self) -> None:
+        self.client.close()
 
 
 class QdrantStore:
-    """The corpus of an index kept in a Qdrant collection (local folder or server)."""
+    """The corpus of an index kept in Qdrant: an embedded Edge shard or a server collection.
+
+    Example:
+        >>> index = xmatch.index.create("idx", model, engine="qdrant")  # doctest: +SKIP
+        >>> index.store.engine.folder  # doctest: +SKIP
+        PosixPath('idx/qdrant')
+    """
 
     def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
         self.root, self.manifest = root, manifest
-        engine = manifest["engine"]
-        self.location, self.collection = engine["location"], engine["collection"]
-        client = qdrant().QdrantClient
-        try:
-            self.client = client(url=self.location) if is_url(self.location) else client(path=self.location)
-        except RuntimeError as exc:  # local mode: another process holds the folder
-            raise SearchIndexError(f"Qdrant storage {self.location} is in use ({exc}); close the other client.") from None
+        record = manifest["engine"]
+        self.location = record["location"]
+        self.engine: EdgeShard | Server = (
+            Server(self.location, record["collection"]) if is_url(self.location) else EdgeShard(root, self.location))
         self._ids: list[str] | None = None
-        if len(self) and not self.client.collection_exists(self.collection):
+        if len(self) and not self.engine.exists():
+            self.engine.close()
             raise DamagedIndexError(
-                f"the index {root} records {len(self)} items in the Qdrant collection {self.collection!r} at "
-                f"{self.location}, which does not exist; restore it or rebuild the index."
-            )
+                f"the index {root} records {len(self)} items in Qdrant at {self.engine.label}, which holds none; "
+                "restore it or rebuild the index.")
 
     @property
     def exhaustive(self) -> bool:
-        """Local mode scans every point: its MaxSim ranking is exact."""
-        return not is_url(self.location)
+        """Whether a MaxSim search scans every point (embedded) rather than an HNSW graph (server)."""
+        return self.engine.exact
 
     def __len__(self) -> int:
         return int(self.manifest.get("items", 0))
 
     def close(self) -> None:
-        self.client.close()
+        self.engine.close()
 
     def has_pooled(self) -> bool:
         return bool(self.manifest["engine"].get("pooled", False))
 
-    def _committed(self) -> Any:
-        m = qdrant().models
-        return m.Filter(must=[m.FieldCondition(key="row", range=m.Range(lt=len(self)))])
-
-    def _payloads(self, rows: list[int]) -> list[dict[str, Any]]:
-        points = self.client.retrieve(self.collection, ids=rows, with_payload=True, with_vectors=False)
-        by_row = {int(p.id): p.payload for p in points}
+    def _records(self, rows: list[int], payload: bool | list[str] = True, vectors: list[str] | None = None) -> list[Any]:
+        """The points of committed ``rows``, in order."""
+        by_row = self.engine.retrieve(rows, payload, vectors or [])
         missing = [r for r in rows if r not in by_row]
         if missing:
-            raise DamagedIndexError(f"the Qdrant collection {self.collection!r} lacks committed rows {missing[:5]}.")
+            raise DamagedIndexError(f"Qdrant at {self.engine.label} lacks committed rows {missing[:5]} of the index "
+                                    f"{self.root}; restore the index folder from a copy, or rebuild the index.")
         return [by_row[r] for r in rows]
 
     @property
     def ids(self) -> list[str]:
         if self._ids is None or len(self._ids) != len(self):
-            self._ids = [p["id"] for start in range(0, len(self), 4096)
-                         for p in self._payloads(list(range(start, min(start + 4096, len(self)))))]
+            self._ids = [p.payload["id"] for start in range(0, len(self), ID_PAGE)
+                         for p in self._records(list(range(start, min(start + ID_PAGE, len(self)))), ["id"])]
         return self._ids
 
     def ids_of(self, rows: list[int]) -> list[str]:
-        return [p["id"] for p in self._payloads(rows)]
+        return [p.payload["id"] for p in self._records(rows, ["id"])]
 
     def texts(self, rows: list[int]) -> list[str | None]:
-        return [p.get("text") for p in self._payloads(rows)]
+        return [p.payload.get("text") for p in self._records(rows, ["text"])]
 
     def row_of(self, ids: list[str]) -> list[int]:
         rows = {item: row for row, item in enumerate(self.ids)}
@@ -114,90 +343,79 @@ class QdrantStore:
 
     def add(self, embeddings: Embeddings, ids: list[str], boxes: torch.Tensor | None = None,
             texts: list[str] | None = None) -> None:
-        """Upsert one batch as points ``len(self) ...``, then commit it in the manifest."""
-        m = qdrant().models
+        """Upsert one batch as points ``len(self) ...``, flush, then commit it in the manifest."""
         self._ensure_collection(embeddings)
-        self.client.delete(self.collection, points_selector=m.FilterSelector(filter=m.Filter(
-            must=[m.FieldCondition(key="row", range=m.Range(gte=len(self)))])), wait=True)
+        if self.has_pooled() and embeddings.pooled is None:
+            raise SearchIndexError(f"the index {self.root} stores pooled vectors and this batch has none; encode it "
+                                   "with the index's model.")
+        self.engine.delete_from(len(self))  # the points of an append killed before its commit
         dtype = STORED_DTYPES[self.manifest["dtype"]]
         # the stored precision, as the FAISS engine keeps it: both engines score the same values
         tokens = embeddings.tokens.to(dtype).float()
-        pooled = None if embeddings.pooled is None else embeddings.pooled.to(dtype).float()
+        pooled = embeddings.pooled.to(dtype).float() if self.has_pooled() else None
         start = len(self)
-        points = []
-        for k, item in enumerate(ids):  # building the request: Qdrant takes one point object per item
-            vector = {"tokens": tokens[k][embeddings.mask[k]].tolist()}
-            if pooled is not None and self.has_pooled():
-                vector["pooled"] = pooled[k].tolist()
-            payload = {"id": item, "row": start + k} | ({"text": texts[k]} if texts is not None else {})
-            if boxes is not None:
-                payload["boxes"] = boxes[k][embeddings.mask[k]].tolist()
-            points.append(m.PointStruct(id=start + k, vector=vector, payload=payload))
-        for i in range(0, len(points), UPSERT_BATCH):
-            self.client.upsert(self.collection, points=points[i : i + UPSERT_BATCH], wait=True)
+        for first in range(0, len(ids), UPSERT_BATCH):
+            points = []
+            for k in range(first, min(first + UPSERT_BATCH, len(ids))):  # Qdrant takes one point object per item
+                mask = embeddings.mask[k]
+                vectors = {"tokens": tokens[k][mask].tolist()}
+                if pooled is not None:
+                    vectors["pooled"] = pooled[k].tolist()
+                payload = {"id": ids[k], "row": start + k} | ({"text": texts[k]} if texts is not None else {})
+                if boxes is not None:
+                    payload["boxes"] = boxes[k][mask].tolist()
+                points.append(Point(start + k, vectors, payload))
+            self.engine.upsert(points)
+        self.engine.flush()  # the points are on disk before the manifest says they are there
         self.manifest["items"] = start + len(ids)
         write_manifest(self.root, self.manifest)
         if self._ids is not None:
             self._ids.extend(ids)
 
     def _ensure_collection(self, embeddings: Embeddings) -> None:
-        if self.client.collection_exists(self.collection):
-            if "pooled" not in self.manifest["engine"]:  # made beforehand (sharded, replicated) by its owner
-                vectors = self.client.get_collection(self.collection).config.params.vectors
-                self.manifest["engine"]["pooled"] = isinstance(vectors, dict) and "pooled" in vectors
+        record = self.manifest["engine"]
+        if self.engine.exists():
+            if "pooled" not in record:  # a server collection made beforehand (sharded, replicated) by its owner
+                record["pooled"] = "pooled" in self.engine.vector_names()
+                write_manifest(self.root, self.manifest)
             return
-        m = qdrant().models
-        datatype = m.Datatype.FLOAT16 if self.manifest["dtype"] == "float16" else m.Datatype.FLOAT32
-        vectors = {"tokens": m.VectorParams(
-            size=embeddings.dim, distance=m.Distance.DOT, datatype=datatype,
-            multivector_config=m.MultiVectorConfig(comparator=m.MultiVectorComparator.MAX_SIM),
-        )}
-        if embeddings.pooled is not None:
-            vectors["pooled"] = m.VectorParams(size=embeddings.dim, distance=m.Distance.DOT, datatype=datatype)
-        self.client.create_collection(self.collection, vectors_config=vectors)
-        if not self.exhaustive:  # a server filters on the committed rows through a payload index
-            self.client.create_payload_index(self.collection, "row", field_schema=m.PayloadSchemaType.INTEGER)
-        self.manifest["engine"]["pooled"] = embeddings.pooled is not None
-        write_manifest(self.root, self.manifest)
+        if "pooled" not in record:  # recorded first: a shard made after a crash here gets the same vectors
+            record["pooled"] = embeddings.pooled is not None
+            write_manifest(self.root, self.manifest)
+        self.engine.create(embeddings.dim, self.manifest["dtype"], self.has_pooled())
 
     def boxes(self, rows: torch.Tensor) -> torch.Tensor | None:
         """Region boxes ``[n, T, 4]`` of ``rows`` from the payload (None when not kept)."""
-        payloads = self._payloads(torch.as_tensor(rows, dtype=torch.long).tolist())
+        payloads = [p.payload for p in self._records(torch.as_tensor(rows, dtype=torch.long).tolist(), ["boxes"])]
         if not payloads or any("boxes" not in p for p in payloads):
             return None
         return pad_stack([torch.tensor(p["boxes"], dtype=torch.float32) for p in payloads])[0]
 
     def gather(self, rows: torch.Tensor) -> Embeddings:
         """Float32 token sets of ``rows`` fetched from Qdrant, in the order given."""
-        rows_list = torch.as_tensor(rows, dtype=torch.long).tolist()
         names = ["tokens", "pooled"] if self.has_pooled() else ["tokens"]
-        points = self.client.retrieve(self.collection, ids=rows_list, with_vectors=names, with_payload=False)
-        by_row = {int(p.id): p.vector for p in points}
-        missing = [r for r in rows_list if r not in by_row]
-        if missing:
-            raise DamagedIndexError(f"the Qdrant collection {self.collection!r} lacks committed rows {missing[:5]}.")
-        tokens, mask = pad_stack([torch.as_tensor(np.asarray(by_row[r]["tokens"], dtype=np.float32)) for r in rows_list])
+        points = self._records(torch.as_tensor(rows, dtype=torch.long).tolist(), False, names)
+        vectors = [p.vector for p in points]  # Edge converts a point's vectors on every access: once
+        tokens, mask = pad_stack([torch.as_tensor(np.asarray(v["tokens"], dtype=np.float32)) for v in vectors])
         pooled = None
         if self.has_pooled():
-            pooled = torch.as_tensor(np.asarray([by_row[r]["pooled"] for r in rows_list], dtype=np.float32))
+            pooled = torch.as_tensor(np.asarray([v["pooled"] for v in vectors], dtype=np.float32))
         return Embeddings(tokens, mask, pooled)
 
-    def blocks(self, first: int = 0, size: int = 1024):
+    def blocks(self, first: int = 0, size: int = 1024) -> Iterator[tuple[int, Embeddings]]:
         for start in range(first, len(self), size):
             yield start, self.gather(torch.arange(start, min(start + size, len(self))))
 
     def verify(self) -> None:
-        """Check that the collection holds every committed row.
+        """Check that Qdrant holds every committed row.
 
         Raises:
-            DamagedIndexError: rows are missing from the collection.
+            DamagedIndexError: rows are missing.
         """
-        count = self.client.count(self.collection, count_filter=self._committed(), exact=True).count
+        count = self.engine.count(len(self)) if self.engine.exists() else 0
         if count != len(self):
-            raise DamagedIndexError(
-                f"the Qdrant collection {self.collection!r} at {self.location} holds {count} of the {len(self)} "
-                f"committed items of the index {self.root}."
-            )
+            raise DamagedIndexError(f"Qdrant at {self.engine.label} holds {count} of the {len(self)} committed items "
+                                    f"of the index {self.root}; restore the index folder from a copy, or rebuild it.")
 
 
 class QdrantGenerator:
@@ -205,8 +423,8 @@ class QdrantGenerator:
 
     Qdrant's MaxSim sums over the *query's* tokens, so it is exactly the pooler's score for
     MrSw (MrAvgw up to the query's length) when captions query images, and for MwSr when
-    images query captions; in local mode (exhaustive) those rankings are exact and bound
-    every other item. Other poolers use it as an estimate.
+    images query captions; on the embedded engine (an exact scan) those rankings are exact and
+    bound every other item. Other poolers, and a server's HNSW graph, give candidates only.
     """
 
     def __init__(self, store: QdrantStore, name: str, interaction: Interaction | None, side: str, *,
@@ -232,15 +450,15 @@ class QdrantGenerator:
     def propose(self, query: Embeddings, n: int) -> Candidates:
         if self.name == "pooled" and (query.pooled is None or not self.store.has_pooled()):
             raise SearchIndexError("stage1='pooled' needs global vectors on both sides; this model has none.")
+        if self.name == "pooled":
+            vectors = query.pooled.tolist()
+        else:
+            vectors = [query.tokens[q][query.mask[q]].tolist() for q in range(len(query))]
+        answers = self.store.engine.query(vectors, "tokens" if self.name == "maxsim" else "pooled", n, len(self.store))
         rows, bounds, floors = [], [], []
-        for q in range(len(query)):  # Qdrant answers one query per request
-            vector = query.pooled[q].tolist() if self.name == "pooled" else query.tokens[q][query.mask[q]].tolist()
-            found = self.store.client.query_points(
-                self.store.collection, query=vector, using="tokens" if self.name == "maxsim" else "pooled",
-                limit=n, query_filter=self.store._committed(), with_payload=False,
-            ).points
-            rows.append(torch.tensor([int(p.id) for p in found], dtype=torch.long))
-            scores = torch.tensor([float(p.score) for p in found])
+        for q, found in enumerate(answers):
+            rows.append(torch.tensor([row for row, _ in found], dtype=torch.long))
+            scores = torch.tensor([score for _, score in found])
             if self.name == "maxsim" and self.interaction.per_word:
                 scores = scores / float(query.lengths[q])
             bounds.append(scores)
