@@ -23,8 +23,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("model", nargs="?", help="zoo name with weights, local-dir:DIR, hf-hub:ORG/NAME or NAME=WEIGHTS "
                         "(with --append: default the index's model)")
     parser.add_argument("--out", required=True, type=Path, help="index folder")
+    parser.add_argument("--images", type=Path, metavar="DIR", help="a folder of pictures, no captions needed (models that "
+                        "read pixels: timm-grid, pixel-regions, CLIP family); each hit names its file")
     parser.add_argument("--data", type=Path, help="dataset root folder (scenes: default the XMATCH_HOME cache)")
-    parser.add_argument("--dataset", default="scenes", help="registered dataset layout (default: scenes)")
+    parser.add_argument("--dataset", help="registered dataset layout (default: the one layout --data looks like; "
+                        "scenes without --data)")
     parser.add_argument("--split", default="test", help="split to index (default: test)")
     parser.add_argument("--data-option", action="append", metavar="KEY=VALUE", help="dataset option (repeatable), e.g. size=tiny")
     parser.add_argument("--side", choices=("images", "texts"), default="images",
@@ -74,7 +77,13 @@ def run(args: argparse.Namespace) -> int:
     if not exists and not args.from_index and not args.model:
         print("xmatch index: name the MODEL to encode with (e.g. teran-mrsw-scenes).", file=sys.stderr)
         return 2
-    if not exists and args.data is None and not args.from_index and args.dataset.lower() != "scenes":
+    if args.images is not None and (args.data is not None or args.dataset or args.from_index or args.side != "images"):
+        print("xmatch index: --images DIR indexes a folder of pictures; it goes without --data, --dataset, --from-index "
+              "and --side texts.", file=sys.stderr)
+        return 2
+    if args.dataset is None and args.data is None:
+        args.dataset = "scenes"
+    if not exists and args.data is None and not args.from_index and args.images is None and args.dataset.lower() != "scenes":
         print(f"xmatch index: --data DIR is required for the {args.dataset} dataset.", file=sys.stderr)
         return 2
     made: list[Any] = []
@@ -90,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
         raise
     index.close()
     what = index.side
+    if isinstance(added, tuple):  # a picture folder: (added, skipped pictures)
+        added, skipped = added
+        for name, why in skipped[:20]:
+            print(f"skipped {name}: {why}", file=sys.stderr)
+        if skipped:
+            print(f"xmatch index: {len(skipped)} pictures could not be read and are not in the index.", file=sys.stderr)
     print(f"indexed {added} {what} into {args.out} ({len(index)} in all, engine {index.engine}); "
           f"search it with: xmatch search {args.out} --{'text' if what == 'images' else 'image'} ...")
     return 0
@@ -100,7 +115,6 @@ def _fill(args: argparse.Namespace, exists: bool, made: list[Any]) -> tuple[Any,
     created here is put in ``made`` as soon as it exists."""
     from xmatch.model.factory import build_reference
     from xmatch.cli.options import model_ref
-    from xmatch.data import open_dataset
     from xmatch.index import create
     from xmatch.index import open as open_index
     from xmatch.index.build import copy_index, index_dataset
@@ -120,19 +134,44 @@ def _fill(args: argparse.Namespace, exists: bool, made: list[Any]) -> tuple[Any,
             model = index.model
         else:
             model = build_reference(args.model, args.device)
-        options = dict(kv.split("=", 1) for kv in args.data_option or [])
-        if args.dataset.lower() == "scenes":
-            options.setdefault("progress", str(progress))
-            if input_type_of(model.image_encoder) is PixelInputs:
-                options.setdefault("layout", "images")
-        # the dataset opens before an index is made: a wrong path or option leaves nothing behind
-        dataset = open_dataset(args.dataset, args.data, split=args.split, **options)
+        dataset = None
+        if args.images is None:
+            # the dataset opens before an index is made: a wrong path or option leaves nothing behind
+            dataset = _open_dataset(args, model, progress)
+        elif input_type_of(model.image_encoder) is not PixelInputs:
+            raise ValueError(
+                f"{args.model or 'the index model'} reads precomputed region features, not pictures: extract them first "
+                f"(xmatch extract --images {args.images} --out FEATURES), then index that folder "
+                "(xmatch index MODEL --data FEATURES); or index with a model that reads pixels."
+            )
         if not exists:
             index = create(args.out, model, side=args.side, model_ref=model_ref(args.model), dtype=args.dtype,
                            engine=args.engine, qdrant=args.qdrant, collection=args.collection)
             made.append(index)
-        added = index_dataset(index, dataset, batch_size=args.batch_size, shard_size=args.shard_size,
-                              resume=args.append, progress=progress)
+        if dataset is None:
+            from xmatch.index.photos import index_images
+
+            added = index_images(index, args.images, batch_size=args.batch_size, shard_size=args.shard_size,
+                                 resume=args.append, progress=progress)
+        else:
+            added = index_dataset(index, dataset, batch_size=args.batch_size, shard_size=args.shard_size,
+                                  resume=args.append, progress=progress)
     index.progress = progress
     index.prepare(args.stage1)
     return index, added
+
+
+def _open_dataset(args: argparse.Namespace, model: Any, progress: bool) -> Any:
+    """The split to index: ``--dataset`` (or the layout ``--data`` looks like) with its options;
+    scenes pictures for a model that reads pixels."""
+    from xmatch.cli.options import open_data
+    from xmatch.model.inputs import PixelInputs, input_type_of
+
+    options = list(args.data_option or [])
+    if (args.dataset or "").lower() == "scenes":
+        given = {kv.split("=", 1)[0] for kv in options}
+        if "progress" not in given:
+            options.append(f"progress={progress}")
+        if "layout" not in given and input_type_of(model.image_encoder) is PixelInputs:
+            options.append("layout=images")
+    return open_data(args, args.split, options)

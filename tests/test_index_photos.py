@@ -1,0 +1,89 @@
+"""`xmatch index MODEL --images DIR`: a folder of pictures indexed without captions, each hit
+naming its file; unreadable pictures skipped and listed; resumable; region models refused with
+the extract route."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import xmatch
+import xmatch.index
+from xmatch.index.photos import index_images
+from xmatch.index.synthetic import scoring_model
+
+from conftest import tiny_spec
+
+pytest.importorskip("faiss")
+pytest.importorskip("timm")
+Image = pytest.importorskip("PIL.Image")
+
+SMALL = {"name": "timm-grid", "backbone": "test_efficientnet", "image_size": 96, "layers": 1, "ff_dim": 32}
+
+
+def photo_folder(root, n: int = 5):
+    """``n`` pictures (one in a subfolder), a text file and a broken .jpg."""
+    (root / "trip").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    names = [f"img{k}.png" for k in range(n - 1)] + ["trip/beach.jpg"]
+    for name in names:
+        Image.fromarray(rng.integers(0, 256, size=(64 + 8 * len(name), 80, 3), dtype=np.uint8)).save(root / name)
+    (root / "notes.txt").write_text("not a picture")
+    (root / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    return sorted(names)
+
+
+@pytest.fixture(scope="module")
+def pixel_model(fixture_bert) -> xmatch.MatchingModel:
+    torch.manual_seed(0)
+    return xmatch.build(tiny_spec(fixture_bert, image_encoder=SMALL)).eval()
+
+
+def test_a_picture_folder_is_indexed_by_file_name_and_found_again(tmp_path, pixel_model):
+    names = photo_folder(tmp_path / "photos")
+    index = xmatch.index.create(tmp_path / "idx", pixel_model, dtype="float32")
+    added, skipped = index_images(index, tmp_path / "photos", shard_size=2, progress=False)
+    assert added == len(names) and sorted(index.ids) == names
+    assert [name for name, _ in skipped] == ["broken.jpg"] and "not a readable image" in skipped[0][1]
+    queries = xmatch.PixelInputs([Image.open(tmp_path / "photos" / n).convert("RGB") for n in names])
+    with torch.no_grad():
+        expected = pixel_model.similarity(pixel_model.encode_images(queries), pixel_model.encode_texts(["a dog on a beach"]))
+    best = index.search_texts(["a dog on a beach"], k=1, exact=True)[0].hits[0]
+    assert best.id == names[int(expected[:, 0].argmax())]
+    assert len(index.store.shards) == 3  # 5 pictures, 2 per committed append
+    assert index_images(index, tmp_path / "photos", resume=True, progress=False)[0] == 0
+
+
+def test_a_region_model_is_sent_to_xmatch_extract(tmp_path):
+    photo_folder(tmp_path / "photos")
+    index = xmatch.index.create(tmp_path / "idx", scoring_model("MrSw", 16))
+    with pytest.raises(xmatch.index.SearchIndexError, match="xmatch extract --images"):
+        index_images(index, tmp_path / "photos")
+
+
+def test_an_empty_folder_is_named(tmp_path, pixel_model):
+    (tmp_path / "empty").mkdir()
+    index = xmatch.index.create(tmp_path / "idx", pixel_model)
+    with pytest.raises(FileNotFoundError, match="no pictures in"):
+        index_images(index, tmp_path / "empty")
+
+
+def test_cli_indexes_a_picture_folder_and_search_prints_file_names(tmp_path, capsys, pixel_model):
+    from xmatch.cli.main import main
+
+    names = photo_folder(tmp_path / "photos")
+    bundle = tmp_path / "pixel-model"
+    xmatch.save_pretrained(pixel_model, bundle)
+    out = tmp_path / "idx"
+    assert main(["index", f"local-dir:{bundle}", "--images", str(tmp_path / "photos"), "--out", str(out), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert f"indexed {len(names)} images" in captured.out and "skipped broken.jpg" in captured.err
+    assert main(["search", str(out), "--text", "a dog on a beach", "-k", "2", "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)[0]["hits"]
+    assert len(hits) == 2 and {h["id"] for h in hits} <= set(names)
+    assert main(["index", f"local-dir:{bundle}", "--images", str(tmp_path / "photos"), "--out", str(tmp_path / "x"),
+                 "--data", str(tmp_path)]) == 2
+    assert "--images DIR indexes a folder of pictures" in capsys.readouterr().err
