@@ -241,3 +241,18 @@ def test_the_detector_argument_is_backbone():
     assert table["backbone"] == DETECTOR["backbone"] and "model" not in table
     with pytest.raises(SpecError, match=r"proposer -> model: 'torchvision-detector' has no argument 'model'\. Arguments: backbone, "):
         proposer_table({"name": "torchvision-detector", "model": DETECTOR["backbone"]})
+
+
+def test_weights_none_from_the_command_line_is_a_random_initialisation():
+    import argparse
+
+    from xmatch.cli.extract import add_parser
+    from xmatch.cli.options import toml_value
+
+    parser = argparse.ArgumentParser().add_subparsers()
+    add_parser(parser)
+    help_text = parser.choices["extract"].format_help()
+    assert "backbone=" in help_text and "model=" not in help_text
+    spelled = TorchvisionDetector(**{**DETECTOR, "weights": toml_value("none")})  # --proposer-option weights=none
+    reference = TorchvisionDetector(**DETECTOR)
+    assert all(torch.equal(a, b) for a, b in zip(spelled.parameters(), reference.parameters()))

@@ -37,7 +37,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         f"{MAX_BATCH_PIXELS:,}); a batch over it runs in parts")
     parser.add_argument("--proposer", default="windows", help="grid, windows (default), boxes, torchvision-detector, or a plugin's")
     parser.add_argument("--proposer-option", action="append", metavar="KEY=VALUE",
-                        help="proposer argument, e.g. source=boxes.json (boxes), model=fasterrcnn_resnet50_fpn_v2 (repeatable)")
+                        help="proposer argument, e.g. source=boxes.json (boxes), backbone=fasterrcnn_resnet50_fpn_v2 or weights=none (torchvision-detector) (repeatable)")
     parser.add_argument("--regions", type=int, help="boxes per image (default: the proposer's, 36)")
     parser.add_argument("--min-regions", type=int, help="boxes, detector: pad to at least this many (default: --regions)")
     # no defaults here: a flag left out takes RoIConfig's

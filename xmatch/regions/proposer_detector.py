@@ -53,8 +53,9 @@ class TorchvisionDetector(Proposer):
         weights: ``"DEFAULT"`` or a weight tag of that model (``"COCO_V1"``): downloaded once by
             torch's hub into ``$TORCH_HOME`` and checked against torchvision's hash; a local
             ``.pth`` / ``.safetensors`` state dict, or any :mod:`xmatch.io.hub` weight source, fetched
-            and checked as zoo weights are (strict load); or None: random
-            initialisation, seeded (tests only: its boxes mean nothing).
+            and checked as zoo weights are (strict load); or None (``"none"`` on the command
+            line: ``--proposer-option weights=none``): random initialisation, seeded (tests
+            only: its boxes mean nothing).
         regions: at most this many boxes per image (36 in the fixed bottom-up set, 100 in the
             variable one).
         min_regions: at least this many (default ``regions``: a fixed count); missing ones
@@ -99,6 +100,8 @@ class TorchvisionDetector(Proposer):
         self.score_threshold = float(score_threshold)
         self.nms_iou = float(nms_iou)
         self.model_name = backbone
+        if isinstance(weights, str) and weights.lower() == "none":  # the command line's spelling of None
+            weights = None
         self.net = _build_detector(backbone, weights, num_classes, seed)
         # The detector's own filters must let through everything this proposer may keep.
         _set_detector_limits(self.net, score_threshold, max(regions, 100))
