@@ -276,3 +276,52 @@ def test_a_dead_qdrant_url_names_the_url_and_the_fix(tmp_path):
     (tmp_path / "idx" / "index.json").write_text(json.dumps(manifest))
     with pytest.raises(SearchIndexError, match=r"Qdrant server at http://127.0.0.1:9 does not answer"):
         xmatch.index.open(tmp_path / "idx", index.model)
+
+
+class _Recorded:
+    """A qdrant-client in-memory instance standing in for a server: it records each request
+    (method, arguments) and outlives the index's close (which would drop its points)."""
+
+    def __init__(self, client) -> None:
+        self._client, self.requests = client, []
+
+    def __getattr__(self, name: str):
+        method = getattr(self._client, name)
+
+        def recorded(*args, **kwargs):
+            self.requests.append((name, args, kwargs))
+            return method(*args, **kwargs)
+
+        return recorded
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.filterwarnings("ignore:Payload indexes have no effect")  # the stand-in's, not a server's
+def test_the_server_path_makes_the_same_collection_and_gives_no_bounds(tmp_path, monkeypatch):
+    """The requests of the server path, answered by qdrant-client's in-memory engine: the
+    collection's settings, the committed-rows filter, candidates without bounds (a server
+    searches an HNSW graph), stage 2 exact."""
+    qdrant_client = pytest.importorskip("qdrant_client")
+    server = _Recorded(qdrant_client.QdrantClient(location=":memory:"))
+    asked = []
+    monkeypatch.setattr(qdrant_client, "QdrantClient", lambda url, **options: asked.append(url) or server)
+    url = "http://qdrant.test:6333"
+    model = scoring_model("MrSw", DIM)
+    with xmatch.index.create(tmp_path / "idx", model, engine="qdrant", qdrant=url, dtype="float32") as index:
+        index.add(ragged(30, seed=0), ids=[f"item{i}" for i in range(30)])
+    assert set(asked) == {url} and sorted(p.name for p in (tmp_path / "idx").iterdir()) == [".lock", "index.json", "model"]
+    made = {name: (args, kwargs) for name, args, kwargs in server.requests}
+    vectors = made["create_collection"][1]["vectors_config"]
+    assert made["create_collection"][0] == ("xmatch-idx",) and set(vectors) == {"tokens", "pooled"}
+    assert vectors["tokens"].multivector_config.comparator.value == "max_sim" and vectors["tokens"].distance.value == "Dot"
+    assert made["create_payload_index"][0][1] == "row"
+    with xmatch.index.open(tmp_path / "idx", model) as index:
+        queries = ragged(3, seed=1)
+        server.requests.clear()
+        for result, exact in zip(index.search(queries, 5, candidates=30), index.search(queries, 5, exact=True)):
+            assert not result.exact and result.stage1 == "maxsim" and result.ids == exact.ids
+        batch = next(kwargs["requests"] for name, _, kwargs in server.requests if name == "query_batch_points")
+        assert len(batch) == 3 and all(r.filter.must[0].key == "row" and r.filter.must[0].range.lt == 30 for r in batch)
+        index.verify()

@@ -73,12 +73,8 @@ class Point:
 
 
 class EdgeShard:
-    """The embedded engine: one Qdrant Edge shard in ``INDEX/<name>``, opened by this process alone.
-
-    Example:
-        >>> shard = EdgeShard(Path("idx"), "qdrant")  # doctest: +SKIP
-        >>> shard.create(dim=256, dtype="float16", pooled=False)  # doctest: +SKIP
-    """
+    """The embedded engine: one Qdrant Edge shard in ``INDEX/<name>``, opened by this process
+    alone (an example: :class:`QdrantStore`)."""
 
     #: every search scans the plain segments (never an HNSW graph): its rankings are exact
     exact = True
@@ -280,9 +276,16 @@ class QdrantStore:
     """The corpus of an index kept in Qdrant: an embedded Edge shard or a server collection.
 
     Example:
-        >>> index = xmatch.index.create("idx", model, engine="qdrant")  # doctest: +SKIP
-        >>> index.store.engine.folder  # doctest: +SKIP
-        PosixPath('idx/qdrant')
+        >>> from xmatch.index.synthetic import PlantedCorpus, scoring_model
+        >>> index = xmatch.index.create("idx", scoring_model("MrSw", 16), engine="qdrant")
+        >>> ids, items = next(PlantedCorpus(images=40, regions=4, dim=16, concepts=8, groups=2).batches())
+        >>> index.add(items, ids)
+        40
+        >>> index.store.engine.folder, index.store.exhaustive  # an Edge shard inside the index, scanned exactly
+        (PosixPath('idx/qdrant'), True)
+        >>> index.search(items[:1], k=3)[0].exact
+        True
+        >>> index.close()
     """
 
     def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
