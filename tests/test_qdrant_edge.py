@@ -38,8 +38,8 @@ def ragged(n: int, seed: int, longest: int = 7, pooled: bool = True) -> Embeddin
     return Embeddings(tokens, mask, vectors if pooled else None)
 
 
-def edge_index(path, pooler: str = "MrSw", side: str = "images", n: int = 30, seed: int = 0):
-    index = xmatch.index.create(path, scoring_model(pooler, DIM), side=side, engine="qdrant", dtype="float32")
+def edge_index(path, pooler: str = "MrSw", side: str = "images", n: int = 30, seed: int = 0, dtype: str = "float32"):
+    index = xmatch.index.create(path, scoring_model(pooler, DIM), side=side, engine="qdrant", dtype=dtype)
     index.add(ragged(n, seed, pooled=side == "images"), ids=[f"item{i}" for i in range(n)])
     return index
 
@@ -53,12 +53,14 @@ def pooler_scores(index, queries: Embeddings) -> torch.Tensor:
                         for q in range(len(queries))])
 
 
-@pytest.mark.parametrize(("pooler", "side"), [("MrSw", "images"), ("MwSr", "texts")],
-                         ids=["captions-query-images-MrSw", "images-query-captions-MwSr"])
-def test_edge_maxsim_is_the_poolers_score_exactly(tmp_path, pooler, side):
+@pytest.mark.parametrize(("pooler", "side", "dtype"), [("MrSw", "images", "float32"), ("MwSr", "texts", "float32"),
+                                                    ("MrSw", "images", "float16")],
+                         ids=["captions-query-images-MrSw", "images-query-captions-MwSr", "float16-index"])
+def test_edge_maxsim_is_the_poolers_score_exactly(tmp_path, pooler, side, dtype):
     """Qdrant's MaxSim sums over the query's tokens: MrSw for captions over images, MwSr for
-    images over captions; ragged items and queries, every item compared."""
-    with edge_index(tmp_path / "idx", pooler, side) as index:
+    images over captions; ragged items and queries, every item compared. A float16 index too:
+    a float16 Edge shard would round the query and miss by ~1e-4, so the shard keeps float32."""
+    with edge_index(tmp_path / "idx", pooler, side, dtype=dtype) as index:
         queries = ragged(5, seed=1)
         generator = index.generator("maxsim")
         assert isinstance(generator, QdrantGenerator) and index.store.exhaustive

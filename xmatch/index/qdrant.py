@@ -10,7 +10,7 @@ row, caption and region boxes. Two places hold the points:
 - **Embedded** (default; the manifest's location is a folder *name* such as ``qdrant``): a
   `Qdrant Edge <https://qdrant.tech/documentation/edge/>`_ shard inside the index folder, Qdrant's
   own Rust engine in-process (``qdrant-edge-py``). It persists as a write-ahead log and segment
-  files (JSON configuration, memory-mapped vectors; no pickle). xmatch never runs Edge's
+  files (JSON configuration, memory-mapped float32 vectors; no pickle). xmatch never runs Edge's
   optimizer, so the segments stay plain, and every MaxSim search asks for an exact scan
   (``SearchParams(exact=True)``): stage 1 is exhaustive MaxSim and proves its top-k. The shard
   is locked by the process that opened it (another process gets a clear error).
@@ -102,8 +102,12 @@ class EdgeShard:
                                     "folder from a copy, or rebuild the index.") from None
 
     def create(self, dim: int, dtype: str, pooled: bool) -> None:
+        """A new shard for ``dim``-wide vectors. Whatever the index's ``dtype``, the shard keeps
+        float32 (the values arrive rounded to ``dtype``): a float16 shard rounds each *query* to
+        float16 as well, which put its MaxSim up to 1.2e-4 (relative) off the pooler's score,
+        past the tolerance of the bounds that prove the top-k."""
         qe = edge()
-        datatype = qe.VectorStorageDatatype.Float16 if dtype == "float16" else qe.VectorStorageDatatype.Float32
+        datatype = qe.VectorStorageDatatype.Float32
         vectors = {"tokens": qe.EdgeVectorParams(
             size=dim, distance=qe.Distance.Dot, datatype=datatype,
             multivector_config=qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim))}
