@@ -91,6 +91,8 @@ def test_edge_index_reopens_after_close(tmp_path):
     queries = ragged(3, seed=3)
     before = [r.ids for r in index.search(queries, 5)]
     index.close()
+    with pytest.raises(SearchIndexError, match="was closed.*open the index again"):
+        index.search(queries, 5)
     with xmatch.index.open(tmp_path / "idx", index.model) as again:
         assert len(again) == 30 and again.ids == [f"item{i}" for i in range(30)]
         assert [r.ids for r in again.search(queries, 5)] == before

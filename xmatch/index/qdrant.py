@@ -84,6 +84,7 @@ class EdgeShard:
         self.label = str(self.folder)
         _check_inside(root, self.folder)
         self.shard: Any = None
+        self.closed = False
         if (self.folder / "edge_config.json").is_file():
             try:
                 self.shard = edge().EdgeShard.load(str(self.folder))
@@ -92,6 +93,13 @@ class EdgeShard:
 
     def exists(self) -> bool:
         return self.shard is not None
+
+    @property
+    def live(self) -> Any:
+        """The open shard (a closed one says so, rather than failing inside Edge)."""
+        if self.closed:
+            raise SearchIndexError(f"the Qdrant shard {self.folder} was closed (index.close()); open the index again.")
+        return self.shard
 
     def vector_names(self) -> set[str]:
         """The named vectors the shard was made with (from its JSON configuration)."""
@@ -127,20 +135,20 @@ class EdgeShard:
         return qe.Filter(must=[qe.FieldCondition(key="row", range=bound)])
 
     def delete_from(self, row: int) -> None:
-        self.shard.update(edge().UpdateOperation.delete_points_by_filter(self._below(row, at_least=True)))
+        self.live.update(edge().UpdateOperation.delete_points_by_filter(self._below(row, at_least=True)))
 
     def upsert(self, points: list[Point]) -> None:
         qe = edge()
-        self.shard.update(qe.UpdateOperation.upsert_points(
+        self.live.update(qe.UpdateOperation.upsert_points(
             [qe.Point(p.row, p.vectors, p.payload) for p in points]))
 
     def flush(self) -> None:
-        self.shard.flush()
+        self.live.flush()
 
     def retrieve(self, rows: list[int], payload: bool | list[str], vectors: list[str]) -> dict[int, Any]:
         if not rows:
             return {}
-        found = self.shard.retrieve(rows, with_payload=payload, with_vector=vectors or False)
+        found = self.live.retrieve(rows, with_payload=payload, with_vector=vectors or False)
         return {int(p.id): p for p in found}
 
     def query(self, vectors: list[Any], using: str, limit: int, items: int) -> list[list[tuple[int, float]]]:
@@ -149,15 +157,15 @@ class EdgeShard:
         batch = qe.QueryBatchRequest([
             qe.QueryRequest(limit=limit, query=qe.Query.Nearest(v, using=using), filter=self._below(items),
                             params=exact, with_payload=False, with_vector=False) for v in vectors])
-        return [[(int(p.id), float(p.score)) for p in found] for found in self.shard.query_batch(batch)]
+        return [[(int(p.id), float(p.score)) for p in found] for found in self.live.query_batch(batch)]
 
     def count(self, items: int) -> int:
-        return int(self.shard.count(edge().CountRequest(exact=True, filter=self._below(items))))
+        return int(self.live.count(edge().CountRequest(exact=True, filter=self._below(items))))
 
     def close(self) -> None:
         if self.shard is not None:
             self.shard.close()
-            self.shard = None
+        self.shard, self.closed = None, True
 
 
 def _check_inside(root: Path, folder: Path) -> None:
