@@ -180,7 +180,11 @@ def test_an_inference_build_has_no_loss_and_reads_training_weights(fixture_bert,
     assert xmatch.build(f"local-dir:{tmp_path / 'served'}", pretrained=True).loss is None
 
 
-@pytest.mark.parametrize("name", xmatch.list_models(pretrained=True))
+#: the entries whose weights ship with xmatch (the others' are downloaded, which the tests never do)
+SHIPPED = [n for n in xmatch.list_models(pretrained=True) if xmatch.info(n).weights[0]["source"].startswith("zoo:")]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
 def test_zoo_weights_load_into_inference_builds(name):
     model = xmatch.build(name, pretrained=True, loss=None)
     assert model.loss is None and not any(k.startswith("loss.") for k in model.state_dict())

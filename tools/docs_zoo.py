@@ -57,7 +57,53 @@ def zoo_markdown(entries: list[ZooEntry]) -> str:
             lines.append(f"{head} | – | – | – | – |")
         for bench, figures in e.metrics.items():
             lines.append(f"{head} | {bench} | {triple(figures, 'i2t')} | {triple(figures, 't2i')} | {figures.get('source', '')} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + CLIP_SECTION) + "\n"
+
+
+#: how to use the CLIP / SigLIP entries (zoo/clip.toml), after the table
+CLIP_SECTION = [
+    "",
+    "## CLIP and SigLIP",
+    "",
+    "`clip-vit-b-32`, `clip-vit-l-14`, `clip-vit-l-14-336` and `siglip-base-patch16-224` wrap the image and",
+    "text towers of `transformers`' `CLIPModel` / `SiglipModel` (encoders `clip-vision`, `clip-text`,",
+    "`siglip-vision`, `siglip-text`). Their dataset is the web-scale set they were pre-trained on",
+    "(`wit-400m`, `webli`): their figures are zero-shot. One model gives:",
+    "",
+    "- the towers' own **pooled embeddings** as `Embeddings.pooled`, bit for bit `get_image_features` /",
+    "  `get_text_features` L2-normalised (a test checks it on random small towers): the entries set",
+    "  `image_projection = false`, `text_projection = false` and `identity` reasoners, so nothing re-projects",
+    "  them. The entries' pooler, `global-cosine`, is the CLIP cosine; a search index's stage 1 reads the",
+    "  same vectors.",
+    "- **patch tokens** with their boxes in the picture's frame (the resize and centre crop undone) and",
+    "  **word-piece tokens**, each through the tower's own projection (SigLIP: its pooling head applied to",
+    "  each patch alone), for late interaction with any token pooler: `MrAvgw` is FILIP's text-to-image",
+    "  score (the mean over words of the best patch), `Symm` adds the other direction.",
+    "",
+    "Cosine or late interaction: the towers were trained through their pooled vectors only, so the cosine",
+    "is what works zero-shot; token-level scores are not what they were trained for (not measured here):",
+    "fine-tune before relying on them. Fine-tuning uses the trainer with the entry's loss (`infonce`, CLIP's",
+    "symmetric contrastive loss with a learned temperature, or `sigmoid`, SigLIP's pairwise loss; both start",
+    "from the checkpoint's own temperature and bias), or `hinge`, e.g.",
+    "`xmatch train clip-vit-b-32 --model-set pooler.name=MrAvgw ...`.",
+    "",
+    "Weights are the upstream `model.safetensors` of the hub repository at a pinned revision with its size",
+    "and sha256, loaded by `pretrained=True`; the tokenizer comes from the same repository and revision, into",
+    "the same cache, so a copied cache works offline. Only `siglip-base-patch16-224` lists weights so far: for",
+    "the CLIP entries no checksum of their files could be read when they were written (their notes say how",
+    "to pin one); load a downloaded file with `checkpoint=`. SigLIP's tokenizer needs `pip install sentencepiece`.",
+    "",
+    "<!-- skip: downloads the weights from the Hugging Face Hub -->",
+    "```python",
+    "model = xmatch.build(\"siglip-base-patch16-224\", pretrained=True).eval()",
+    "img = model.encode_images(images=[\"cat.jpg\", \"rocket.jpg\"])  # pooled vectors, patch tokens and their boxes",
+    "txt = model.encode_texts([\"a cat on a sofa\", \"a rocket on the launch pad\"])",
+    "cosine = model.similarity(img, txt)  # [2 images, 2 captions], the CLIP cosine",
+    "filip = xmatch.build(\"siglip-base-patch16-224\", pretrained=True, pooler={\"name\": \"MrAvgw\"}).eval()",
+    "late = filip.similarity(filip.encode_images(images=[\"cat.jpg\"]), filip.encode_texts([\"a cat on a sofa\"]))",
+    "clip = xmatch.build(\"clip-vit-b-32\", checkpoint=\"model.safetensors\")  # openai/clip-vit-base-patch32's file",
+    "```",
+]
 
 
 if __name__ == "__main__":

@@ -16,11 +16,15 @@ BUILTINS: dict[str, dict[str, str]] = {
         "bottomup": "xmatch.components.image.bottomup:BottomUpImageEncoder",
         "timm-grid": "xmatch.components.image.timm_grid:TimmGridImageEncoder",
         "pixel-regions": "xmatch.regions.image_encoder:PixelRegionsImageEncoder",
+        "clip-vision": "xmatch.components.image.clip:ClipImageEncoder",
+        "siglip-vision": "xmatch.components.image.clip:SiglipImageEncoder",
     },
     "text_encoders": {
         "bert": "xmatch.components.text.bert:BertTextEncoder",
         "bigru": "xmatch.components.text.rnn:BiGRUTextEncoder",
         "bilstm": "xmatch.components.text.rnn:BiLSTMTextEncoder",
+        "clip-text": "xmatch.components.text.clip:ClipTextEncoder",
+        "siglip-text": "xmatch.components.text.clip:SiglipTextEncoder",
     },
     "reasoners": {
         "transformer": "xmatch.components.reasoners:TransformerReasoner",
@@ -36,6 +40,8 @@ BUILTINS: dict[str, dict[str, str]] = {
     "losses": {
         "hinge": "xmatch.components.losses:HingeTripletLoss",
         "uncertainty": "xmatch.components.losses:UncertaintyWeightedLoss",
+        "infonce": "xmatch.components.losses:InfoNCELoss",
+        "sigmoid": "xmatch.components.losses:SigmoidLoss",
     },
     "datasets": {
         "teran": "xmatch.data.teran:TeranDataset",

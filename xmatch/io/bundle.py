@@ -246,6 +246,10 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
         raise BundleError(f"{path} is not a readable safetensors file ({exc}); it may be truncated.") from exc
     expected = set(model.state_dict())
     missing, unexpected = _diff_keys(model, expected, keys)
+    names = upstream_names(model, keys) if missing or unexpected else {}
+    if names:
+        _load_upstream(model, path, names, expected)
+        return
     if getattr(model, "loss", False) is None:  # an inference build: a training build's loss state is not read
         unexpected = {k for k in unexpected if not k.startswith("loss.")}
     if missing or unexpected:
@@ -260,6 +264,57 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
         load_model(model, str(path), strict=strict, device=str(next(model.parameters()).device))
     except (RuntimeError, SafetensorError) as exc:
         raise BundleError(f"{path} does not fit this model: {exc}") from exc
+
+
+def upstream_names(model: torch.nn.Module, keys: set[str]) -> dict[str, str | None]:
+    """``{key of the file: key of the model}`` for a checkpoint in the layout of the library an
+    encoder wraps (``transformers``' ``CLIPModel`` / ``SiglipModel`` ``model.safetensors`` for
+    the clip-family towers), so that a zoo entry's weights can be the upstream file itself,
+    verified by its sha256. Each direct child module that reads such a layout names its own
+    tensors with ``upstream_names(keys) -> {file key: its key, or None to skip}``; empty when
+    none does (every xmatch bundle).
+
+    Example:
+        >>> upstream_names(xmatch.build("teran-mrsw-scenes"), {"vision_model.embeddings.class_embedding"})
+        {}
+    """
+    names: dict[str, str | None] = {}
+    for child_name, child in model.named_children():
+        claim = getattr(child, "upstream_names", None)
+        if callable(claim):
+            names.update({k: None if v is None else f"{child_name}.{v}" for k, v in claim(keys).items()})
+    return names
+
+
+def _load_upstream(model: torch.nn.Module, path: Path, names: dict[str, str | None], expected: set[str]) -> None:
+    """Load an upstream checkpoint renamed by :func:`upstream_names`, as strictly as a bundle:
+    every tensor of the model comes from the file (a loss's learned temperature excepted: it
+    keeps its initial value when the file has none), and every tensor of the file is read (its
+    own temperature excepted, when the model's loss learns none)."""
+    from safetensors import safe_open
+
+    state: dict[str, torch.Tensor] = {}
+    with safe_open(str(path), framework="pt") as f:
+        unread = sorted(set(f.keys()) - set(names) - {"logit_scale", "logit_bias"})
+        for key, target in names.items():
+            if target is not None:
+                state[target] = f.get_tensor(key)
+    missing = sorted(k for k in expected - set(state) if not k.startswith("loss."))
+    if missing or unread:
+        parts = [f"the model's {_few(missing)} are not in it"] if missing else []
+        parts += [f"its {_few(unread)} belong to no part of the model"] if unread else []
+        raise BundleError(
+            f"{path} holds upstream tower weights that do not fit this model: {'; '.join(parts)}. Load it into the "
+            "architecture of the zoo entry it belongs to (its towers, identity reasoners, no projection)."
+        )
+    try:
+        model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a tensor of another shape: another size of the same family
+        raise BundleError(f"{path} does not fit this model: {exc}") from exc
+
+
+def _few(keys: list[str]) -> str:
+    return f"{keys[:10]}{' ...' if len(keys) > 10 else ''}"
 
 
 def _diff_keys(model: torch.nn.Module, expected: set[str], found: set[str]) -> tuple[set[str], set[str]]:
