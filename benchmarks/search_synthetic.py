@@ -1,13 +1,22 @@
 """Two-stage search on a synthetic corpus with planted near-duplicates (docs/search.md).
 
 Builds (or reuses) an index of ``--images`` synthetic images (36 regions of 256-d each,
-:class:`xmatch.index.synthetic.PlantedCorpus`), computes the exhaustive top-10 of every query
-(the reference), then measures for each stage-1 setting: recall@10 of the two-stage result
-against the exhaustive top-10, the share of the corpus scored exactly, single-query latency
-p50 / p95 (each query's minimum over ``--repeats`` runs) and batched queries per second, with
-the build time and bytes per image on disk and in memory. The machine load is printed.
+:class:`xmatch.index.synthetic.PlantedCorpus`) and three query sets: **planted** (word sets made
+from a planted group's base image: the group is the exact top-10, far ahead of rank 11),
+**hard** (word sets of random concepts, drawn with the corpus's popularity, that no group
+answers: the exact ranks 10 and 11 differ by a fraction of a percent) and **rare** (concepts
+drawn uniformly, mostly rare ones: the ranking is decided by unrelated regions that happen to
+lie near a word). For each set it computes
+the exhaustive top-10 (the reference), then measures for each ``effort`` and each expert
+setting (``candidates`` x ``nprobe``): recall@1 and recall@10 against the exhaustive ranking,
+the work of stages 1 and 2 as a share of scoring every item (``SearchResult.work``: one unit per
+similarity a stage computes or looks up), the share of items scored exactly, and single-query
+latency p50 / p95 (each query's minimum over ``--repeats`` runs) without encoding, and with
+the time teran-mrsw-scenes takes to encode a scenes caption added per query (the synthetic
+queries are token sets; that model's tokens are 256-d too). Also the build time and bytes per
+image on disk and in memory. The machine load is printed.
 
-    python benchmarks/search_synthetic.py --images 100000              # the docs' main table
+    python benchmarks/search_synthetic.py --images 100000              # the docs' main tables
     python benchmarks/search_synthetic.py --images 20000 --compare      # poolers x generators
     python benchmarks/search_synthetic.py --stage1-at 1000000 --nprobe 8 16   # stage-1 time at 1M images
 
@@ -27,6 +36,7 @@ import torch
 
 import xmatch.index
 from xmatch.index.synthetic import PlantedCorpus, scoring_model
+from xmatch.model.embeddings import Embeddings
 
 RESIDENT = """
 import sys, xmatch.index
@@ -83,38 +93,83 @@ def build(corpus: PlantedCorpus, root: Path, pooler: str) -> dict:
     return info
 
 
-def reference(index, queries, root: Path, name: str) -> tuple[list[list[str]], float]:
-    """The exhaustive top-10 of every query (cached) and its time per query."""
+def hard_queries(corpus: PlantedCorpus, n: int, seed: int = 11, popular: bool = True) -> Embeddings:
+    """``n`` word sets of random concepts, noised as the planted queries are: no planted group
+    answers them, so their exact top-10 is decided by near-ties. ``popular``: concepts drawn
+    with the corpus's Zipf-like popularity (images share a few of them); else uniformly (mostly
+    rare concepts: the top-10 is decided by how close unrelated regions happen to lie)."""
+    g = torch.Generator().manual_seed(corpus.seed + seed)
+    shape = (n, corpus.words)
+    concept = corpus._concept_ids(shape, g) if popular else torch.randint(0, corpus.concepts, shape, generator=g)
+    tokens = corpus._noisy(corpus._centres()[concept], corpus.noise / 2, g)
+    return Embeddings(tokens, torch.ones(n, corpus.words, dtype=torch.bool))
+
+
+def reference(index, queries, root: Path, name: str) -> tuple[list[list[str]], float, float]:
+    """The exhaustive top-10 of every query (cached), its time per query, and the mean relative
+    gap between the exact scores of ranks 10 and 11."""
     path = root / f"exact-{name}.json"
-    if path.is_file():
-        doc = json.loads(path.read_text())
-        return doc["ids"], doc["seconds_per_query"]
+    if path.is_file() and "gap" in (doc := json.loads(path.read_text())):
+        return doc["ids"], doc["seconds_per_query"], doc["gap"]
     start = time.perf_counter()
-    results = index.search(queries, 10, exact=True)
-    doc = {"ids": [r.ids for r in results], "seconds_per_query": (time.perf_counter() - start) / len(queries)}
+    results = index.search(queries, 11, exact=True)
+    seconds = (time.perf_counter() - start) / len(queries)
+    gap = sum((r.hits[9].score - r.hits[10].score) / abs(r.hits[9].score) for r in results) / len(results)
+    doc = {"ids": [r.ids[:10] for r in results], "seconds_per_query": seconds, "gap": gap}
     path.write_text(json.dumps(doc))
-    return doc["ids"], doc["seconds_per_query"]
+    return doc["ids"], doc["seconds_per_query"], doc["gap"]
 
 
-def measure(index, queries, exact: list[list[str]], repeats: int, **options) -> dict:
-    batched, single = float("inf"), [float("inf")] * len(queries)
+def encode_times(n: int, repeats: int) -> list[float]:
+    """Seconds teran-mrsw-scenes takes to encode each of ``n`` scenes test captions, one at a
+    time (each caption's minimum over ``repeats`` runs)."""
+    from xmatch.demo.run import prepare_scenes
+
+    model = xmatch.build("teran-mrsw-scenes", pretrained=True).eval()
+    captions = list(prepare_scenes("test", progress=False).captions)[:n]
+    captions = (captions * (n // len(captions) + 1))[:n]
+    best = [float("inf")] * n
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for q, caption in enumerate(captions):
+                start = time.perf_counter()
+                model.encode_texts([caption])
+                best[q] = min(best[q], time.perf_counter() - start)
+    return best
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def measure(index, queries, exact: list[list[str]], repeats: int, encode: list[float], **options) -> dict:
+    single = [float("inf")] * len(queries)
     for _ in range(repeats):
-        start = time.perf_counter()
-        results = index.search(queries, 10, **options)
-        batched = min(batched, time.perf_counter() - start)
         for q in range(len(queries)):
             start = time.perf_counter()
             index.search(queries[q : q + 1], 10, **options)
             single[q] = min(single[q], time.perf_counter() - start)
-    ordered = sorted(single)
+    results = index.search(queries, 10, **options)
     recall = sum(len(set(r.ids) & set(e)) for r, e in zip(results, exact)) / (10 * len(queries))
+    with_encoding = [s + e for s, e in zip(single, encode)]
     return {
+        "recall@1": sum(r.ids[0] == e[0] for r, e in zip(results, exact)) / len(queries),
         "recall@10": recall,
+        "work": sum(r.work_share for r in results) / len(results),
         "scored": sum(r.scored for r in results) / len(results) / len(index),
-        "p50_ms": 1000 * ordered[len(ordered) // 2],
-        "p95_ms": 1000 * ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
-        "qps": len(queries) / batched,
+        "p50_ms": 1000 * percentile(single, 0.5),
+        "p95_ms": 1000 * percentile(single, 0.95),
+        "p50_enc_ms": 1000 * percentile(with_encoding, 0.5),
+        "p95_enc_ms": 1000 * percentile(with_encoding, 0.95),
     }
+
+
+def settings(args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """The searches measured: each effort, then each expert (candidates, nprobe) pair."""
+    rows = [(f"effort {e:g}" + (" (default)" if e == 1 else ""), {} if e == 1 else {"effort": e}) for e in args.effort]
+    return rows + [(f"candidates {c}, nprobe {p}", {"candidates": c, "nprobe": p})
+                   for c in args.candidates for p in args.nprobe]
 
 
 def main_table(args: argparse.Namespace) -> None:
@@ -125,44 +180,57 @@ def main_table(args: argparse.Namespace) -> None:
     disk = {part: folder_bytes(root / part) for part in ("shards", "ann")}
     resident = {mode: resident_bytes(root, args.images, mode) for mode in (True, False)}
     index = xmatch.index.open(root, scoring_model("MrSw"), in_memory=args.in_memory)
-    queries, planted = corpus.queries(args.queries)
-    index.search(queries[:2], 10)  # loads the stage-1 structure
-    exact, exact_s = reference(index, queries, root, "MrSw")
-    found = sum(len(set(e) & {str(i) for i in p.tolist()}) for e, p in zip(exact, planted)) / (10 * len(exact))
+    planted_queries, planted = corpus.queries(args.queries)
+    sets = {"planted": planted_queries, "hard": hard_queries(corpus, args.queries),
+            "rare": hard_queries(corpus, args.queries, seed=13, popular=False)}
+    index.search(planted_queries[:2], 10)  # loads the stage-1 structure
+    encode = encode_times(args.queries, args.repeats)
     print(f"build: shards {timings['shards_s']:.1f} s, stage-1 {timings['stage1_s']:.1f} s; "
           f"disk per image: shards {disk['shards'] / args.images:.0f} B, stage-1 {disk['ann'] / args.images:.0f} B; "
           f"memory after opening and 20 single queries: {resident[True][0] / args.images:.0f} B per image with the "
           f"shards read in; memory-mapped: {resident[False][0] / args.images:.0f} B per image in the process "
           f"+ {resident[False][1] / args.images:.0f} B of mapped file pages")
-    print(f"exhaustive MrSw: {1000 * exact_s:.0f} ms per query (batched); planted near-duplicates in the exact "
-          f"top-10: {found:.3f}")
-    print("| candidates | nprobe | recall@10 | scored | p50 ms | p95 ms | queries/s |")
-    print("|---|---|---|---|---|---|---|")
-    for candidates in args.candidates:
-        for nprobe in args.nprobe:
-            m = measure(index, queries, exact, args.repeats, candidates=candidates, nprobe=nprobe)
-            print(f"| {candidates} | {nprobe} | {m['recall@10']:.3f} | {100 * m['scored']:.2f} % | "
-                  f"{m['p50_ms']:.1f} | {m['p95_ms']:.1f} | {m['qps']:.1f} |", flush=True)
-    print(f"# {load()}")
+    print(f"encoding a scenes caption (teran-mrsw-scenes): p50 {1000 * percentile(encode, 0.5):.1f} ms, "
+          f"p95 {1000 * percentile(encode, 0.95):.1f} ms")
+    for kind, queries in sets.items():
+        exact, exact_s, gap = reference(index, queries, root, "MrSw" if kind == "planted" else f"MrSw-{kind}")
+        print(f"\n## {kind} queries ({len(queries)}): exhaustive MrSw {1000 * exact_s:.0f} ms per query (batched); "
+              f"exact score gap between ranks 10 and 11: {100 * gap:.2f} % on average", end="")
+        if kind == "planted":
+            found = sum(len(set(e) & {str(i) for i in p.tolist()}) for e, p in zip(exact, planted)) / (10 * len(exact))
+            print(f"; planted near-duplicates in the exact top-10: {found:.3f}", end="")
+        print(f"; {load()}\n")
+        print("| search | recall@1 | recall@10 | work | scored | p50 ms | p95 ms | p50 ms with encoding | p95 ms with encoding |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for name, options in settings(args):
+            m = measure(index, queries, exact, args.repeats, encode, **options)
+            print(f"| {name} | {m['recall@1']:.2f} | {m['recall@10']:.3f} | {100 * m['work']:.2f} % | "
+                  f"{100 * m['scored']:.2f} % | {m['p50_ms']:.1f} | {m['p95_ms']:.1f} | {m['p50_enc_ms']:.1f} | "
+                  f"{m['p95_enc_ms']:.1f} |", flush=True)
+    print(f"\n# {load()}")
 
 
 def compare(args: argparse.Namespace) -> None:
-    """Every TERAN pooler with every stage-1 generator, on one corpus (exhaustive reference per pooler)."""
+    """Every TERAN pooler with every stage-1 generator at the defaults (effort 1: the token
+    generator widens, the others score 100 candidates), on the planted and the hard queries of
+    one corpus (an exhaustive reference per pooler)."""
     corpus = PlantedCorpus(images=args.images, groups=min(200, args.images // 20))
     root = args.out / f"synthetic-{args.images}"
     print(f"# {args.images} synthetic images; {load()}")
     build(corpus, root, "MrSw")
-    queries, _ = corpus.queries(args.queries)
-    print("| pooler | stage 1 | candidates | recall@10 | scored | p50 ms | queries/s |")
+    sets = {"planted": corpus.queries(args.queries)[0], "hard": hard_queries(corpus, args.queries)}
+    no_encoding = [0.0] * args.queries
+    print("| pooler | stage 1 | queries | recall@10 | work | scored | p50 ms |")
     print("|---|---|---|---|---|---|---|")
     for pooler in ("MrSw", "MwSr", "Symm", "MrAvgw"):
         model = scoring_model(pooler)  # the same weights: the index serves every pooler
         index = xmatch.index.open(root, model, in_memory=args.in_memory)
-        exact, _ = reference(index, queries, root, pooler)
-        for stage1 in ("tokens", "fde", "pooled"):
-            m = measure(index, queries, exact, args.repeats, candidates=args.candidates[0], stage1=stage1)
-            print(f"| {pooler} | {stage1} | {args.candidates[0]} | {m['recall@10']:.3f} | {100 * m['scored']:.2f} % | "
-                  f"{m['p50_ms']:.1f} | {m['qps']:.1f} |", flush=True)
+        for kind, queries in sets.items():
+            exact, _, _ = reference(index, queries, root, pooler if kind == "planted" else f"{pooler}-{kind}")
+            for stage1 in ("tokens", "fde", "pooled"):
+                m = measure(index, queries, exact, args.repeats, no_encoding, stage1=stage1)
+                print(f"| {pooler} | {stage1} | {kind} | {m['recall@10']:.3f} | {100 * m['work']:.2f} % | "
+                      f"{100 * m['scored']:.2f} % | {m['p50_ms']:.1f} |", flush=True)
     print(f"# {load()}")
 
 
@@ -217,8 +285,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=100)
-    parser.add_argument("--candidates", type=int, nargs="+", default=[100, 200, 500])
-    parser.add_argument("--nprobe", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--effort", type=float, nargs="+", default=[0.5, 1.0, 2.0], help="efforts measured")
+    parser.add_argument("--candidates", type=int, nargs="+", default=[100, 500],
+                        help="expert settings measured: candidates x nprobe")
+    parser.add_argument("--nprobe", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--in-memory", action=argparse.BooleanOptionalAction, default=True,
                         help="read the shards into memory (default) or map them")

@@ -24,11 +24,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("-k", "--top-k", dest="k", type=int, default=10, help="results per query (default: 10)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--exact", action="store_true", help="score every item (no stage 1)")
+    parser.add_argument("--effort", type=float,
+                        help="work spent for recall (default: 1; 2 spends about twice as much at most, 0.5 half): "
+                        "large token indexes widen each query's search until its top-k is settled, up to a cap "
+                        "that scales with it")
     parser.add_argument("--candidates", type=int,
-                        help="items scored exactly per query (default: 100 or 10 k; a provable search starts at 2 k "
-                        "and grows until proven)")
+                        help="expert setting in place of --effort: items scored exactly per query, no widening "
+                        "(default: 100 or 10 k; a provable search starts at 2 k and grows until proven)")
     parser.add_argument("--stage1", help="candidate generator: tokens, pooled, fde (faiss); maxsim, pooled (qdrant)")
-    parser.add_argument("--nprobe", type=int, help="centroid lists visited per query token (token indexes past 65,536 tokens; default 8)")
+    parser.add_argument("--nprobe", type=int, help="expert setting in place of --effort: centroid lists visited per "
+                        "query token (token indexes past 65,536 tokens), no widening (default 8)")
     parser.add_argument("--model", help="query with this model (its encoders must be the index's; e.g. another pooler's entry)")
     parser.add_argument("--cascade", type=Path, metavar="INDEX", help="shortlist with this index's model (e.g. TERN), then "
                         "re-rank with INDEX's (e.g. TERAN)")
@@ -55,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.verify:
             index.verify()
-        options = {key: getattr(args, key) for key in ("candidates", "stage1", "nprobe")
+        options = {key: getattr(args, key) for key in ("effort", "candidates", "stage1", "nprobe")
                    if getattr(args, key) is not None}
         options["exact"] = args.exact
         searcher: Any = index

@@ -8,12 +8,17 @@
   maxima, an upper bound of the MrSw / MwSr / Symm / MrAvgw score that equals it in the clean
   mode, which lets :class:`~xmatch.index.SearchIndex` prove a top-k exact. Beyond, PLAID's
   centroid lists (:mod:`xmatch.index.centroids`): every token of the ``nprobe`` lists nearest
-  each query token, scored by its centroid. The default for token poolers.
+  each query token, scored by its centroid; a search widens ``nprobe`` per query
+  (:class:`Widening`, :meth:`~xmatch.index.ranking.Ranking._widened`). The default for token
+  poolers.
 - ``pooled``: one vector per item in FAISS: the model's global vectors when both sides have
   them (TERN's CLS outputs; then the inner product *is* the ``global-cosine`` score), else the
   mean of the tokens. The default for poolers that read only global vectors.
 - ``fde`` (MUVERA): one fixed encoding per item in FAISS, whose inner product estimates the
   sum of maxima (:mod:`xmatch.index.fde`).
+
+Every generator reports its work per query (:attr:`Candidates.work`: similarities computed or
+looked up), so that a result can say what it cost against scoring every item.
 
 Stage-1 files live in ``INDEX/ann`` with the number of items they cover; items appended since
 are added when the generator is next used; a corpus that outgrows an exact scan gets the
@@ -45,6 +50,9 @@ SLOTS = 1024
 #: (float16 storage may stretch one a little past -1), yet small, so float32 sums of it stay exact
 NOTHING = -2.0
 GENERATORS = ("tokens", "pooled", "fde")
+#: centroid lists visited per query token when ``nprobe`` is given no value and nothing widens
+#: (stage 1 alone, :meth:`TokenGenerator.propose`)
+DEFAULT_NPROBE = 8
 
 
 @dataclass
@@ -56,11 +64,14 @@ class Candidates:
         rows: one ``int64`` tensor per query.
         bounds: one float tensor per query, aligned with ``rows``; None when not provable.
         floor: ``[Q]`` upper bound of the rows not listed; None when not provable.
+        work: ``[Q]`` similarities stage 1 computed or looked up per query (see
+            :attr:`~xmatch.index.results.SearchResult.work`); None when the engine does not say.
     """
 
     rows: list[torch.Tensor]
     bounds: list[torch.Tensor] | None = None
     floor: torch.Tensor | None = None
+    work: torch.Tensor | None = None
 
 
 class FaissGenerator:
@@ -135,6 +146,11 @@ class FaissGenerator:
     def _shards_from(self, first: int) -> int:
         return int((self.store.starts[1:] > first).sum())
 
+    def _scan_work(self, n_queries: int) -> torch.Tensor | None:
+        """Similarities per query of a search over one vector per item: every item's in an exact
+        scan; None for a graph (HNSW visits are not counted)."""
+        return torch.full((n_queries,), len(self.store), dtype=torch.long) if self.exact else None
+
 
 class TokenGenerator(FaissGenerator):
     """ColBERT/PLAID/XTR-style candidates from the stored tokens nearest each query token.
@@ -160,7 +176,7 @@ class TokenGenerator(FaissGenerator):
 
     def __init__(
         self, store: ShardStore, folder: Path, interaction: Interaction, side: str, *,
-        nprobe: int = 8, writable: bool = True, progress: bool = False,
+        nprobe: int = DEFAULT_NPROBE, writable: bool = True, progress: bool = False,
     ) -> None:
         super().__init__(store, folder, writable=writable, progress=progress)
         self.interaction, self.side, self.nprobe = interaction, side, nprobe
@@ -223,10 +239,10 @@ class TokenGenerator(FaissGenerator):
         sample, _ = self.item_vectors(0, self.store.gather(rows))
         return CentroidLists.train(sample, count, seed)
 
-    def _visits(self, vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(query token, stored token, owner, similarity)`` of every token in the visited
-        centroid lists, and the imputed value of each query token."""
-        m, slot, sim, theta = self.lists.probe(vectors.numpy(), self.nprobe)
+    def _visits(self, vectors: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(query token, stored token, owner, similarity)`` of every token in the ``nprobe``
+        centroid lists nearest each query token, and the imputed value of each query token."""
+        m, slot, sim, theta = self.lists.probe(vectors.numpy(), nprobe)
         order, _, owners = self.lists.csr()
         # the token itself is needed only to sum over an item's tokens (item-side sums)
         token = order[slot] if self._corpus_sum else slot
@@ -235,18 +251,14 @@ class TokenGenerator(FaissGenerator):
     def propose(self, query: Embeddings, n: int) -> Candidates:
         self.sync()
         provable = self.exact and self.interaction.bounded
-        rows, bounds, floors = [], [], []
+        rows, bounds, floors, work = [], [], [], []
         n_items = len(self.store)
         width = self.flat.tokens.shape[1] if self.flat is not None else 1
         per_chunk = max(1, self.block_elements // max(1, n_items * width * query.tokens.shape[1]))
         for start in range(0, len(query), per_chunk):  # dense estimates of a few queries at a time
             part = query[start : start + per_chunk]
-            if self.flat is not None:
-                approx = self._exact_sums(part)
-            else:
-                q_of, slot = part.mask.nonzero(as_tuple=True)
-                m, token, owner, sim, theta = self._visits(part.tokens[q_of, slot].float())
-                approx = self._estimate(len(part), q_of, m, token, owner, sim, theta, part.lengths.float())
+            approx, spent = self.estimates(part)
+            work.append(spent)
             # provable: every item, by decreasing bound (an exact scan means a small corpus), so
             # that stage 2 can score on until the bound proves the top-k
             top = approx.sort(dim=1, descending=True) if provable else approx.topk(min(n, n_items), dim=1)
@@ -254,7 +266,34 @@ class TokenGenerator(FaissGenerator):
             if provable:
                 bounds += list(top.values)
                 floors.append(torch.full((len(part),), -torch.inf))
-        return Candidates(rows, bounds if provable else None, torch.cat(floors) if provable else None)
+        return Candidates(rows, bounds if provable else None, torch.cat(floors) if provable else None, torch.cat(work))
+
+    def estimates(self, part: Embeddings, nprobe: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every item's estimated score for each query of ``part`` (after :meth:`sync`).
+
+        Args:
+            part: a few queries (their dense ``[Q, N]`` estimates are held at once).
+            nprobe: centroid lists visited per query token (default: :attr:`nprobe`).
+
+        Returns:
+            ``(estimates [Q, N], work [Q])``: the work is the similarities computed or looked up
+            per query: every stored token's for the exact scan; with centroid lists, every
+            centroid's (the probe) plus one per token of a visited list.
+        """
+        if self.flat is not None:
+            return self._exact_sums(part), part.lengths.long() * self._flat_tokens()
+        q_of, slot = part.mask.nonzero(as_tuple=True)
+        m, token, owner, sim, theta = self._visits(part.tokens[q_of, slot].float(), nprobe or self.nprobe)
+        approx = self._estimate(len(part), q_of, m, token, owner, sim, theta, part.lengths.float())
+        visited = torch.bincount(q_of[m], minlength=len(part))
+        return approx, visited + part.lengths.long() * len(self.lists.centroids)
+
+    def _flat_tokens(self) -> int:
+        return int(self.flat.mask.sum())
+
+    def widening(self, query: Embeddings) -> Widening:
+        """Estimates of one query (after :meth:`sync`, centroid lists) that can visit more lists."""
+        return Widening(self, query)
 
     def _exact_sums(self, part: Embeddings) -> torch.Tensor:
         """``[Q, N]`` the sums of maxima over every stored token (a small corpus): for MrSw,
@@ -341,6 +380,45 @@ class TokenGenerator(FaissGenerator):
         return self.interaction.per_word and self.side == "texts"
 
 
+class Widening:
+    """Stage-1 estimates of one query over centroid lists, widened step by step: each
+    :meth:`to` visits only the lists not visited before when the query's tokens are summed
+    (each query token's best similarity per item is kept); estimates with an item-side sum are
+    computed again from all the lists.
+
+    Example:
+        >>> widening = generator.widening(query)  # a TokenGenerator over centroid lists  # doctest: +SKIP
+        >>> approx, work = widening.to(16)  # doctest: +SKIP
+        >>> approx, more = widening.to(32)  # lists 17 to 32 of each query token  # doctest: +SKIP
+    """
+
+    def __init__(self, generator: TokenGenerator, query: Embeddings) -> None:
+        self.generator, self.query = generator, query
+        self.vectors = query.tokens[query.mask].float()
+        self.nprobe = 0
+        self.best: torch.Tensor | None = None  # [query tokens x items] best similarity reached
+
+    def to(self, nprobe: int) -> tuple[torch.Tensor, int]:
+        """``(estimate of every item [N], work of this step)`` with ``nprobe`` lists visited per
+        query token (more than at the previous step)."""
+        g = self.generator
+        if g._corpus_sum:
+            approx, work = g.estimates(self.query, nprobe)
+            return approx[0], int(work[0])
+        lists, n_items = g.lists, len(g.store)
+        m, slot, sim, theta = lists.probe(self.vectors.numpy(), nprobe, skip=self.nprobe)
+        if self.best is None:  # nothing reached yet: below any similarity (the generator's buffer,
+            # free while one query widens)
+            self.best = g._scratch(len(self.vectors) * n_items).fill_(NOTHING)
+        self.best.scatter_reduce_(0, m * n_items + lists.csr()[2][slot], sim, "amax")
+        self.nprobe = nprobe
+        # max(best, theta): a query token's unreached similarities are imputed its last list's
+        approx = torch.maximum(self.best.view(len(self.vectors), n_items), theta[:, None]).sum(0)
+        if g._per_query_word:
+            approx /= max(1, len(self.vectors))
+        return approx, len(slot) + len(self.vectors) * len(lists.centroids)
+
+
 class PooledGenerator(FaissGenerator):
     """Candidates from one vector per item: the global vectors, or the tokens' mean.
 
@@ -379,11 +457,12 @@ class PooledGenerator(FaissGenerator):
         sims, ids = self.index.search(self.vectors_of(query).numpy(), n)
         sims, ids = torch.from_numpy(sims), torch.from_numpy(ids)
         rows = [r[r >= 0] for r in ids]
+        work = self._scan_work(len(query))
         if not (self.exact and self.exact_scores):
-            return Candidates(rows)
+            return Candidates(rows, work=work)
         full = (ids >= 0).all(dim=1) & (ids.shape[1] < len(self.store))
         floor = torch.where(full, sims[:, -1], torch.tensor(-torch.inf))
-        return Candidates(rows, [s[r >= 0] for s, r in zip(sims, ids)], floor)
+        return Candidates(rows, [s[r >= 0] for s, r in zip(sims, ids)], floor, work)
 
 
 class FdeGenerator(FaissGenerator):
@@ -424,4 +503,4 @@ class FdeGenerator(FaissGenerator):
         self.sync()
         _, ids = self.index.search(self._encode(query, self.side != "images").numpy(), n)
         ids = torch.from_numpy(ids)
-        return Candidates([r[r >= 0] for r in ids])
+        return Candidates([r[r >= 0] for r in ids], work=self._scan_work(len(query)))

@@ -89,23 +89,35 @@ class CentroidLists:
             self._csr = (order, offsets, torch.from_numpy(self.owners)[order])
         return self._csr
 
-    def probe(self, vectors: np.ndarray, nprobe: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Visit the ``nprobe`` nearest lists of each query vector.
+    def probe(self, vectors: np.ndarray, nprobe: int, skip: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Visit the ``nprobe`` nearest lists of each query vector (less the ``skip`` nearest,
+        visited before).
 
         Returns:
             ``(query vector of each visit, visited slot in list order, similarity, imputed
             value per query vector)``: every token in a visited list, scored by its centroid's
-            similarity; :meth:`csr` maps a slot to its token (``order``) and owner.
+            similarity; :meth:`csr` maps a slot to its token (``order``) and owner. The imputed
+            value is the ``nprobe``-th similarity: no list left unvisited is nearer.
+
+        Example:
+            >>> lists = CentroidLists.train(np.random.rand(5000, 8).astype("float32"), 16)
+            >>> lists.add(np.random.rand(100, 8).astype("float32"), np.arange(100))
+            >>> query, slot, sim, imputed = lists.probe(np.random.rand(2, 8).astype("float32"), 16)
+            >>> len(slot), bool((sim >= imputed[query]).all())  # every token, each above its imputed value
+            (200, True)
         """
         nprobe = min(nprobe, len(self.centroids))
         sims, lists = self.quantizer.search(np.ascontiguousarray(vectors, dtype=np.float32), nprobe)
-        sims, lists = torch.from_numpy(sims), torch.from_numpy(lists).long().flatten()
+        sims, lists = torch.from_numpy(sims), torch.from_numpy(lists).long()
         _, offsets, _ = self.csr()
+        visited, lists = sims[:, skip:].flatten(), lists[:, skip:].flatten()
         starts, lengths = offsets[lists], offsets[lists + 1] - offsets[lists]
-        visit = torch.repeat_interleave(torch.arange(len(lists)), lengths)  # which (query vector, list)
-        # slot of every visited token: its list's start plus its rank within the visit
-        slot = starts[visit] + torch.arange(len(visit)) - (torch.cumsum(lengths, 0) - lengths)[visit]
-        return visit // nprobe, slot, sims.flatten()[visit], sims[:, -1]
+        total = int(lengths.sum())
+        # the slots of a visit are consecutive: its list's start, shifted by where the visit begins
+        shift = torch.repeat_interleave(starts - (torch.cumsum(lengths, 0) - lengths), lengths, output_size=total)
+        query = torch.arange(len(vectors)).repeat_interleave(nprobe - min(skip, nprobe))
+        return (torch.repeat_interleave(query, lengths, output_size=total), shift + torch.arange(total),
+                torch.repeat_interleave(visited, lengths, output_size=total), sims[:, -1])
 
     def save(self, path: Path, items: int) -> None:
         tmp = path.with_name(path.name + ".partial")

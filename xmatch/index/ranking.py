@@ -7,14 +7,16 @@ index's model, side, store and engine.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import time
 from typing import Any
 
 import torch
 
-from xmatch.index import ann, rerank
-from xmatch.index.candidates import GENERATORS, FdeGenerator, PooledGenerator, TokenGenerator
+from xmatch.index import rerank
+from xmatch.index.candidates import DEFAULT_NPROBE, GENERATORS, FdeGenerator, PooledGenerator, TokenGenerator
 from xmatch.index.interaction import interaction, pooled_is_exact
 from xmatch.index.results import Hit, SearchResult
 from xmatch.model.embeddings import Embeddings
@@ -22,13 +24,41 @@ from xmatch.model.embeddings import Embeddings
 ANN_FOLDER = "ann"
 #: relative float32 rounding allowed when comparing a stage-1 bound with an exact score
 BOUND_TOLERANCE = 1e-5
+#: the widening search over centroid lists at ``effort=1`` (both scale with ``effort``): it
+#: starts at ``FIRST`` (centroid lists per query token, candidates per result asked) and
+#: doubles both, per query, up to ``WIDEST``, while its stopping test fails (:meth:`Ranking._widened`)
+FIRST_NPROBE, WIDEST_NPROBE = 8, 32
+FIRST_CANDIDATES_PER_K, WIDEST_CANDIDATES_PER_K = 10, 40
+
+
+#: per item, the similarities scoring it costs per query token (or per query), and whether they
+#: are per query token
+Widths = tuple[torch.Tensor, bool]
 
 
 def default_candidates(n_items: int, k: int) -> int:
-    """Candidates scored exactly per query by default: 100 (or 10 k), at most the corpus. The
-    recall@10 measured at this setting is in docs/search.md."""
+    """Candidates scored exactly per query by stage-1 generators that do not widen (``pooled``,
+    ``fde``, Qdrant's): 100 (or 10 k), at most the corpus. Recall measured in docs/search.md."""
     return min(n_items, max(100, 10 * k))
 
+
+def check_effort(effort: Any, candidates: int | None, nprobe: int | None) -> float:
+    """``effort`` checked: None (1.0) or a number > 0, and not given together with the expert
+    settings it replaces.
+
+    Example:
+        >>> check_effort(None, None, None), check_effort(2, None, None)
+        (1.0, 2.0)
+    """
+    if effort is None:
+        return 1.0
+    if isinstance(effort, bool) or not isinstance(effort, numbers.Real) or not math.isfinite(effort) or effort <= 0:
+        raise ValueError(f"effort must be a number > 0 (1 is the default; 2 spends about twice the work for more "
+                         f"recall, 0.5 about half), got {effort!r}.")
+    if candidates is not None or nprobe is not None:
+        raise ValueError("effort sets the candidates and the centroid lists visited itself; give effort, or the "
+                         "expert settings candidates / nprobe, not both.")
+    return float(effort)
 
 
 class Ranking:
@@ -36,27 +66,38 @@ class Ranking:
     ``model``, ``side``, ``store``, ``root``, ``engine``, ``progress`` and ``_generators``)."""
 
     def _ranked(self, queries: Embeddings, k: int, labels: list, candidates: int | None, exact: bool,
-                stage1: str | None, nprobe: int | None) -> list[SearchResult]:
-        """The pooler's top ``k`` of each query (stages 1 and 2), with their times per query."""
+                stage1: str | None, nprobe: int | None, effort: float | None = None) -> list[SearchResult]:
+        """The pooler's top ``k`` of each query (stages 1 and 2), with their times per query and
+        the work done (:attr:`~xmatch.index.results.SearchResult.work`)."""
+        effort = check_effort(effort, candidates, nprobe)
         start = time.perf_counter()
+        widths = self._item_widths()
         if exact:
-            results = self._exhaustive(queries, k, labels, "exhaustive")
+            results = self._exhaustive(queries, k, labels, "exhaustive", widths)
             return _timed(results, stage2=time.perf_counter() - start)
         n = len(self)
         generator = self.generator(stage1, queries, nprobe=nprobe)
-        budget = min(n, max(k, candidates if candidates is not None else default_candidates(n, k)))
+        if isinstance(generator, TokenGenerator) and candidates is None and nprobe is None:
+            generator.sync()
+            if not generator.exact:  # centroid lists: widened per query until the estimate says stop
+                return self._widened_all(queries, k, labels, generator, effort, widths)
+        budget = candidates if candidates is not None else round(default_candidates(n, k) * effort)
+        budget = min(n, max(k, budget))
         proposed = generator.propose(queries.to("cpu"), budget)  # stage 1 runs beside the stored tokens, on the CPU
         proposing = time.perf_counter() - start
         results: list[SearchResult | None] = [None] * len(queries)
         redo = []
         for q, rows in enumerate(proposed.rows):  # each query has its own candidates: one pooler call each
+            spent = None if proposed.work is None else int(proposed.work[q])
             if proposed.bounds is None:
-                scores = rerank.score_rows(self.model, self.side, self.store, rows, queries[q])
+                scores = self._score(queries[q], rows)
                 if len(scores) < k:
                     redo.append(q)  # stage 1 found fewer than k items: score everything
                     continue
                 top = scores.topk(k)
-                results[q] = self._result(top.values, rows[top.indices], labels[q], len(rows), False, generator.name)
+                work = _work(spent, queries[q], rows, widths)
+                results[q] = self._result(top.values, rows[top.indices], labels[q], len(rows), False, generator.name,
+                                          work)
                 continue
             # a provable order needs no margin: start at 2 k, the bound says when to stop
             first = candidates if candidates is not None else 2 * k
@@ -65,12 +106,79 @@ class Ranking:
                 redo.append(q)
             else:
                 top, scored = found
-                results[q] = self._result(top.values, rows[top.indices], labels[q], scored, True, generator.name)
+                work = _work(spent, queries[q], rows[:scored], widths)
+                results[q] = self._result(top.values, rows[top.indices], labels[q], scored, True, generator.name,
+                                          work)
         if redo:
-            again = self._exhaustive(queries[torch.tensor(redo)], k, [labels[q] for q in redo], generator.name)
+            again = self._exhaustive(queries[torch.tensor(redo)], k, [labels[q] for q in redo], generator.name, widths)
             for q, result in zip(redo, again):
+                if proposed.work is None or result.work is None:
+                    result.work = None
+                else:  # stage 1 ran before everything was scored
+                    result.work += int(proposed.work[q])
                 results[q] = result
         return _timed(results, stage1=proposing, stage2=time.perf_counter() - start - proposing)  # type: ignore[arg-type]
+
+    def _widened_all(self, queries: Embeddings, k: int, labels: list, generator: TokenGenerator, effort: float,
+                     widths: Widths | None) -> list[SearchResult]:
+        """Each query widened on its own (:meth:`_widened`); the stage times are per query."""
+        results, seconds = [], {"stage1": 0.0, "stage2": 0.0}
+        queries = queries.to("cpu")
+        for q in range(len(queries)):
+            top, scored, work, extra = self._widened(generator, queries[q], k, effort, seconds)
+            result = self._result(top.values, top.indices, labels[q], len(scored), len(scored) == len(self),
+                                  generator.name, _work(work, queries[q], scored, widths))
+            result.extra = extra
+            results.append(result)
+        for result in results:
+            result.timings.update({stage: 1000 * s / len(results) for stage, s in seconds.items()})
+        return results
+
+    def _widened(self, generator: TokenGenerator, query: Embeddings, k: int, effort: float,
+                 seconds: dict[str, float]) -> tuple[Any, torch.Tensor, int, dict[str, Any]]:
+        """One query over centroid lists: estimate every item, score the best-estimated
+        candidates exactly, and stop when the k-th exact score beats the best estimate left
+        unscored plus a slack: the largest amount by which an exact score exceeded its estimate
+        among the items scored so far, plus the spread of those amounts (the items left are
+        estimated worse: more of their similarities are imputed). The slack is measured per
+        query, so it follows the corpus, the model and the query. Otherwise both the lists
+        visited per query token and the candidates double, up to the widest allowed
+        (``WIDEST_*`` times ``effort``). ``seconds`` gathers the time of each stage.
+
+        Returns ``(top-k (values, rows), rows scored, stage-1 work, {"nprobe", "candidates",
+        "settled"})``: ``settled`` is False where the widest widths were reached before the test
+        passed (the answer may miss items; a higher ``effort`` widens further).
+        """
+        n = len(self)
+        lists = len(generator.lists.centroids)
+        nprobe = min(lists, max(1, round(FIRST_NPROBE * effort)))
+        widest_nprobe = min(lists, max(nprobe, round(WIDEST_NPROBE * effort)))
+        budget = min(n, max(k, round(FIRST_CANDIDATES_PER_K * k * effort)))
+        widest = min(n, max(budget, round(WIDEST_CANDIDATES_PER_K * k * effort)))
+        scores = torch.full((n,), -torch.inf)
+        scored = torch.zeros(n, dtype=torch.bool)
+        work, probed, widening = 0, 0, generator.widening(query)
+        while True:
+            start = time.perf_counter()
+            if nprobe != probed:  # at the widest lists, only the candidates grow
+                approx, spent = widening.to(nprobe)
+                work, probed = work + spent, nprobe
+            best = approx.topk(budget).indices
+            new = best[~scored[best]]
+            middle = time.perf_counter()
+            scores[new], scored[new] = self._score(query, new), True
+            seconds["stage1"] += middle - start
+            seconds["stage2"] += time.perf_counter() - middle
+            top = scores.topk(k)
+            settled = budget == n
+            if not settled:
+                error = scores[scored] - approx[scored]
+                slack = error.max() + (error.std() if len(error) > 1 else 0)
+                settled = _below(approx.masked_fill(scored, -torch.inf).max() + slack, top.values[-1])
+            if settled or (nprobe == widest_nprobe and budget == widest):
+                break
+            nprobe, budget = min(widest_nprobe, 2 * nprobe), min(widest, 2 * budget)
+        return top, scored.nonzero()[:, 0], work, {"nprobe": nprobe, "candidates": budget, "settled": settled}
 
     def _proven_top(self, query: Embeddings, rows: torch.Tensor, bounds: torch.Tensor, floor: float, k: int,
                     first: int) -> tuple[Any, int] | None:
@@ -79,7 +187,7 @@ class Ranking:
         threshold algorithm. Returns ``(top-k, rows scored)``, or None when the unlisted rows
         would have to be scored too."""
         done = min(first, len(rows))
-        scores = rerank.score_rows(self.model, self.side, self.store, rows[:done], query)
+        scores = self._score(query, rows[:done])
         while True:
             top = scores.topk(min(k, len(scores)))
             if len(top.values) == k:
@@ -89,19 +197,35 @@ class Ranking:
             if done == len(rows):
                 return None
             more = rows[done : 2 * done]
-            scores = torch.cat([scores, rerank.score_rows(self.model, self.side, self.store, more, query)])
+            scores = torch.cat([scores, self._score(query, more)])
             done += len(more)
 
-    def _exhaustive(self, queries: Embeddings, k: int, labels: list, stage1: str) -> list[SearchResult]:
+    def _score(self, query: Embeddings, rows: torch.Tensor) -> torch.Tensor:
+        """Exact scores ``[len(rows)]`` of one query against the stored ``rows`` (stage 2)."""
+        return rerank.score_rows(self.model, self.side, self.store, rows, query)
+
+    def _item_widths(self) -> Widths | None:
+        """What scoring one item costs, in similarities: for token poolers, its tokens times the
+        query's; for poolers of global vectors, one. None where the store does not say (Qdrant)."""
+        if not self.model.pooler.uses_tokens:
+            return torch.ones(len(self), dtype=torch.long), False
+        lengths = getattr(self.store, "lengths", None)
+        return (lengths().long(), True) if lengths is not None else None
+
+    def _exhaustive(self, queries: Embeddings, k: int, labels: list, stage1: str,
+                    widths: Widths | None) -> list[SearchResult]:
         scores, rows = rerank.exhaustive_top(self.model, self.side, self.store, queries, k)
-        return [self._result(s, r, label, len(self), True, stage1) for s, r, label in zip(scores, rows, labels)]
+        every = torch.arange(len(self))
+        return [self._result(s, r, label, len(self), True, stage1, _work(0, queries[q], every, widths))
+                for q, (s, r, label) in enumerate(zip(scores, rows, labels))]
 
     def _result(self, scores: torch.Tensor, rows: torch.Tensor, label: str | None, scored: int, exact: bool,
-                stage1: str) -> SearchResult:
+                stage1: str, work: tuple[int, int] | None = None) -> SearchResult:
         rows_list = rows.tolist()
         ids, texts = self.store.ids_of(rows_list), self.store.texts(rows_list)
         hits = [Hit(i, float(s), r, t) for i, s, r, t in zip(ids, scores.tolist(), rows_list, texts)]
-        return SearchResult(hits, label, scored, len(self), exact, stage1)
+        spent, whole = work if work is not None else (None, None)
+        return SearchResult(hits, label, scored, len(self), exact, stage1, work=spent, work_exhaustive=whole)
 
     def generator(self, name: str | None, queries: Embeddings | None = None, *, nprobe: int | None = None) -> Any:
         """The stage-1 generator ``name`` (default: the pooler's), built or loaded on first use."""
@@ -117,25 +241,19 @@ class Ranking:
         if key not in self._generators:
             self._generators[key] = self._make_generator(name, inter, key)
         gen = self._generators[key]
-        if nprobe is not None:
-            gen.nprobe = nprobe
+        if isinstance(gen, TokenGenerator):  # an expert nprobe holds for this call only
+            gen.nprobe = nprobe if nprobe is not None else DEFAULT_NPROBE
         return gen
 
     def _default_stage1(self, inter: Any) -> str:
         """``tokens`` (``maxsim`` on Qdrant) for token poolers, ``pooled`` for global-vector ones.
 
-        One exception, measured (docs/search.md): a pooler whose only sum runs over the stored
-        item's tokens (MwSr for text queries) gets ``pooled`` (the tokens' mean) once the corpus
-        is past the exact token scan; the centroid estimate of such sums is weaker.
+        MwSr too (its sum runs over the stored item's tokens): widened centroid lists found the
+        exact top-10 of hard queries where the tokens' mean found half of it (docs/search.md).
         """
         if inter is None:
             return "pooled"
-        if self.engine == "qdrant":
-            return "maxsim"
-        query_sum = inter.text_sum if self.side == "images" else inter.image_sum
-        if not query_sum and int(self.store.lengths().sum()) > ann.FLAT_LIMIT:
-            return "pooled"
-        return "tokens"
+        return "maxsim" if self.engine == "qdrant" else "tokens"
 
     def _has_pooled(self, queries: Embeddings | None) -> bool:
         stored = self.store.has_pooled()
@@ -160,6 +278,16 @@ class Ranking:
             return FdeGenerator(self.store, folder, inter, self.side, **common)
         return TokenGenerator(self.store, folder, inter, self.side, **common)
 
+
+
+def _work(stage1: int | None, query: Embeddings, scored: torch.Tensor, widths: Widths | None) -> tuple[int, int] | None:
+    """``(work of stages 1 and 2, work of scoring every item)`` of one query (a one-item
+    ``Embeddings``), in similarities; None where it is not known."""
+    if stage1 is None or widths is None:
+        return None
+    per_item, per_query = widths
+    width = int(query.lengths[0]) if per_query else 1
+    return stage1 + width * int(per_item[scored].sum()), width * int(per_item.sum())
 
 
 def _timed(results: list[SearchResult], **seconds: float) -> list[SearchResult]:

@@ -39,17 +39,29 @@ class SearchResult:
     Attributes:
         hits: best first: the verifier's re-scored hits (in its order), then the pooler's.
         query: the query text (or image label), when known.
-        scored: items scored exactly in stage 2.
+        scored: items scored exactly in stage 2 (stage 1 may have done more: see ``work``).
         total: items in the index.
         exact: True when the pooler's top-k (with ``rerank``: the top-K handed to the
             verifier) is proven to be the exhaustive ranking's (every item was scored, or
             the stage-1 bound rules the others out).
         stage1: the candidate generator used (``"exhaustive"`` for ``exact=True``).
+        extra: what else the search reports: with centroid lists, the widths it ended at
+            (``nprobe``: lists per query token, ``candidates``: items it ranked exactly) and
+            ``settled`` (False where it reached its widest widths before its stopping test
+            passed: a higher ``effort`` may find more); a cascade's ``shortlist_scored``.
         reranked: hits the verifier re-scored (0 without ``rerank``).
         timings: milliseconds per query of each stage that ran: ``encode`` (the queries),
             ``stage1``, ``stage2``, ``verifier``; a cascade's ``shortlist`` (the first index's
             whole search) and ``cascade`` (the second model's encoding and scores). Each is the
             stage's time for the whole call divided by its number of queries.
+        work: what stages 1 and 2 computed, in similarities: one per (query token, stored
+            token) pair a stage scores, per centroid a query token is compared with, per
+            stored token of a visited centroid list (its similarity is looked up), per item
+            vector of a ``pooled`` / ``fde`` scan (for poolers of global vectors: one per item).
+            The exact token scan of small corpora computes every stored token's, so it costs
+            more than ``exact=True`` (which proves nothing it does not score). None where the
+            engine does not say (Qdrant).
+        work_exhaustive: the same count for scoring every item (``exact=True``).
     """
 
     hits: list[Hit]
@@ -61,6 +73,8 @@ class SearchResult:
     extra: dict[str, Any] = field(default_factory=dict)
     reranked: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    work: int | None = None
+    work_exhaustive: int | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -70,6 +84,18 @@ class SearchResult:
     def scored_share(self) -> float:
         """The share of the corpus scored exactly."""
         return self.scored / self.total if self.total else 0.0
+
+    @property
+    def work_share(self) -> float | None:
+        """``work`` as a share of scoring every item (above 1 where stage 1 scanned every token).
+
+        Example:
+            >>> SearchResult([], work=30, work_exhaustive=1000).work_share
+            0.03
+        """
+        if self.work is None or not self.work_exhaustive:
+            return None
+        return self.work / self.work_exhaustive
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -86,7 +112,9 @@ class SearchResult:
                  + (f"  {h.text}" if h.text else "") for k, h in enumerate(self.hits, 1)]
         how = "exact (every item scored)" if self.exact and self.scored == self.total else (
             "exact (proven by the stage-1 bound)" if self.exact else "two-stage")
-        notes = f"  [{how}; {self.scored} of {self.total} items scored exactly]"
+        notes = f"  [{how}; {self.scored} of {self.total} items scored exactly"
+        share = self.work_share
+        notes += f"; work {100 * share:.3g} % of scoring every item]" if share is not None else "]"
         if self.reranked:
             notes += (f"\n  [the verifier re-ranked the pooler's top {self.reranked}: first column the pooler's "
                       "score, second the verifier's logit]")

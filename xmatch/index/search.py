@@ -339,6 +339,7 @@ class SearchIndex(Ranking):
         queries: Embeddings,
         k: int = 10,
         *,
+        effort: float | None = None,
         candidates: int | None = None,
         exact: bool = False,
         stage1: str | None = None,
@@ -354,13 +355,23 @@ class SearchIndex(Ranking):
         Args:
             queries: the queries' token sets (texts for an image index, images for a caption index).
             k: results per query (at most the number of items).
-            candidates: items scored exactly per query (default :func:`default_candidates`;
-                with a provable stage 1, the first batch, default ``2 k``, grown until proven).
+            effort: how much work to spend for recall (default 1; a number > 0, 2 spends about
+                twice as much at most, 0.5 half). Past the exact token scan, the token stage 1
+                widens per query (centroid lists visited, candidates scored) until the k-th
+                exact score beats its estimate of every item left unscored, up to a cap that
+                scales with ``effort``; other stage-1 generators score ``effort`` times
+                :func:`~xmatch.index.ranking.default_candidates`. A proven-exact search does not
+                depend on it. Recall and work measured in docs/search.md.
+            candidates: expert setting in place of ``effort``: items scored exactly per query,
+                no widening (default :func:`~xmatch.index.ranking.default_candidates`; with a
+                provable stage 1, the first batch, default ``2 k``, grown until proven).
             exact: score every item (no stage 1).
             stage1: ``tokens``, ``pooled`` or ``fde`` (FAISS), ``maxsim`` or ``pooled``
                 (Qdrant); default: ``tokens`` / ``maxsim`` for token poolers, ``pooled`` for
                 poolers of global vectors.
-            nprobe: centroid lists visited per query token (large token indexes; default 8).
+            nprobe: expert setting in place of ``effort``: centroid lists visited per query
+                token (token indexes past 65,536 tokens), no widening (default 8 when only
+                ``candidates`` is given).
             labels: the queries' texts, copied into the results.
             rerank: a third stage: the pooler's top ``rerank`` hits of each query (all of them
                 when fewer) are re-scored by the model's verifier head and returned first, in
@@ -369,7 +380,8 @@ class SearchIndex(Ranking):
 
         Raises:
             EmptyIndexError: the index holds nothing yet.
-            ValueError: ``k`` is not between 1 and the number of items, or ``rerank`` is below 1.
+            ValueError: ``k`` is not between 1 and the number of items, ``rerank`` is below 1,
+                ``effort`` is not a number > 0 or comes with ``candidates`` / ``nprobe``.
             NoVerifierError: ``rerank`` with a model that has no verifier head.
 
         Example:
@@ -391,9 +403,9 @@ class SearchIndex(Ranking):
             raise SearchIndexError(f"queries are {queries.dim}-d but the index holds {self.manifest['dim']}-d tokens.")
         labels = list(labels) if labels is not None else [None] * len(queries)
         if rerank is None:
-            return self._ranked(queries, k, labels, candidates, exact, stage1, nprobe)
+            return self._ranked(queries, k, labels, candidates, exact, stage1, nprobe, effort)
         verifier.check(self.model, rerank, self.root, rerank_batch)
-        results = self._ranked(queries, min(n, max(k, rerank)), labels, candidates, exact, stage1, nprobe)
+        results = self._ranked(queries, min(n, max(k, rerank)), labels, candidates, exact, stage1, nprobe, effort)
         return verifier.rerank_results(self.model, self.side, self.store, queries, results, rerank, k, rerank_batch)
 
     def prepare(self, stage1: str | None = None) -> None:
