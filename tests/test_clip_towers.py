@@ -136,6 +136,16 @@ def test_pil_pictures_give_patch_tokens_with_boxes_in_the_pictures_frame():
     assert torch.equal(model.image_encoder.preprocess([wide, tall]), processor(images=[wide, tall], return_tensors="pt")["pixel_values"])
 
 
+def test_paths_and_arrays_give_the_same_tokens_and_boxes_as_the_pictures(tmp_path):
+    model = tiny_model("clip")
+    wide = pictures(1)[0].resize((64, 32))
+    wide.save(tmp_path / "wide.png")
+    with torch.no_grad():
+        ways = [model.encode_images(images=[x]) for x in (wide, str(tmp_path / "wide.png"), np.asarray(wide))]
+    for other in ways[1:]:
+        assert torch.equal(other.tokens, ways[0].tokens) and torch.equal(other.boxes, ways[0].boxes)
+
+
 def test_siglip_squashes_the_picture_so_its_boxes_are_the_grid():
     enc = SiglipImageEncoder(width=32, layers=1, heads=4, ff_dim=64, patch_size=16, image_size=32)
     out = enc(images=[Image.new("RGB", (64, 32)), np.zeros((20, 10, 3), dtype=np.uint8)])

@@ -103,25 +103,31 @@ class _TowerImageEncoder(ImageEncoder):
             >>> enc.upstream_names({"vision_model.post_layernorm.weight", "text_model.final_layer_norm.weight"})
             {'vision_model.post_layernorm.weight': 'vision_model.post_layernorm.weight'}
         """
-        return {k: (None if k.endswith(".position_ids") else k) for k in keys if k.startswith(self.upstream_prefixes)}
+        return {k: (None if k.endswith(".position_ids") else k) for k in sorted(keys) if k.startswith(self.upstream_prefixes)}
 
     def preprocess(self, images: Sequence[Any]) -> torch.Tensor:
-        """Pictures -> ``[B, 3, S, S]`` pixels, as the hub's image processor makes them:
-        CLIP resizes the shorter side to ``image_size`` (bicubic) and centre-crops; SigLIP
-        resizes to ``image_size`` square (bicubic); both rescale to [0, 1] and normalise."""
-        from transformers import CLIPImageProcessor
+        """Pictures (PIL images, paths, uint8 arrays) -> ``[B, 3, S, S]`` pixels, as the hub's
+        image processor makes them: CLIP resizes the shorter side to ``image_size`` (bicubic)
+        and centre-crops; SigLIP resizes to ``image_size`` square (bicubic); both rescale to
+        [0, 1] and normalise."""
+        return self._pixels(self._opened(images))
 
+    def _opened(self, images: Sequence[Any]) -> list[Any]:
+        """The pictures as RGB PIL images (a file is opened once, its size checked first)."""
         from xmatch.components.image.backbone import to_pil
 
-        pictures = self._pictures(images)
+        return [to_pil(im, i) for i, im in enumerate(self._pictures(images))]
+
+    def _pixels(self, pictures: list[Any]) -> torch.Tensor:
+        from transformers import CLIPImageProcessor
+
         size = self.image_size
         options: dict[str, Any] = {"image_mean": list(self.mean), "image_std": list(self.std)}
         if self.centre_crop:
             options.update(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
         else:
             options.update(size={"height": size, "width": size}, do_center_crop=False)
-        processor = CLIPImageProcessor(**options)
-        return processor(images=[to_pil(im, i) for i, im in enumerate(pictures)], return_tensors="pt")["pixel_values"]
+        return CLIPImageProcessor(**options)(images=pictures, return_tensors="pt")["pixel_values"]
 
     @staticmethod
     def _pictures(images: Sequence[Any]) -> list[Any]:
@@ -166,9 +172,8 @@ class _TowerImageEncoder(ImageEncoder):
         if isinstance(images, torch.Tensor):
             pixels, sizes = images, None  # preprocessed: the boxes stay in the square's frame
         else:
-            pictures = self._pictures(images)
-            pixels = self.preprocess(pictures)
-            sizes = [_size_of(p) for p in pictures]
+            pictures = self._opened(images)
+            pixels, sizes = self._pixels(pictures), [p.size for p in pictures]
         if pixels.dim() != 4 or pixels.shape[1] != 3 or tuple(pixels.shape[2:]) != (self.image_size,) * 2:
             raise ValueError(
                 f"a pixel tensor must be float [B, 3, {self.image_size}, {self.image_size}] made by encoder.preprocess, "
@@ -185,25 +190,9 @@ class _TowerImageEncoder(ImageEncoder):
         if sizes is None:
             cells = self.cell_boxes.expand(n, -1, -1)
         else:
-            cells = torch.stack([self._boxes_for(size) for size in sizes]).to(tokens.device)
+            cells = torch.stack([self.picture_boxes(*size) for size in sizes]).to(tokens.device)
         boxes = torch.cat([cells.new_zeros(n, 1, 4), cells], dim=1)
         return EncoderOutput(tokens, mask, content, global_slot=True, boxes=boxes)
-
-    def _boxes_for(self, size: tuple[int, int] | None) -> torch.Tensor:
-        return self.cell_boxes.cpu() if size is None else self.picture_boxes(*size)
-
-
-def _size_of(picture: Any) -> tuple[int, int] | None:
-    """``(width, height)`` of a PIL picture or an ``[H, W(, C)]`` array; None for a path (its
-    size is read when it is opened: the boxes are computed from the opened picture)."""
-    if hasattr(picture, "size") and isinstance(picture.size, tuple):
-        return picture.size
-    shape = getattr(picture, "shape", None)
-    if shape is not None and len(shape) >= 2:
-        return int(shape[1]), int(shape[0])
-    from xmatch.components.image.backbone import to_pil
-
-    return to_pil(picture).size
 
 
 class ClipImageEncoder(_TowerImageEncoder):
