@@ -246,9 +246,13 @@ def test_the_upstream_weights_file_comes_through_the_hub_with_its_sha256_and_loa
             xmatch.build("clip-tiny-bad", pretrained=True, **tiny_tower_overrides("clip"))
 
 
-def test_upstream_weights_of_another_architecture_are_a_clear_error(upstream):
-    _, weights, _ = upstream
+def test_a_downloaded_upstream_file_loads_as_checkpoint_and_another_architecture_is_a_clear_error(upstream):
+    ref, weights, _ = upstream
     tiny = tiny_tower_overrides("clip")
+    model = xmatch.build("clip-vit-b-32", checkpoint=weights, **tiny).eval()  # what `xmatch index NAME=FILE` builds
+    with torch.no_grad():
+        want = ref.get_text_features(**hub_inputs("clip", CAPTIONS)).pooler_output
+        assert torch.equal(model.encode_texts(CAPTIONS).pooled, F.normalize(want, dim=-1))
     deeper = {**tiny, "image_encoder": {**tiny["image_encoder"], "layers": 3}}
     with pytest.raises(BundleError, match=r"not fit this model: the model's \['image_encoder.vision_model.encoder.layers.2"):
         xmatch.build("clip-vit-b-32", checkpoint=weights, **deeper)
