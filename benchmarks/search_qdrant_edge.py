@@ -127,7 +127,12 @@ def main() -> None:
     faiss, edge = (xmatch.index.open(roots[e], model) for e in ("faiss", "qdrant"))
     sets = {"planted": corpus.queries(args.queries)[0], "hard": hard_queries(corpus, args.queries)}
     exact = {name: [r.ids for r in faiss.search(q, 10, exact=True)] for name, q in sets.items()}
-    rows: list[tuple[str, str, float, float | None, float]] = []
+    print("| queries | stage 1 | recall@10 | p50 ms, search | p50 ms, stage 1 |")
+    print("|---|---|---|---|---|", flush=True)
+
+    def row(name: str, label: str, r: float, p50: float | None, stage1_p50: float) -> None:
+        print(f"| {name} | {label} | {r:.3f} | {'-' if p50 is None else f'{p50:.1f}'} | {stage1_p50:.1f} |", flush=True)
+
     for name, queries in sets.items():
         for label, index, options in (
             ("FAISS centroid lists, defaults", faiss, {}),
@@ -136,7 +141,10 @@ def main() -> None:
             ("Qdrant Edge exact MaxSim scan (xmatch)", edge, {"candidates": args.candidates}),
         ):
             found, p50, stage1_p50 = searched(index, queries, args.repeats, **options)
-            rows.append((name, label, recall(found, exact[name]), p50, stage1_p50))
+            row(name, label, recall(found, exact[name]), p50, stage1_p50)
+    info = edge.store.engine.shard.info()
+    print(f"xmatch's Edge shard: {info.segments_count} segment(s), {info.points_count} points, "
+          f"{info.indexed_vectors_count} vectors in an HNSW graph", flush=True)
     edge.close()  # releases the shard's lock; the HNSW copy is another folder
     shard, optimize_s = hnsw_copy(roots["qdrant"] / "qdrant", args.out / f"edge-hnsw-{args.images}")
     for ef in args.ef:
@@ -148,15 +156,11 @@ def main() -> None:
                 return [str(p.id) for p in found]  # MaxSim is MrSw: the candidates' exact order is the HNSW order
 
             found, p50 = timed(stage1, len(queries), args.repeats)
-            rows.append((name, f"Qdrant Edge HNSW (optimize()), hnsw_ef {ef}", recall(found, exact[name]), None, p50))
+            row(name, f"Qdrant Edge HNSW (optimize()), hnsw_ef {ef}", recall(found, exact[name]), None, p50)
     sizes = {"FAISS (shards + ann)": disk(roots["faiss"] / "shards")[0] + disk(roots["faiss"] / "ann")[0],
              "Qdrant Edge, plain segments": disk(roots["qdrant"] / "qdrant"),
              "Qdrant Edge, HNSW": disk(args.out / f"edge-hnsw-{args.images}")}
     shard.close()
-    print("| queries | stage 1 | recall@10 | p50 ms, search | p50 ms, stage 1 |")
-    print("|---|---|---|---|---|")
-    for name, label, r, p50, stage1_p50 in rows:
-        print(f"| {name} | {label} | {r:.3f} | {'-' if p50 is None else f'{p50:.1f}'} | {stage1_p50:.1f} |")
     print(f"build: FAISS {built['faiss']:.0f} s (shards + centroid lists), Qdrant Edge {built['qdrant']:.0f} s "
           f"(upserts), Edge optimize() (HNSW) {optimize_s:.0f} s more")
     for label, size in sizes.items():
