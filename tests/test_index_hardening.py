@@ -268,3 +268,10 @@ def test_overwrite_replaces_an_index_and_never_a_users_files(tmp_path, capsys, b
                  "--dtype", "float32"]) == 0
     manifest = json.loads((out / "index.json").read_text())
     assert manifest["items"] == 2 and manifest["dtype"] == "float32"  # a new index, not an append
+
+
+@pytest.mark.parametrize("location", ["/etc", "../elsewhere", "shards"])
+def test_a_refused_qdrant_location_leaves_no_folder(tmp_path, model, location):
+    with pytest.raises(ValueError, match="not a folder name inside the index|absolute path|outside"):
+        xmatch.index.create(tmp_path / "idx", model, engine="qdrant", qdrant=location)
+    assert not (tmp_path / "idx").exists()

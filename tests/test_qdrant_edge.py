@@ -225,8 +225,9 @@ def test_an_old_manifest_of_qdrant_client_local_mode_is_refused_unread(tmp_path,
     manifest = json.loads((tmp_path / "idx" / "index.json").read_text())
     manifest["engine"] = {"name": "qdrant", "location": str(old), "collection": "xmatch-old", "pooled": True}
     (tmp_path / "idx" / "index.json").write_text(json.dumps(manifest))
-    with pytest.raises(DamagedIndexError, match=r"index.json.*absolute path.*pickle.*--from-index.*rebuild"):
+    with pytest.raises(SearchIndexError, match=r"index.json.*absolute path.*pickle.*--from-index.*rebuild") as caught:
         xmatch.index.open(tmp_path / "idx", index.model)
+    assert "the index manifest is damaged" not in str(caught.value)  # it is an old index, not a damaged one
     assert not sentinel.exists() and no_unpickling == []
 
 

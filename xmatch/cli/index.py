@@ -39,8 +39,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "(e.g. to move an embedded index into Qdrant)")
     parser.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="stored precision (default: float16)")
     parser.add_argument("--engine", choices=("faiss", "qdrant"), default="faiss", help="faiss (embedded, default) or qdrant")
-    parser.add_argument("--qdrant", metavar="URL_OR_PATH", help="Qdrant server URL, or a folder for its local mode (default: INDEX/qdrant)")
-    parser.add_argument("--collection", help="Qdrant collection name (default: xmatch-<index folder name>)")
+    parser.add_argument("--qdrant", metavar="URL_OR_NAME", help="Qdrant server URL, or the name of the Qdrant Edge shard's "
+                        "folder inside the index (default: qdrant)")
+    parser.add_argument("--collection", help="Qdrant collection name, server only (default: xmatch-<index folder name>)")
     parser.add_argument("--stage1", help="stage-1 structure to build now: tokens, pooled, fde (default: the pooler's)")
     parser.add_argument("--batch-size", type=int, default=64, help="images encoded at once (captions: 4x)")
     parser.add_argument("--shard-size", type=int, default=1024, help="items per committed shard (default: 1024)")

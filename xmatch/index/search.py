@@ -270,6 +270,7 @@ class SearchIndex(Ranking):
         self._manifest_signature = signature
         if current.get("items") != self.manifest.get("items"):
             self.manifest = current
+            self.close()  # the old store's engine lock and connections go before the new one opens
             self.store = _open_store(self.root, current, self.in_memory)
             self._generators.clear()
 
@@ -470,9 +471,9 @@ def create(
             index (``INDEX/model``), so the index is self-contained.
         dtype: ``"float16"`` (default, half the bytes) or ``"float32"`` for the stored tokens.
         engine: ``"faiss"`` (embedded, default) or ``"qdrant"`` (token sets in a Qdrant collection).
-        qdrant: with ``engine="qdrant"``: a server URL (``http://host:6333``) or a folder for
-            Qdrant's embedded local mode (default ``INDEX/qdrant``).
-        collection: the Qdrant collection name (default ``xmatch-<folder name>``).
+        qdrant: with ``engine="qdrant"``: a server URL (``http://host:6333``), or the name of
+            the Qdrant Edge shard's folder inside the index (default ``qdrant``).
+        collection: the collection name on a Qdrant server (default ``xmatch-<folder name>``).
 
     Example:
         >>> model = xmatch.build("teran-mrsw-scenes", pretrained=True)
@@ -490,6 +491,9 @@ def create(
         raise SearchIndexError(f"{root} already holds an index; append to it (xmatch index ... --append) or choose another --out.")
     if root.exists() and any(root.iterdir()):
         raise SearchIndexError(f"{root} exists and is not an empty folder; choose another --out.")
+    engine_record: dict[str, Any] = {"name": engine}
+    if engine == "qdrant":  # checked before anything is written: a refused location leaves no folder
+        engine_record |= qdrant_location.engine_record(root, qdrant, collection)
     root.mkdir(parents=True, exist_ok=True)
     from xmatch.core.version import __version__
 
@@ -499,9 +503,6 @@ def create(
         from xmatch.io.bundle import save_pretrained
 
         save_pretrained(model, root / MODEL_FOLDER)
-    engine_record: dict[str, Any] = {"name": engine}
-    if engine == "qdrant":
-        engine_record |= qdrant_location.engine_record(root, qdrant, collection)
     manifest = {
         "format": FORMAT,
         "xmatch_version": __version__,

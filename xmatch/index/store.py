@@ -78,6 +78,11 @@ def read_manifest(root: Path) -> dict[str, Any]:
         raise DamagedIndexError(f"{path} is unreadable ({exc}): the index manifest is damaged.") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DamagedIndexError(f"{path} is not an xmatch index manifest (format {FORMAT!r} expected).")
+    engine = manifest.get("engine")
+    if isinstance(engine, dict) and engine.get("name") == "qdrant" and isinstance(engine.get("location"), str) \
+            and Path(engine["location"]).is_absolute():
+        # not damaged: made before Qdrant Edge; the message says why it is not opened and what to do
+        raise SearchIndexError(f"{path}: {qdrant_location.engine_problem(engine)}.")
     problem = _manifest_problem(manifest)
     if problem:
         raise DamagedIndexError(
