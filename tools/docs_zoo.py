@@ -91,7 +91,7 @@ CLIP_SECTION = [
     "and sha256, loaded by `pretrained=True`; the tokenizer comes from the same repository and revision, into",
     "the same cache, so a copied cache works offline. Only `siglip-base-patch16-224` lists weights so far: for",
     "the CLIP entries no checksum of their files could be read when they were written (their notes say how",
-    "to pin one); load a downloaded file with `checkpoint=`. SigLIP's tokenizer needs `pip install sentencepiece`.",
+    "to pin one); load a downloaded file with `checkpoint=`. SigLIP's tokenizer needs SentencePiece: `pip install 'xmatch-zoo[clip]'`.",
     "",
     "<!-- skip: downloads the weights from the Hugging Face Hub -->",
     "```python",

@@ -70,7 +70,7 @@ def load_tokenizer(source: str, encoder: str) -> Any:
         return AutoTokenizer.from_pretrained(location)
     except Exception as exc:  # OSError, ValueError, ImportError (sentencepiece), tokenizers' bare Exception
         hint = (
-            " SigLIP's tokenizer is SentencePiece: pip install sentencepiece." if "sentencepiece" in str(exc).lower()
+            " SigLIP's tokenizer is SentencePiece: pip install 'xmatch-zoo[clip]' (sentencepiece)." if "sentencepiece" in str(exc).lower()
             else " Give a folder with the tokenizer files transformers writes (save_pretrained), or the hub repository."
         )
         raise TokenizerLoadError(f"text encoder '{encoder}': cannot load the tokenizer '{source}' ({_first_line(exc)}).{hint}") from exc
@@ -315,7 +315,7 @@ class SiglipTextEncoder(_TowerTextEncoder):
 
     Args:
         tokenizer: where the tokenizer is (``hf-hub:org/name@revision``, a local folder;
-            SigLIP's SentencePiece tokenizer needs ``pip install sentencepiece``).
+            SigLIP's SentencePiece tokenizer needs ``pip install 'xmatch-zoo[clip]'``, which installs sentencepiece).
         width, layers, heads, ff_dim: the transformer's hidden size, depth, heads, MLP width.
         vocab_size: rows of the token embedding (32,000).
         max_length: positions (64); every caption is padded to it.
