@@ -87,3 +87,28 @@ def test_cli_indexes_a_picture_folder_and_search_prints_file_names(tmp_path, cap
     assert main(["index", f"local-dir:{bundle}", "--images", str(tmp_path / "photos"), "--out", str(tmp_path / "x"),
                  "--data", str(tmp_path)]) == 2
     assert "--images DIR indexes a folder of pictures" in capsys.readouterr().err
+
+
+def test_a_clip_model_indexes_a_photo_folder_and_finds_by_its_cosine(tmp_path, capsys):
+    """The issue's flow (`xmatch index clip-vit-b-32 --images photos/ --out idx && xmatch search
+    idx --text "a cat"`), with a tiny CLIP of the entry's layout saved locally instead of the
+    hub's weights."""
+    from clip_assets import tiny_tower_overrides
+
+    from xmatch.cli.main import main
+
+    names = photo_folder(tmp_path / "photos")
+    torch.manual_seed(0)
+    model = xmatch.build("clip-vit-b-32", **tiny_tower_overrides("clip")).eval()
+    bundle = tmp_path / "tiny-clip"
+    xmatch.save_pretrained(model, bundle)
+    out = tmp_path / "idx"
+    assert main(["index", f"local-dir:{bundle}", "--images", str(tmp_path / "photos"), "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["search", str(out), "--text", "a cat", "-k", "3", "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)[0]["hits"]
+    pictures = [Image.open(tmp_path / "photos" / n).convert("RGB") for n in names]
+    with torch.no_grad():
+        cosine = model.similarity(model.encode_images(xmatch.PixelInputs(pictures)), model.encode_texts(["a cat"]))[:, 0]
+    assert [h["id"] for h in hits] == [names[i] for i in cosine.topk(3).indices.tolist()]
+    assert [h["score"] for h in hits] == pytest.approx(cosine.topk(3).values.tolist(), abs=2e-3)  # float16 storage
