@@ -275,3 +275,13 @@ def test_a_refused_qdrant_location_leaves_no_folder(tmp_path, model, location):
     with pytest.raises(ValueError, match="not a folder name inside the index|absolute path|outside"):
         xmatch.index.create(tmp_path / "idx", model, engine="qdrant", qdrant=location)
     assert not (tmp_path / "idx").exists()
+
+
+def test_an_ann_link_out_of_the_index_is_refused_and_nothing_is_written_there(tmp_path, index, model):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, index.root / "ann")
+    reopened = xmatch.index.open(index.root, model)
+    with pytest.raises(DamagedIndexError, match="ann is a symbolic link"):
+        reopened.search_texts(TEXTS[:1], k=3)
+    assert list(elsewhere.iterdir()) == []

@@ -330,3 +330,21 @@ def test_the_server_path_makes_the_same_collection_and_gives_no_bounds(tmp_path,
         batch = next(kwargs["requests"] for name, _, kwargs in server.requests if name == "query_batch_points")
         assert len(batch) == 3 and all(r.filter.must[0].key == "row" and r.filter.must[0].range.lt == 30 for r in batch)
         index.verify()
+
+
+def test_edge_searches_report_their_work_like_the_faiss_scan(tmp_path):
+    """The embedded engine scans every stored token: its work is counted as the FAISS engine's
+    exact token scan is (query tokens x stored tokens, plus the items stage 2 scored)."""
+    edge = edge_index(tmp_path / "edge")
+    faiss_index = xmatch.index.create(tmp_path / "faiss", edge.model, dtype="float32")
+    faiss_index.add(ragged(30, 0, pooled=True), ids=[f"item{i}" for i in range(30)])
+    assert edge.store.lengths().tolist() == faiss_index.store.lengths().tolist()
+    stored = int(edge.store.lengths().sum())
+    queries = ragged(3, 7, pooled=False)
+    for q, (e, f) in enumerate(zip(edge.search(queries, k=5), faiss_index.search(queries, k=5))):
+        assert e.work_exhaustive == f.work_exhaustive == int(queries.lengths[q]) * stored
+        assert e.ids == f.ids and (e.scored, e.work) == (f.scored, f.work) and e.work > e.work_exhaustive
+    edge.close()
+    reopened = xmatch.index.open(tmp_path / "edge", edge.model)
+    assert reopened.store.lengths().tolist() == faiss_index.store.lengths().tolist()  # read back from the payload
+    reopened.close()

@@ -41,7 +41,7 @@ from xmatch.index.ann import VectorIndex
 from xmatch.index.centroids import CentroidLists, list_count
 from xmatch.index.fde import FixedEncoder
 from xmatch.index.interaction import Interaction
-from xmatch.index.store import ShardStore
+from xmatch.index.store import ShardStore, own_folder
 from xmatch.core.progress import progress_bar
 
 #: token ids are ``row * SLOTS + position``: an item holds at most this many tokens
@@ -128,7 +128,7 @@ class FaissGenerator:
         if self.covered < n:
             self._add_rows(self.covered)
             if self.writable:
-                self.folder.mkdir(exist_ok=True)
+                own_folder(self.folder.parent, self.folder.name)
                 self.index.save(self.path, {"items": n, "settings": self.settings(), "generator": self.name})
 
     def _dim(self) -> int:
@@ -228,7 +228,7 @@ class TokenGenerator(FaissGenerator):
             self.lists.add(vectors, ids // SLOTS)
         self.covered = n
         if self.writable:
-            self.folder.mkdir(exist_ok=True)
+            own_folder(self.folder.parent, self.folder.name)
             self.lists.save(self.lists_path, n)
 
     def _train_lists(self, seed: int = 0) -> CentroidLists:

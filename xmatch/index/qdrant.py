@@ -307,6 +307,7 @@ class QdrantStore:
         self.engine: EdgeShard | Server = (
             Server(self.location, record["collection"]) if is_url(self.location) else EdgeShard(root, self.location))
         self._ids: list[str] | None = None
+        self._lengths: torch.Tensor | None = None
         if len(self) and not self.engine.exists():
             self.engine.close()
             raise DamagedIndexError(
@@ -346,6 +347,17 @@ class QdrantStore:
     def ids_of(self, rows: list[int]) -> list[str]:
         return [p.payload["id"] for p in self._records(rows, ["id"])]
 
+    def lengths(self) -> torch.Tensor | None:
+        """Real tokens of every item ``[N]``, from the points' payload (read once, then kept);
+        None for points written without the count (a collection filled by an older xmatch)."""
+        if self._lengths is None or len(self._lengths) != len(self):
+            counts = [p.payload.get("tokens") for start in range(0, len(self), ID_PAGE)
+                      for p in self._records(list(range(start, min(start + ID_PAGE, len(self)))), ["tokens"])]
+            if any(not isinstance(c, int) for c in counts):
+                return None
+            self._lengths = torch.tensor(counts, dtype=torch.long)
+        return self._lengths
+
     def texts(self, rows: list[int]) -> list[str | None]:
         return [p.payload.get("text") for p in self._records(rows, ["text"])]
 
@@ -376,7 +388,8 @@ class QdrantStore:
                 vectors = {"tokens": tokens[k][mask].tolist()}
                 if pooled is not None:
                     vectors["pooled"] = pooled[k].tolist()
-                payload = {"id": ids[k], "row": start + k} | ({"text": texts[k]} if texts is not None else {})
+                payload = {"id": ids[k], "row": start + k, "tokens": int(mask.sum())}
+                payload |= {"text": texts[k]} if texts is not None else {}
                 if boxes is not None:
                     payload["boxes"] = boxes[k][mask].tolist()
                 points.append(Point(start + k, vectors, payload))
@@ -386,6 +399,8 @@ class QdrantStore:
         write_manifest(self.root, self.manifest)
         if self._ids is not None:
             self._ids.extend(ids)
+        if self._lengths is not None:
+            self._lengths = torch.cat([self._lengths, embeddings.mask.sum(dim=1).long()])
 
     def _ensure_collection(self, embeddings: Embeddings) -> None:
         record = self.manifest["engine"]
@@ -479,6 +494,18 @@ class QdrantGenerator:
             bounds.append(scores)
             complete = len(found) < n or n >= len(self.store)
             floors.append(float("-inf") if complete or not len(scores) else float(scores[-1]))
+        work = self._work(query)
         if not self._bounded:
-            return Candidates(rows)
-        return Candidates(rows, bounds, torch.tensor(floors))
+            return Candidates(rows, work=work)
+        return Candidates(rows, bounds, torch.tensor(floors), work)
+
+    def _work(self, query: Embeddings) -> torch.Tensor | None:
+        """Similarities per query of the embedded engine's exact scan: the query's tokens times
+        every stored token (MaxSim), or one per item (pooled); None for a server's HNSW graph,
+        whose visits Qdrant does not report."""
+        if not self.store.exhaustive:
+            return None
+        if self.name == "pooled":
+            return torch.full((len(query),), len(self.store), dtype=torch.long)
+        lengths = self.store.lengths()
+        return None if lengths is None else query.lengths.long() * int(lengths.sum())

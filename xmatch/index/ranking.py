@@ -19,6 +19,7 @@ from xmatch.index import rerank
 from xmatch.index.candidates import DEFAULT_NPROBE, GENERATORS, FdeGenerator, PooledGenerator, TokenGenerator
 from xmatch.index.interaction import interaction, pooled_is_exact
 from xmatch.index.results import Hit, SearchResult
+from xmatch.index.store import own_folder
 from xmatch.model.embeddings import Embeddings
 
 ANN_FOLDER = "ann"
@@ -206,11 +207,12 @@ class Ranking:
 
     def _item_widths(self) -> Widths | None:
         """What scoring one item costs, in similarities: for token poolers, its tokens times the
-        query's; for poolers of global vectors, one. None where the store does not say (Qdrant)."""
+        query's; for poolers of global vectors, one. None where the store does not say (a Qdrant
+        collection filled by an older xmatch)."""
         if not self.model.pooler.uses_tokens:
             return torch.ones(len(self), dtype=torch.long), False
-        lengths = getattr(self.store, "lengths", None)
-        return (lengths().long(), True) if lengths is not None else None
+        lengths = self.store.lengths()
+        return (lengths.long(), True) if lengths is not None else None
 
     def _exhaustive(self, queries: Embeddings, k: int, labels: list, stage1: str,
                     widths: Widths | None) -> list[SearchResult]:
@@ -266,7 +268,7 @@ class Ranking:
             return QdrantGenerator(self.store, name, inter, self.side, exact_pooled=pooled_is_exact(self.model.pooler))
         if name not in GENERATORS:
             raise ValueError(f"unknown stage-1 generator {name!r} for the FAISS engine; generators: {', '.join(GENERATORS)}.")
-        folder, writable = self.root / ANN_FOLDER, os.access(self.root, os.W_OK)
+        folder, writable = own_folder(self.root, ANN_FOLDER, create=False), os.access(self.root, os.W_OK)
         common = {"writable": writable, "progress": self.progress}
         if name == "pooled":
             source = key.split(":", 1)[1]

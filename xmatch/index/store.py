@@ -337,9 +337,10 @@ def remove_index(root: Path) -> None:
         root.rmdir()
 
 
-def own_folder(root: Path, name: str) -> Path:
-    """The index's subfolder ``name``, made if missing; refused when it is a link or resolves
-    out of the index (writing there would put files, or delete them, elsewhere).
+def own_folder(root: Path, name: str, *, create: bool = True) -> Path:
+    """The index's subfolder ``name``, made if missing (``create``); refused when it is a link or
+    resolves out of the index (reading there would read elsewhere; writing would put files, or
+    delete them, elsewhere).
 
     Raises:
         DamagedIndexError: the folder is a symbolic link, or not a folder.
@@ -353,7 +354,8 @@ def own_folder(root: Path, name: str) -> Path:
         )
     if folder.exists() and not folder.is_dir():
         raise DamagedIndexError(f"{folder} is a file where the index keeps a folder; move it away.")
-    folder.mkdir(exist_ok=True)
+    if create:
+        folder.mkdir(exist_ok=True)
     return folder
 
 
