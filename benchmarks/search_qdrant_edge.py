@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import xmatch.index
 from xmatch.index.synthetic import PlantedCorpus, scoring_model
@@ -44,17 +43,6 @@ def disk(path: Path) -> tuple[int, int]:
     files = [p.stat() for p in path.rglob("*") if p.is_file() and not p.is_symlink()]
     return sum(s.st_blocks * 512 for s in files), sum(s.st_size for s in files)
 
-
-def hard_queries(corpus: PlantedCorpus, n: int, seed: int = 11) -> Embeddings:
-    """Word sets of random concepts (drawn with the corpus's popularity), no planted group behind
-    them: their exact top-10 is decided by small differences between many images."""
-    g = torch.Generator().manual_seed(seed)
-    centres = corpus._centres()  # the corpus's own concept centres (derived from its seed)
-    weights = 1.0 / (torch.arange(corpus.concepts, dtype=torch.float64) + 10)
-    concepts = torch.multinomial(weights, n * corpus.words, replacement=True, generator=g).view(n, corpus.words)
-    noise = F.normalize(torch.randn(n, corpus.words, corpus.dim, generator=g), dim=-1) * (corpus.noise / 2)
-    tokens = F.normalize(centres[concepts] + noise, dim=-1)
-    return Embeddings(tokens, torch.ones(n, corpus.words, dtype=torch.bool))
 
 
 def build(corpus: PlantedCorpus, root: Path, engine: str) -> float:
@@ -125,7 +113,7 @@ def main() -> None:
     built = {engine: build(corpus, root, engine) for engine, root in roots.items()}
     model = scoring_model("MrSw")
     faiss, edge = (xmatch.index.open(roots[e], model) for e in ("faiss", "qdrant"))
-    sets = {"planted": corpus.queries(args.queries)[0], "hard": hard_queries(corpus, args.queries)}
+    sets = {"planted": corpus.queries(args.queries)[0], "hard": corpus.random_queries(args.queries)}
     exact = {name: [r.ids for r in faiss.search(q, 10, exact=True)] for name, q in sets.items()}
     print("| queries | stage 1 | recall@10 | p50 ms, search | p50 ms, stage 1 |")
     print("|---|---|---|---|---|", flush=True)

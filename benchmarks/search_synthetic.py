@@ -36,7 +36,6 @@ import torch
 
 import xmatch.index
 from xmatch.index.synthetic import PlantedCorpus, scoring_model
-from xmatch.model.embeddings import Embeddings
 
 RESIDENT = """
 import sys, xmatch.index
@@ -92,17 +91,6 @@ def build(corpus: PlantedCorpus, root: Path, pooler: str) -> dict:
     record.write_text(json.dumps(info))
     return info
 
-
-def hard_queries(corpus: PlantedCorpus, n: int, seed: int = 11, popular: bool = True) -> Embeddings:
-    """``n`` word sets of random concepts, noised as the planted queries are: no planted group
-    answers them, so their exact top-10 is decided by near-ties. ``popular``: concepts drawn
-    with the corpus's Zipf-like popularity (images share a few of them); else uniformly (mostly
-    rare concepts: the top-10 is decided by how close unrelated regions happen to lie)."""
-    g = torch.Generator().manual_seed(corpus.seed + seed)
-    shape = (n, corpus.words)
-    concept = corpus._concept_ids(shape, g) if popular else torch.randint(0, corpus.concepts, shape, generator=g)
-    tokens = corpus._noisy(corpus._centres()[concept], corpus.noise / 2, g)
-    return Embeddings(tokens, torch.ones(n, corpus.words, dtype=torch.bool))
 
 
 def reference(index, queries, root: Path, name: str) -> tuple[list[list[str]], float, float]:
@@ -181,8 +169,8 @@ def main_table(args: argparse.Namespace) -> None:
     resident = {mode: resident_bytes(root, args.images, mode) for mode in (True, False)}
     index = xmatch.index.open(root, scoring_model("MrSw"), in_memory=args.in_memory)
     planted_queries, planted = corpus.queries(args.queries)
-    sets = {"planted": planted_queries, "hard": hard_queries(corpus, args.queries),
-            "rare": hard_queries(corpus, args.queries, seed=13, popular=False)}
+    sets = {"planted": planted_queries, "hard": corpus.random_queries(args.queries),
+            "rare": corpus.random_queries(args.queries, seed=13, popular=False)}
     index.search(planted_queries[:2], 10)  # loads the stage-1 structure
     encode = encode_times(args.queries, args.repeats)
     print(f"build: shards {timings['shards_s']:.1f} s, stage-1 {timings['stage1_s']:.1f} s; "
@@ -218,7 +206,7 @@ def compare(args: argparse.Namespace) -> None:
     root = args.out / f"synthetic-{args.images}"
     print(f"# {args.images} synthetic images; {load()}")
     build(corpus, root, "MrSw")
-    sets = {"planted": corpus.queries(args.queries)[0], "hard": hard_queries(corpus, args.queries)}
+    sets = {"planted": corpus.queries(args.queries)[0], "hard": corpus.random_queries(args.queries)}
     no_encoding = [0.0] * args.queries
     print("| pooler | stage 1 | queries | recall@10 | work | scored | p50 ms |")
     print("|---|---|---|---|---|---|---|")

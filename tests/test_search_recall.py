@@ -6,14 +6,12 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 import xmatch
 import xmatch.index
 from xmatch.index import ann, ranking
 from xmatch.index.centroids import list_count
 from xmatch.index.synthetic import PlantedCorpus, scoring_model
-from xmatch.model.embeddings import Embeddings
 
 pytest.importorskip("faiss")
 
@@ -23,14 +21,6 @@ CORPUS = PlantedCorpus(images=3000, regions=8, dim=DIM, concepts=512, groups=20)
 #: the exact token scan stops here in these tests, so that a small corpus gets centroid lists
 FLAT_LIMIT = 1000
 
-
-def hard_queries(corpus: PlantedCorpus, n: int, seed: int = 11) -> Embeddings:
-    """Word sets of random concepts (as benchmarks/search_synthetic.py draws them): no planted
-    group answers them, so their top-10 is decided by near-ties."""
-    g = torch.Generator().manual_seed(corpus.seed + seed)
-    concept = corpus._concept_ids((n, min(corpus.words, corpus.regions)), g)
-    tokens = corpus._noisy(corpus._centres()[concept], corpus.noise / 2, g)
-    return Embeddings(tokens, torch.ones(n, tokens.shape[1], dtype=torch.bool))
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +41,7 @@ def recall(results, reference) -> float:
 
 
 def test_hard_queries_get_the_exact_top_k_where_the_old_defaults_lose_it(lists_index):
-    queries = hard_queries(CORPUS, 20)
+    queries = CORPUS.random_queries(20)
     exact = lists_index.search(queries, 10, exact=True)
     assert lists_index.generator(None).lists is not None  # the centroid lists, not the exact scan
     old = lists_index.search(queries, 10, candidates=100, nprobe=8)  # the defaults before widening
@@ -74,13 +64,13 @@ def test_planted_queries_stop_at_the_first_widths(lists_index):
     assert recall(found, exact) == 1.0
     first = {"nprobe": ranking.FIRST_NPROBE, "candidates": ranking.FIRST_CANDIDATES_PER_K * 10, "settled": True}
     assert sum(r.extra == first for r in found) >= 5  # the planted group is ahead: most stop at once
-    hard = lists_index.search(hard_queries(CORPUS, 10), 10)
+    hard = lists_index.search(CORPUS.random_queries(10), 10)
     assert sum(r.extra == first for r in hard) <= 2
     assert sum(r.work for r in found) < sum(r.work for r in hard)
 
 
 def test_effort_scales_the_widths(lists_index):
-    queries = hard_queries(CORPUS, 5)
+    queries = CORPUS.random_queries(5)
     low, high = lists_index.search(queries, 10, effort=0.5), lists_index.search(queries, 10, effort=2)
     assert all(r.extra["nprobe"] <= ranking.WIDEST_NPROBE // 2 for r in low)
     assert all(r.extra["nprobe"] >= 2 * ranking.FIRST_NPROBE for r in high)
@@ -94,17 +84,17 @@ def test_effort_scales_the_widths(lists_index):
 @pytest.mark.parametrize("effort", [0, -1, math.nan, math.inf, True, "1", [1]])
 def test_effort_must_be_a_number_above_zero(lists_index, effort):
     with pytest.raises(ValueError, match=r"effort must be a number > 0 \(1 is the default"):
-        lists_index.search(hard_queries(CORPUS, 1), 10, effort=effort)
+        lists_index.search(CORPUS.random_queries(1), 10, effort=effort)
 
 
 @pytest.mark.parametrize("expert", [{"candidates": 100}, {"nprobe": 8}])
 def test_effort_and_expert_settings_are_not_mixed(lists_index, expert):
     with pytest.raises(ValueError, match="give effort, or the expert settings candidates / nprobe, not both"):
-        lists_index.search(hard_queries(CORPUS, 1), 10, effort=1, **expert)
+        lists_index.search(CORPUS.random_queries(1), 10, effort=1, **expert)
 
 
 def test_expert_settings_still_rule_and_hold_for_one_call(lists_index):
-    query = hard_queries(CORPUS, 1)
+    query = CORPUS.random_queries(1)
     fixed = lists_index.search(query, 10, candidates=37)[0]
     assert fixed.scored == 37 and fixed.extra == {}  # no widening
     assert lists_index.search(query, 10, nprobe=5)[0].scored == 100  # the default candidates
@@ -116,7 +106,7 @@ def test_expert_settings_still_rule_and_hold_for_one_call(lists_index):
 
 
 def test_work_over_centroid_lists_counts_the_probe_the_lists_and_stage_2(lists_index):
-    query = hard_queries(CORPUS, 1)
+    query = CORPUS.random_queries(1)
     words, tokens = query.tokens.shape[1], CORPUS.images * CORPUS.regions
     lists = list_count(tokens)
     every = lists_index.search(query, 10, candidates=50, nprobe=lists)[0]  # every list: every token reached
@@ -134,7 +124,7 @@ def test_work_of_the_exact_token_scan_is_every_token(tmp_path):
     index = xmatch.index.create(tmp_path / "idx", scoring_model("MrSw", DIM))
     for ids, e in small.batches(40):
         index.add(e, ids)
-    query = hard_queries(small, 1)
+    query = small.random_queries(1)
     tokens, words = 40 * 6, query.tokens.shape[1]
     proven = index.search(query, 3)[0]
     assert proven.exact and proven.scored < 40
@@ -168,7 +158,7 @@ def test_other_poolers_widen_too(lists_index, pooler):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ann, "FLAT_LIMIT", FLAT_LIMIT)
         index = xmatch.index.open(lists_index.root, scoring_model(pooler, DIM))  # the same weights
-        queries = hard_queries(CORPUS, 10)
+        queries = CORPUS.random_queries(10)
         exact = index.search(queries, 10, exact=True)
         found = index.search(queries, 10)
         assert recall(found, exact) >= 0.95

@@ -118,6 +118,24 @@ class PlantedCorpus:
         return Embeddings(tokens, torch.ones(n, words, dtype=torch.bool)), self.group_rows()[:n]
 
 
+    def random_queries(self, n: int, seed: int = 11, popular: bool = True) -> Embeddings:
+        """``n`` word sets of random concepts, noised as the planted queries are: no planted group
+        answers them, so their exact top-10 is decided by near-ties (the hard queries of
+        docs/search.md). ``popular``: concepts drawn with the corpus's Zipf-like popularity
+        (images share a few of them); else uniformly (mostly rare concepts: the top-10 is decided
+        by how close unrelated regions happen to lie).
+
+        Example:
+            >>> PlantedCorpus(images=64, regions=6, dim=16, concepts=32, groups=4).random_queries(3).tokens.shape
+            torch.Size([3, 6, 16])
+        """
+        g = torch.Generator().manual_seed(self.seed + seed)
+        shape = (n, min(self.words, self.regions))
+        concept = self._concept_ids(shape, g) if popular else torch.randint(0, self.concepts, shape, generator=g)
+        tokens = self._noisy(self._centres()[concept], self.noise / 2, g)
+        return Embeddings(tokens, torch.ones(shape, dtype=torch.bool))
+
+
 def scoring_model(pooler: str = "MrSw", dim: int = 256, verifier: str | None = None) -> MatchingModel:
     """A small random model of width ``dim`` whose pooler scores token sets made elsewhere
     (the synthetic corpus): an index needs a model, and only its pooler is used here (and its
