@@ -112,3 +112,17 @@ def test_a_clip_model_indexes_a_photo_folder_and_finds_by_its_cosine(tmp_path, c
         cosine = model.similarity(model.encode_images(xmatch.PixelInputs(pictures)), model.encode_texts(["a cat"]))[:, 0]
     assert [h["id"] for h in hits] == [names[i] for i in cosine.topk(3).indices.tolist()]
     assert [h["score"] for h in hits] == pytest.approx(cosine.topk(3).values.tolist(), abs=2e-3)  # float16 storage
+
+
+def test_search_names_the_query_words_the_model_does_not_know(tmp_path, capsys):
+    from xmatch.cli.main import main
+
+    index = xmatch.index.create(tmp_path / "idx", scoring_model("MrSw", 16))  # the scenes vocabulary
+    g = torch.Generator().manual_seed(0)
+    index.add(xmatch.RegionInputs(torch.randn(4, 3, 16, generator=g), torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(4, 3, 4)))
+    assert main(["search", str(tmp_path / "idx"), "--text", "a cat", "--text", "zebra giraffe", "--text", "a red circle",
+                 "-k", "2"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2
+    assert "1 of the 2 words of 'a cat' are unknown" in err[0] and "('cat')" in err[0]
+    assert "no word of 'zebra giraffe' is known" in err[1] and "'zebra'" in err[1] and "'giraffe'" in err[1]

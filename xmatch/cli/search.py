@@ -47,6 +47,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _warn_unknown_words(index: Any, texts: list[str]) -> None:
+    """Tell on stderr which words of each query the model's text side does not know (it reads
+    them all as one unknown token, so they cannot steer the ranking): the check `train` and
+    `eval` make on captions, per query."""
+    from xmatch.data.vocab import token_coverage
+
+    for text in texts:
+        coverage = token_coverage(index.model, [text])
+        if coverage is None or not coverage.unknown:
+            continue
+        words = ", ".join(repr(w) for w, _ in coverage.unknown_words) or "some word pieces"
+        if coverage.all_unknown:
+            print(f"xmatch search: no word of {text!r} is known to the model's text side ({words}): its ranking "
+                  "says nothing about the query. Use a model trained on such words (xmatch models).", file=sys.stderr)
+        else:
+            print(f"xmatch search: {coverage.unknown} of the {coverage.tokens} words of {text!r} are unknown to the "
+                  f"model's text side ({words}) and do not steer the ranking.", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     """Search the index (or the cascade) and print the ranked ids and scores, or JSON."""
     from xmatch.cli.options import model_ref
@@ -67,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         if args.cascade:
             searcher = Cascade(open_index(args.cascade, device=args.device), index, shortlist=args.shortlist)
         verifier = {"rerank": args.rerank, "rerank_batch": args.rerank_batch} if args.rerank is not None else {}
+        if args.text:
+            _warn_unknown_words(index, args.text)
         results = searcher.search_texts(args.text, k=args.k, **verifier, **options) if args.text else \
             _search_image_files(searcher, index, args.image, args.k, options, verifier)
     finally:
