@@ -32,7 +32,7 @@ def zoo_folder() -> Path:
 
     Example:
         >>> sorted(p.name for p in zoo_folder().glob("*.toml"))
-        ['plugins.toml', 'scenes.toml', 'teran.toml', 'tern.toml']
+        ['clip.toml', 'plugins.toml', 'scenes.toml', 'teran.toml', 'tern.toml']
     """
     package = Path(__file__).resolve().parents[1]
     for folder in (package / "zoo", package.parent / "zoo"):
