@@ -11,7 +11,7 @@ a query's exhaustive top-10 against float32 (``model.similarity``). The machine 
 
     python benchmarks/search_scenes.py                 # test (100 images) and train (800 images) splits
     python benchmarks/search_scenes.py --splits test --float16 --repeats 1
-    python benchmarks/search_scenes.py --size large --splits train   # 20,000 images (generates the preset)
+    python benchmarks/search_scenes.py --size large --splits train --queries 500   # 20,000 images (generates the preset)
 
 The scenes data are generated into the cache on first use (as `xmatch demo` does).
 """
@@ -100,11 +100,14 @@ def main() -> None:
     parser.add_argument("--splits", nargs="+", default=["test", "train"])
     parser.add_argument("--size", default="small", help="scenes preset: small (1,000 images) or large (22,000)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--queries", type=int, help="N test captions, evenly spaced over the split (default: all)")
     parser.add_argument("--float16", action="store_true", help="also compare float16 with float32 storage")
     parser.add_argument("--out", type=Path, default=Path("/tmp/xmatch-search-bench"))
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     texts = list(prepare_scenes("test", args.size, progress=False).captions)
+    if args.queries is not None and args.queries < len(texts):  # spread over the images, not the first few
+        texts = [texts[k * len(texts) // args.queries] for k in range(args.queries)]
     print(f"# scenes {args.size} preset; queries: the {len(texts)} test captions; {load()}")
     if args.float16:
         for split in args.splits:

@@ -163,3 +163,10 @@ def test_other_poolers_widen_too(lists_index, pooler):
         found = index.search(queries, 10)
         assert recall(found, exact) >= 0.95
         assert all(r.stage1 == "tokens" and r.extra and r.work_share < 0.5 for r in found)
+
+
+def test_an_unsettled_search_says_so_in_its_printed_ranking(lists_index):
+    results = lists_index.search(CORPUS.random_queries(5), 10, effort=0.1)
+    unsettled = [r for r in results if r.extra["settled"] is False]
+    assert unsettled and all("not settled" in r.text() and "--effort 2" in r.text() for r in unsettled)
+    assert all("not settled" not in r.text() for r in lists_index.search(CORPUS.queries(3)[0], 10) if r.extra["settled"])

@@ -115,6 +115,9 @@ class SearchResult:
         notes = f"  [{how}; {self.scored} of {self.total} items scored exactly"
         share = self.work_share
         notes += f"; work {100 * share:.3g} % of scoring every item]" if share is not None else "]"
+        if self.extra.get("settled") is False:
+            notes += ("\n  [not settled: the search reached its widest widths before it could tell the top-k is "
+                      "complete; it may miss items (--effort 2 or more widens further)]")
         if self.reranked:
             notes += (f"\n  [the verifier re-ranked the pooler's top {self.reranked}: first column the pooler's "
                       "score, second the verifier's logit]")
