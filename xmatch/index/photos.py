@@ -74,12 +74,12 @@ def index_images(
     if not names:
         raise FileNotFoundError(f"no pictures in {root} (looked recursively); is it the right folder?")
     present = set(index.ids) if resume else set()
-    todo = [n for n in names if n not in present]
-    bar = progress_bar(total=len(todo), desc="index pictures", unit="picture", show=progress)
+    unindexed = [n for n in names if n not in present]
+    bar = progress_bar(total=len(unindexed), desc="index pictures", unit="picture", show=progress)
     added, skipped = 0, []
-    for start in range(0, len(todo), shard_size):
+    for start in range(0, len(unindexed), shard_size):
         pictures, ids = [], []
-        for name in todo[start : start + shard_size]:
+        for name in unindexed[start : start + shard_size]:
             picture, why = _load(root / name, max_pixels)
             if picture is None:
                 skipped.append((name, why))
@@ -88,7 +88,7 @@ def index_images(
                 ids.append(name)
         if pictures:
             added += index.add(PixelInputs(pictures), ids=ids, batch_size=batch_size)
-        bar.update(len(todo[start : start + shard_size]))
+        bar.update(len(unindexed[start : start + shard_size]))
     bar.close()
     return added, skipped
 

@@ -166,6 +166,8 @@ class _TowerImageEncoder(ImageEncoder):
         return torch.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], dim=1).clamp(0, 1).float()
 
     def _embed(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - interface
+        """Preprocessed pixels -> ``(pooled [B, D], patch tokens [B, P, D])``; each tower
+        (CLIP, SigLIP) implements it."""
         raise NotImplementedError
 
     def forward(self, images: Sequence[Any] | torch.Tensor) -> EncoderOutput:
