@@ -1,28 +1,34 @@
-"""TERAN on region features from ``xmatch extract`` vs the shipped scenes features.
+"""TERAN on region features from ``xmatch extract``: proposers x resolution x region mode, on
+the scenes and on their small-object variant.
 
 The scenes benchmark's pictures (the ``small`` preset's PNGs, as ``layout=images`` renders
-them) go through ``xmatch extract`` with different proposers; every feature set then trains
-TERAN-MrSw with the shipped recipe (``teran-mrsw-scenes`` + ``scenes-teran``: 5 epochs, batch
-64, Adam 2e-4, best validation rsum kept, seed 0) and is evaluated on the test split (100
-images, 500 captions): R@1/5/10 both ways, rsum, and twin accuracy (docs/scenes.md).
+them; ``--objects small``: the variant whose objects are 16-40 px) go through ``xmatch
+extract`` with different proposers and RoI settings; every feature set then trains TERAN-MrSw
+with the shipped recipe (``teran-mrsw-scenes`` + ``scenes-teran``: 5 epochs, batch 64, Adam
+2e-4, best validation rsum kept; ``--seeds`` sets the training seed) and is evaluated on the
+test split (100 images, 500 captions): R@1/5/10 both ways, rsum, and twin accuracy
+(docs/scenes.md).
 
-Rows (EfficientNet-Lite0, ImageNet weights of the package, pooling as the shipped features:
-RoI-align, 2 x 2 bins of 2 x 2 samples, averaged; images fed whole at 224 x 224):
+Rows (EfficientNet-Lite0, ImageNet weights of the package; ``roi`` pooling as the shipped
+features: RoI-align, 2 x 2 bins of 2 x 2 samples, averaged):
 
 - ``shipped``: the scenes' own features (the drawn objects' boxes, 3 jittered copies of each,
   the whole image, random background boxes; 36);
 - ``boxes``: the drawn objects' boxes (from scenes.json, as a COCO-style file), padded to 36
-  with the whole image and 2 x 2, 3 x 3... grid cells;
-- ``windows``: 36 multi-scale sliding windows; ``grid6``: 6 x 6 cells of the whole image;
-- ``grid7``: 7 x 7 cells of the whole image (the layout of ``timm-grid``'s cells);
-- ``grid7-crop``: 7 x 7 cells of the central 87.5% (what ``timm-grid`` with its default
-  ``crop_pct`` 0.875 sees), as a boxes file: the crop's effect alone, everything else equal.
+  with the whole image and 2 x 2, 3 x 3... grid cells; ``boxes-crop``: the same boxes, each
+  cropped from the picture at 600 px and encoded alone at 96 px (per-object features);
+- ``windows``: 36 multi-scale sliding windows, picture at 224 (stride-32 map);
+  ``windows-600``: at 600 px on a stride-16 map; ``windows-crop``: each window cropped;
+- ``ss-600``, ``ss-crop``: ``selective-search`` boxes, on the 600 px stride-16 map / cropped;
+- ``grid6``, ``grid7``: 6 x 6 / 7 x 7 cells of the whole image; ``grid7-crop``: 7 x 7 cells of
+  the central 87.5% (what ``timm-grid`` sees), as a boxes file.
 
-Each step is skipped when its output exists, so an interrupted table resumes.
+Each step is skipped when its output exists, so an interrupted table resumes; the features
+of a row are extracted once for all its seeds.
 
 Usage:
     python benchmarks/extract_scenes_table.py --out runs/extract-table
-    python benchmarks/extract_scenes_table.py --out runs/extract-table --rows boxes,windows
+    python benchmarks/extract_scenes_table.py --out runs/extract-table --objects small --rows windows,ss-crop --seeds 0,1,2
 """
 
 from __future__ import annotations
@@ -45,23 +51,34 @@ class Row:
     proposer: str = ""
     options: list[str] = field(default_factory=list)
     regions: int = 36
+    roi: list[str] = field(default_factory=list)
 
+
+#: the bottom-up convention: shorter side 600 px, a stride-16 map
+AT_600 = ["--image-size", "600", "--output-stride", "16"]
+#: each box cut out of the picture at 600 px and encoded alone at 96 px
+CROPPED = ["--image-size", "600", "--mode", "crop", "--crop-size", "96"]
 
 ROWS = [
     Row("shipped", "shipped scenes features (objects + jitter + background)"),
-    Row("boxes", "boxes: the drawn objects, padded", "boxes", ["source={objects}"]),
-    Row("windows", "windows", "windows"),
-    Row("grid6", "grid 6x6, whole image", "grid"),
-    Row("grid7", "grid 7x7, whole image", "grid", regions=49),
+    Row("boxes", "boxes: the drawn objects, padded; 224, stride 32", "boxes", ["source={objects}"]),
+    Row("boxes-crop", "boxes: the drawn objects, padded; crops of 96 px", "boxes", ["source={objects}"], roi=CROPPED),
+    Row("windows", "windows; 224, stride 32", "windows"),
+    Row("windows-600", "windows; 600, stride 16", "windows", roi=AT_600),
+    Row("windows-crop", "windows; crops of 96 px", "windows", roi=CROPPED),
+    Row("ss-600", "selective-search; 600, stride 16", "selective-search", roi=AT_600),
+    Row("ss-crop", "selective-search; crops of 96 px", "selective-search", roi=CROPPED),
+    Row("grid6", "grid 6x6, whole image; 224, stride 32", "grid"),
+    Row("grid7", "grid 7x7, whole image; 224, stride 32", "grid", regions=49),
     Row("grid7-crop", "grid 7x7 of the central 87.5% (timm-grid's view)", "boxes", ["source={crop}"], regions=49),
 ]
 
 
-def scenes_root(data: Path | None) -> Path:
+def scenes_root(data: Path | None, objects: str) -> Path:
     """The folder of the rendered small preset (generated if missing)."""
     from xmatch.data import open_dataset
 
-    ds = open_dataset("scenes", data, split="test", layout="images")
+    ds = open_dataset("scenes", data, split="test", layout="images", objects=objects)
     return Path(ds.captions_file).parent
 
 
@@ -88,27 +105,35 @@ def write_boxes_files(root: Path, out: Path) -> dict[str, Path]:
     return files
 
 
-def commands(row: Row, root: Path, out: Path, files: dict[str, Path], data: Path | None) -> list[list[str]]:
-    run = out / row.key
+def commands(
+    row: Row, root: Path, out: Path, files: dict[str, Path], data: Path | None, objects: str, seed: int
+) -> list[list[str]]:
+    """The row's commands: extract (once for all seeds), train with ``seed``, evaluate."""
+    folder = out / row.key
+    run, test = folder / f"run-seed{seed}", folder / f"test-seed{seed}.json"
+    train_seed = ["--set", f"seed={seed}"]
     if row.key == "shipped":
-        source = ["--dataset", "scenes"] + (["--data", str(data)] if data else [])
+        source = ["--dataset", "scenes", "--data-option", f"objects={objects}"] + (["--data", str(data)] if data else [])
         return [
-            ["xmatch", "train", "teran-mrsw-scenes", *source, "--recipe", "scenes-teran", "--out", str(run / "run"), "--no-progress"],
-            ["xmatch", "eval", f"local-dir:{run / 'run' / 'best'}", *source, "--split", "test", "--json", str(run / "test.json")],
+            ["xmatch", "train", "teran-mrsw-scenes", *source, "--recipe", "scenes-teran", *train_seed, "--out", str(run), "--no-progress"],
+            ["xmatch", "eval", f"local-dir:{run / 'best'}", *source, "--split", "test", "--json", str(test)],
         ]
     options = [o.format(**files) for o in row.options]
-    feats = run / "feats"
-    extract = ["xmatch", "extract", str(root), "--captions", str(root / "dataset_scenes.json"), "--out", str(feats),
-               "--proposer", row.proposer, "--regions", str(row.regions), "--workers", "0", "--no-progress"]
-    extract += [a for o in options for a in ("--proposer-option", o)]
-    return [
-        extract,
-        ["xmatch", "train", "teran-mrsw-scenes", "--data", str(feats), "--recipe", "scenes-teran", "--out", str(run / "run"), "--no-progress"],
-        ["xmatch", "eval", f"local-dir:{run / 'run' / 'best'}", "--data", str(feats), "--split", "test", "--json", str(run / "test.json")],
+    feats = folder / "feats"
+    steps = []
+    if not (feats / "extract.json").is_file():
+        extract = ["xmatch", "extract", str(root), "--captions", str(root / "dataset_scenes.json"), "--out", str(feats),
+                   "--proposer", row.proposer, "--regions", str(row.regions), *row.roi, "--workers", "0", "--no-progress",
+                   "--resume"]
+        steps.append(extract + [a for o in options for a in ("--proposer-option", o)])
+    return steps + [
+        ["xmatch", "train", "teran-mrsw-scenes", "--data", str(feats), "--recipe", "scenes-teran", *train_seed, "--out", str(run),
+         "--no-progress", "--overwrite"],
+        ["xmatch", "eval", f"local-dir:{run / 'best'}", "--data", str(feats), "--split", "test", "--json", str(test)],
     ]
 
 
-def twin_figure(row: Row, out: Path, data: Path | None) -> tuple[float, int]:
+def twin_figure(row: Row, out: Path, data: Path | None, objects: str, seed: int) -> tuple[float, int]:
     """Twin accuracy of the row's best model on the test split (twins from the scenes' metadata)."""
     import torch
 
@@ -117,51 +142,64 @@ def twin_figure(row: Row, out: Path, data: Path | None) -> tuple[float, int]:
     from xmatch.scenes.dataset import twin_accuracy
     from xmatch.eval import encode_dataset, fold_layout, score_blocks
 
-    scenes = open_dataset("scenes", data, split="test", progress=False)
+    scenes = open_dataset("scenes", data, split="test", progress=False, objects=objects)
     test = scenes if row.key == "shipped" else open_dataset("teran", out / row.key / "feats", split="test")
     if list(test.image_names) != list(scenes.image_names):
         raise RuntimeError(f"{row.key}: the extracted test split is not in the scenes' order.")
-    model = xmatch.build(f"local-dir:{out / row.key / 'run' / 'best'}", pretrained=True).eval()
+    model = xmatch.build(f"local-dir:{out / row.key / f'run-seed{seed}' / 'best'}", pretrained=True).eval()
     with torch.no_grad():
         encoded = encode_dataset(model, test, image_batch_size=64, text_batch_size=256, progress=False)
         scores = score_blocks(model, encoded, fold_layout(test.num_images, "full"), test.captions_per_image, progress=False)[0]
     return twin_accuracy(scores, scenes)
 
 
-def run_row(row: Row, root: Path, out: Path, files: dict[str, Path], data: Path | None) -> dict:
+def run_row(row: Row, root: Path, out: Path, files: dict[str, Path], data: Path | None, objects: str, seed: int) -> dict:
+    """Run (or read back) one row at one training seed."""
     folder = out / row.key
-    result_file = folder / "result.json"
+    result_file = folder / f"result-seed{seed}.json"
     if result_file.is_file():
         return json.loads(result_file.read_text())
     folder.mkdir(parents=True, exist_ok=True)
     times = {}
-    for cmd in commands(row, root, out, files, data):
+    for cmd in commands(row, root, out, files, data, objects, seed):
         step = cmd[1]
         start = time.perf_counter()
-        with (folder / f"{step}.log").open("w") as log:
+        with (folder / f"{step}-seed{seed}.log").open("w") as log:
             print("  $ " + shlex.join(cmd), flush=True)
             subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
         times[step] = time.perf_counter() - start
-    twin, n = twin_figure(row, out, data)
-    result = {"row": row.key, "seconds": times, "figures": json.loads((folder / "test.json").read_text()),
-              "twin": twin, "twin_captions": n}
+    twin, n = twin_figure(row, out, data, objects, seed)
+    result = {"row": row.key, "objects": objects, "seed": seed, "seconds": times,
+              "figures": json.loads((folder / f"test-seed{seed}.json").read_text()),
+              "twin": twin, "twin_captions": n, "load": os.getloadavg()}
     result_file.write_text(json.dumps(result, indent=1))
     return result
 
 
-def table(results: dict[str, dict]) -> str:
-    lines = ["| features | regions | i→t R@1 / 5 / 10 | t→i R@1 / 5 / 10 | rsum | twin acc. | extract min | train min |",
-             "|---|---|---|---|---|---|---|---|"]
+def rsum(figures: dict) -> float:
+    return sum(float(figures[d][k]) for d in ("i2t", "t2i") for k in ("r1", "r5", "r10"))
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    """One line per row: R@K of the first seed, rsum and twin accuracy as mean ± sd over seeds."""
+    import statistics
+
+    lines = ["| features | regions | seeds | i→t R@1 / 5 / 10 | t→i R@1 / 5 / 10 | rsum | twin acc. | extract min | train min |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in ROWS:
-        if row.key not in results:
+        runs = results.get(row.key)
+        if not runs:
             continue
-        r, f = results[row.key], results[row.key]["figures"]
+        f = runs[0]["figures"]
         i2t = " / ".join(f"{float(f['i2t'][k]):.1f}" for k in ("r1", "r5", "r10"))
         t2i = " / ".join(f"{float(f['t2i'][k]):.1f}" for k in ("r1", "r5", "r10"))
-        rsum = sum(float(f[d][k]) for d in ("i2t", "t2i") for k in ("r1", "r5", "r10"))
-        ext = r["seconds"].get("extract")
-        lines.append(f"| {row.label} | {row.regions} | {i2t} | {t2i} | {rsum:.1f} | {100 * r['twin']:.1f}% "
-                     f"| {'' if ext is None else f'{ext / 60:.1f}'} | {r['seconds']['train'] / 60:.1f} |")
+        sums = [rsum(r["figures"]) for r in runs]
+        twins = [100 * r["twin"] for r in runs]
+        spread = (lambda v: f" ± {statistics.stdev(v):.1f}") if len(runs) > 1 else (lambda v: "")
+        ext = next((r["seconds"]["extract"] for r in runs if "extract" in r["seconds"]), None)
+        lines.append(f"| {row.label} | {row.regions} | {len(runs)} | {i2t} | {t2i} | {statistics.mean(sums):.1f}{spread(sums)} "
+                     f"| {statistics.mean(twins):.1f}{spread(twins)}% | {'' if ext is None else f'{ext / 60:.1f}'} "
+                     f"| {statistics.mean(r['seconds']['train'] for r in runs) / 60:.1f} |")
     return "\n".join(lines)
 
 
@@ -170,18 +208,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/extract-table"))
     parser.add_argument("--data", type=Path, help="scenes cache folder (default: $XMATCH_HOME/datasets/scenes)")
     parser.add_argument("--rows", help="comma-separated row keys (default: all): " + ", ".join(r.key for r in ROWS))
+    parser.add_argument("--objects", default="standard", choices=["standard", "small"],
+                        help="the scenes (standard) or their small-object variant (objects 16-40 px)")
+    parser.add_argument("--seeds", default="0", help="comma-separated training seeds (default: 0)")
     args = parser.parse_args(argv)
     keys = args.rows.split(",") if args.rows else [r.key for r in ROWS]
     by_key = {r.key: r for r in ROWS}
     unknown = sorted(set(keys) - set(by_key))
     if unknown:
         parser.error(f"unknown rows {unknown}; rows: {', '.join(by_key)}")
-    root = scenes_root(args.data)
-    files = write_boxes_files(root, args.out)
-    results = {}
+    seeds = [int(s) for s in args.seeds.split(",")]
+    root = scenes_root(args.data, args.objects)
+    out = args.out / args.objects
+    files = write_boxes_files(root, out)
+    results: dict[str, list[dict]] = {}
     for key in keys:
-        print(f"{key}:", flush=True)
-        results[key] = run_row(by_key[key], root, args.out, files, args.data)
+        for seed in seeds:
+            print(f"{key} (seed {seed}):", flush=True)
+            results.setdefault(key, []).append(run_row(by_key[key], root, out, files, args.data, args.objects, seed))
     print(table(results))
     return 0
 

@@ -47,6 +47,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--pretrained", action="store_true", help="timm's hub weights instead (needs the network or its cache)")
     parser.add_argument("--image-size", type=int, help="shorter side fed to the backbone (default: its pretrained input size)")
     parser.add_argument("--max-size", type=int, help="longest side fed to the backbone (default: 2 x --image-size)")
+    parser.add_argument("--output-stride", type=int, choices=[8, 16, 32],
+                        help="stride of the feature map (default: the backbone's own, 32; 16 dilates the last stage)")
+    parser.add_argument("--mode", choices=["roi", "crop"],
+                        help="roi (default): pool the picture's map over each box; crop: encode each box cut out and resized")
+    parser.add_argument("--crop-size", type=int, help="side of a crop in --mode crop (default: 96)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="features on disk")
     parser.add_argument("--batch-size", type=int, default=8, help="images per backbone run and per resumable chunk (default: 8)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader processes decoding images (default: 2)")
@@ -76,10 +81,12 @@ def proposer_spec(args: argparse.Namespace) -> dict[str, Any]:
 
 def roi_config(args: argparse.Namespace) -> RoIConfig:
     """The RoI settings from ``--backbone``, ``--weights``, ``--pretrained``, ``--image-size``,
-    ``--max-size`` (a flag left out keeps :class:`~xmatch.regions.config.RoIConfig`'s default)."""
+    ``--max-size``, ``--output-stride``, ``--mode``, ``--crop-size`` (a flag left out keeps
+    :class:`~xmatch.regions.config.RoIConfig`'s default)."""
     from xmatch.regions.config import RoIConfig
 
-    given = {"backbone": args.backbone, "weights": args.weights, "image_size": args.image_size, "max_size": args.max_size}
+    given = {"backbone": args.backbone, "weights": args.weights, "image_size": args.image_size, "max_size": args.max_size,
+             "output_stride": args.output_stride, "mode": args.mode, "crop_size": args.crop_size}
     return RoIConfig(pretrained=args.pretrained, **{k: v for k, v in given.items() if v is not None})
 
 

@@ -2,7 +2,7 @@
 
 ``xmatch extract`` (its flags), :class:`~xmatch.regions.pipeline.RegionPipeline`, the
 ``pixel-regions`` image encoder (its ``roi`` table) and the manifest ``extract.json`` all hold
-the same nine settings; this is where their defaults and their checks live.
+the same settings; this is where their defaults and their checks live.
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ RANDOM_WEIGHTS = "random"
 #: ``weights`` value that picks the packaged offline weights of the backbone
 AUTO_WEIGHTS = "auto"
 RESIZE_MODES = ("shorter", "square")
+#: ``"roi"``: pool the backbone's map of the whole picture over each box (bottom-up attention);
+#: ``"crop"``: cut each box out, resize it to ``crop_size`` and encode it alone
+REGION_MODES = ("roi", "crop")
+OUTPUT_STRIDES = (8, 16, 32)
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,15 @@ class RoIConfig:
         pool_bins: RoI-align bins per side, averaged (the scenes benchmark's 2).
         pool_samples: bilinear samples per bin side (0: adaptive; the scenes benchmark's 2).
         seed: seed of a random initialisation.
+        output_stride: the feature map's stride, 8, 16 or 32 (None: the backbone's own, 32
+            for EfficientNet); a smaller one dilates the last stages (timm's
+            ``output_stride``), so a small object covers more map cells at the same cost in
+            weights: bottom-up attention pooled a stride-16 map.
+        mode: ``"roi"`` pools the map of the whole picture over each box; ``"crop"`` cuts each
+            box out of the resized picture, resizes it to ``crop_size`` x ``crop_size``
+            (RoI-align over the pixels) and averages the backbone's map of the crop alone, so
+            neighbouring objects do not leak into a small box.
+        crop_size: side of a crop in ``"crop"`` mode.
 
     Raises:
         ValueError: a setting out of its range (the message names it and what it accepts).
@@ -60,6 +73,9 @@ class RoIConfig:
     pool_bins: int = 2
     pool_samples: int = 2
     seed: int = 0
+    output_stride: int | None = None
+    mode: str = "roi"
+    crop_size: int = 96
 
     def __post_init__(self) -> None:
         for name in ("backbone", "weights"):
@@ -68,9 +84,10 @@ class RoIConfig:
                 raise TypeError(f"{name} must be a non-empty string, got {value!r}.")
         if not isinstance(self.pretrained, bool):
             raise TypeError(f"pretrained must be true or false, got {self.pretrained!r}.")
-        for name in ("image_size", "max_size", "pool_bins", "pool_samples", "seed"):
+        optional = ("image_size", "max_size", "output_stride")
+        for name in (*optional, "pool_bins", "pool_samples", "seed", "crop_size"):
             value = getattr(self, name)
-            if not (value is None and name in ("image_size", "max_size")) and not _is_int(value):
+            if not (value is None and name in optional) and not _is_int(value):
                 raise TypeError(f"{name} must be an integer, got {value!r}.")
         for name in ("image_size", "max_size"):
             value = getattr(self, name)
@@ -78,6 +95,15 @@ class RoIConfig:
                 raise ValueError(f"{name} must be a positive number of pixels (or None: the default), got {value}.")
         if self.resize not in RESIZE_MODES:
             raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}.")
+        if self.output_stride is not None and self.output_stride not in OUTPUT_STRIDES:
+            raise ValueError(
+                f"output_stride must be one of {', '.join(map(str, OUTPUT_STRIDES))} (or None: the backbone's own), "
+                f"got {self.output_stride}."
+            )
+        if self.mode not in REGION_MODES:
+            raise ValueError(f"mode must be one of {', '.join(REGION_MODES)}, got {self.mode!r}.")
+        if self.crop_size < 16:
+            raise ValueError(f"crop_size must be at least 16 pixels, got {self.crop_size}.")
         if self.pool_bins < 1 or self.pool_samples < 0:
             raise ValueError(
                 f"pool_bins must be at least 1 and pool_samples at least 0, got {self.pool_bins}, {self.pool_samples}."
@@ -98,7 +124,7 @@ class RoIConfig:
             >>> RoIConfig.from_table({"pool_bin": 3})
             Traceback (most recent call last):
             ...
-            ValueError: roi -> pool_bin: not a RoI setting. Did you mean 'pool_bins'? Settings: backbone, weights, pretrained, image_size, max_size, resize, pool_bins, pool_samples, seed.
+            ValueError: roi -> pool_bin: not a RoI setting. Did you mean 'pool_bins'? Settings: backbone, weights, pretrained, image_size, max_size, resize, pool_bins, pool_samples, seed, output_stride, mode, crop_size.
         """
         if table is None:
             return cls()

@@ -12,6 +12,12 @@ Images are resized so that the shorter side is ``image_size`` (the longer at mos
 exactly ``stride x stride`` pixels and boxes map onto the feature map without rounding. The
 same image gives the same features whatever batch it comes in (images are grouped by size,
 never padded).
+
+In ``crop`` mode (:class:`~xmatch.regions.config.RoIConfig`) each box is instead cut out of the
+resized picture, resampled to ``crop_size x crop_size`` with RoI-align over the pixels, and
+encoded alone; its feature is the mean of the crop's map. A small object then fills its crop,
+where a map cell of the whole picture mixes it with its neighbours (the region features of
+small objects are usually made this way).
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ from torch import nn
 from xmatch.components.image.backbone_weights import PACKAGED_WEIGHTS
 from xmatch.components.image.backbone import TimmBackbone
 from xmatch.regions.config import AUTO_WEIGHTS, RANDOM_WEIGHTS, RoIConfig
+
+
+#: crops encoded per backbone run in ``crop`` mode (bounds the memory a picture with many boxes takes)
+CROPS_PER_RUN = 64
 
 
 def resolve_weights(backbone: str, weights: str, pretrained: bool) -> str | None:
@@ -182,7 +192,7 @@ class RoIFeatureExtractor(nn.Module):
         with torch.random.fork_rng(devices=[]):  # a random initialisation is reproducible from the seed
             torch.manual_seed(roi.seed)
             self.backbone = TimmBackbone(roi.backbone, pretrained=roi.pretrained, weights=source,
-                                         image_size=roi.image_size, crop_pct=1.0)
+                                         image_size=roi.image_size, crop_pct=1.0, output_stride=roi.output_stride)
         self.backbone.requires_grad_(False).eval()
         self.backbone.to(memory_format=torch.channels_last)  # CPU convolutions run about a third faster
         self.roi = replace(roi, weights=RANDOM_WEIGHTS if source is None and not roi.pretrained else (source or AUTO_WEIGHTS))
@@ -233,11 +243,38 @@ class RoIFeatureExtractor(nn.Module):
     def pool(self, pixels: torch.Tensor, boxes: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Features ``[n_b, C]`` of ``boxes`` (pixel boxes in the frame of ``pixels``) on a batch
         of same-sized ``uint8 [B, 3, h, w]`` images."""
-        x = self.normalize(pixels).contiguous(memory_format=torch.channels_last)
-        x = x.to(next(self.backbone.parameters()).dtype)
+        x = self.normalize(pixels)
+        if self.roi.mode == "crop":
+            return [self.encode_crops(x[i : i + 1], b) for i, b in enumerate(boxes)]
+        x = x.contiguous(memory_format=torch.channels_last).to(next(self.backbone.parameters()).dtype)
         fmap = self.backbone(x)
         pooled = roi_features(fmap, boxes, fmap.shape[-1] / pixels.shape[-1], self.roi.pool_bins, self.roi.pool_samples)
         return [f.float() for f in pooled]
+
+    def encode_crops(self, image: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        """Features ``[n, C]`` of ``boxes`` (``[n, 4]`` pixels) cut out of one normalised image
+        ``[1, 3, h, w]``, each resampled to ``crop_size`` pixels a side and encoded alone.
+
+        RoI-align over the pixels with an adaptive sample count is bilinear interpolation for
+        a box smaller than the crop and an area average for a larger one (no aliasing). The
+        crops of one image run together, so its features do not depend on other images.
+
+        Example:
+            >>> ex = RoIFeatureExtractor(RoIConfig(weights="random", mode="crop", crop_size=32))
+            >>> ex.encode_crops(torch.zeros(1, 3, 64, 64), torch.tensor([[0., 0., 8., 8.]])).shape
+            torch.Size([1, 1280])
+        """
+        from xmatch.core.optional import require
+
+        roi_align = require("torchvision.ops", "torchvision", "cropping regions").roi_align
+        if len(boxes) == 0:
+            return torch.zeros(0, self.feature_dim)
+        side = self.roi.crop_size
+        crops = roi_align(image, [boxes.to(image)], output_size=side, spatial_scale=1.0, sampling_ratio=0, aligned=True)
+        dtype = next(self.backbone.parameters()).dtype
+        features = [self.backbone(chunk.contiguous(memory_format=torch.channels_last).to(dtype)).mean(dim=(2, 3))
+                    for chunk in crops.split(CROPS_PER_RUN)]
+        return torch.cat(features).float()
 
     @torch.no_grad()
     def forward(

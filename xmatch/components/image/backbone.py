@@ -25,6 +25,7 @@ def create_timm_model(
     weights: str | None = None,
     weights_by_position: bool = False,
     classifier: bool = True,
+    output_stride: int | None = None,
 ) -> nn.Module:
     """A timm model with its weights from timm's hub, a local file or an installed package.
 
@@ -40,6 +41,8 @@ def create_timm_model(
             shape (for checkpoints of another implementation); packaged weights set it.
         classifier: keep the classification head (False: ``reset_classifier(0)``, and a file
             may then lack the head's tensors).
+        output_stride: the feature map's stride (timm's ``output_stride``: the last stages are
+            dilated instead of strided; the weights are the same); None keeps the model's own.
 
     Raises:
         ValueError: ``pretrained`` with ``weights``, an unknown model name, packaged weights
@@ -70,8 +73,16 @@ def create_timm_model(
             f"'{Path(folder) / 'model.safetensors'}') for a FILE that holds a state dict of tensors."
         )
         refuse_pickled_weights(folder, ["model.safetensors"], f"the pretrained weights of {backbone}", convert)
+    options = {} if output_stride is None else {"output_stride": output_stride}
     try:
-        net = timm.create_model(backbone, pretrained=pretrained)
+        net = timm.create_model(backbone, pretrained=pretrained, **options)
+    except TypeError as exc:
+        if not options:
+            raise
+        raise ValueError(
+            f"the timm model {backbone} does not take output_stride={output_stride} ({exc}); leave output_stride "
+            "unset (the model's own stride), or use a CNN that can dilate its last stages (EfficientNet, ResNet...)."
+        ) from None
     except (OSError, RuntimeError) as exc:
         if not pretrained:
             raise
@@ -101,6 +112,7 @@ class TimmBackbone(nn.Module):
         image_size: square input side (default: the pretrained config's ``input_size``).
         crop_pct: centre-crop fraction of the eval transform (default: the config's; 1.0
             keeps the whole of a square image).
+        output_stride: the feature map's stride, as :func:`create_timm_model`'s.
 
     Example:
         >>> bb = TimmBackbone("efficientnet_lite0", weights="package:efficientnet-lite0")  # needs a photo and the packaged backbone  # doctest: +SKIP
@@ -117,6 +129,7 @@ class TimmBackbone(nn.Module):
         weights_by_position: bool = False,
         image_size: int | None = None,
         crop_pct: float | None = None,
+        output_stride: int | None = None,
     ) -> None:
         super().__init__()
         import timm.data
@@ -126,7 +139,8 @@ class TimmBackbone(nn.Module):
         if crop_pct is not None and not 0 < crop_pct <= 1:
             raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}.")
         self.net = create_timm_model(
-            backbone, pretrained=pretrained, weights=weights, weights_by_position=weights_by_position, classifier=False
+            backbone, pretrained=pretrained, weights=weights, weights_by_position=weights_by_position, classifier=False,
+            output_stride=output_stride,
         )
         overrides: dict[str, Any] = {}
         if image_size is not None:

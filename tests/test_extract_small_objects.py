@@ -1,0 +1,113 @@
+"""Region features that keep small objects: a finer feature map (``output_stride``) and the
+``crop`` mode that encodes each box alone, from ``RoIConfig`` through ``xmatch extract`` to
+the manifest that rebuilds the pipeline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from xmatch.cli.extract import roi_config
+from xmatch.cli.main import build_parser, main as cli
+from xmatch.regions import RegionPipeline, RoIConfig, RoIFeatureExtractor, read_manifest
+
+ROI = {"backbone": "test_efficientnet", "weights": "random", "image_size": 64}
+
+
+def extractor(**settings: object) -> RoIFeatureExtractor:
+    return RoIFeatureExtractor(RoIConfig.from_table({**ROI, **settings}))
+
+
+def test_the_new_settings_are_checked_and_default_to_the_old_features():
+    # a manifest written before these settings existed rebuilds the same extraction
+    old = RoIConfig.from_table({"backbone": "efficientnet_lite0", "image_size": None})
+    assert (old.output_stride, old.mode, old.crop_size) == (None, "roi", 96)
+    with pytest.raises(ValueError, match=r"output_stride must be one of 8, 16, 32 \(or None: the backbone's own\), got 12"):
+        RoIConfig(output_stride=12)
+    with pytest.raises(ValueError, match="mode must be one of roi, crop, got 'crops'"):
+        RoIConfig(mode="crops")
+    with pytest.raises(ValueError, match="crop_size must be at least 16 pixels, got 8"):
+        RoIConfig(crop_size=8)
+    with pytest.raises(TypeError, match="roi: output_stride must be an integer, got '16'"):
+        RoIConfig.from_table({"output_stride": "16"})
+    parse = build_parser().parse_args
+    flags = parse(["extract", "photos", "--out", "feats", "--image-size", "600", "--output-stride", "16",
+                   "--mode", "crop", "--crop-size", "112"])
+    assert roi_config(flags) == RoIConfig(image_size=600, output_stride=16, mode="crop", crop_size=112)
+
+
+def test_output_stride_dilates_the_map_with_the_same_weights():
+    coarse, fine = extractor(), extractor(output_stride=16)
+    assert (coarse.stride, fine.stride) == (32, 16)
+    assert fine.fingerprint == coarse.fingerprint  # dilation changes no weight
+    assert fine.input.of(100, 75) == (80, 64)  # both sides a multiple of the map's stride
+    pixels = torch.randint(0, 256, (1, 3, 64, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    x = fine.normalize(pixels)
+    assert fine.backbone(x).shape[-2:] == (4, 4) and coarse.backbone(x).shape[-2:] == (2, 2)
+    # a 16-pixel box is one cell of the fine map: pooling it takes that cell's value alone
+    box = torch.tensor([[16.0, 32.0, 32.0, 48.0]])
+    cell = fine.backbone(x)[0, :, 2, 1]
+    pooled = RoIFeatureExtractor(RoIConfig.from_table({**ROI, "output_stride": 16, "pool_bins": 1, "pool_samples": 1})).pool(
+        pixels, [box])[0][0]
+    torch.testing.assert_close(pooled, cell)
+
+
+def test_a_token_backbone_refuses_an_output_stride():
+    with pytest.raises(ValueError, match="test_vit does not take output_stride=16 .*leave output_stride unset"):
+        RoIFeatureExtractor(RoIConfig("test_vit", weights="random", resize="square", output_stride=16))
+
+
+def test_a_crop_is_the_box_encoded_alone():
+    ex = extractor(mode="crop", crop_size=32)
+    rng = torch.Generator().manual_seed(1)
+    pixels = torch.randint(0, 256, (1, 3, 64, 96), dtype=torch.uint8, generator=rng)
+    x = ex.normalize(pixels)
+    # a box of exactly crop_size pixels on the pixel grid: the crop is those pixels
+    box = torch.tensor([[40.0, 8.0, 72.0, 40.0]])
+    direct = ex.backbone(x[:, :, 8:40, 40:72]).mean(dim=(2, 3))[0]
+    torch.testing.assert_close(ex.pool(pixels, [box])[0][0], direct, rtol=1e-5, atol=1e-5)
+    # what lies outside a box does not reach its crop's feature; the whole picture's map does
+    # mix it into a pooled box (why small objects get lost there)
+    changed = pixels.clone()
+    changed[:, :, :, :30] = 0
+    small = torch.tensor([[44.0, 20.0, 60.0, 36.0]])
+    torch.testing.assert_close(ex.pool(changed, [small])[0], ex.pool(pixels, [small])[0])
+    pooled = extractor()
+    assert not torch.allclose(pooled.pool(changed, [small])[0], pooled.pool(pixels, [small])[0])
+
+
+def test_crop_features_do_not_depend_on_the_batch_and_take_empty_sets():
+    ex = extractor(mode="crop", crop_size=16)
+    rng = np.random.default_rng(2)
+    pictures = [Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)) for _ in range(3)]
+    pixels = [ex.prepare(p) for p in pictures]
+    boxes = [torch.tensor([[0.0, 0.0, 64.0, 48.0], [3.0, 5.0, 11.0, 12.0]]) for _ in range(3)]
+    together = ex(pixels, boxes, [p.size for p in pictures])
+    for i in range(3):
+        torch.testing.assert_close(ex([pixels[i]], [boxes[i]], [pictures[i].size])[0], together[i], rtol=1e-5, atol=1e-6)
+    assert together[0].shape == (2, ex.feature_dim)
+    assert ex.encode_crops(ex.normalize(pixels[0][None]), torch.zeros(0, 4)).shape == (0, ex.feature_dim)
+
+
+def test_extract_records_the_mode_and_rebuilds_it(tmp_path, capsys):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(3)
+    for name in ("a.png", "b.png"):
+        Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(photos / name)
+    out = tmp_path / "feats"
+    args = ["extract", str(photos), "--out", str(out), "--backbone", "test_efficientnet", "--weights", "random",
+            "--image-size", "64", "--regions", "4", "--no-progress", "--workers", "0"]
+    assert cli([*args, "--mode", "crop", "--crop-size", "32"]) == 0
+    roi = read_manifest(out)["pipeline"]["roi"]
+    assert (roi["mode"], roi["crop_size"], roi["output_stride"]) == ("crop", 32, None)
+    recorded = read_manifest(out)["pipeline"]
+    pipe = RegionPipeline.from_table({"proposer": recorded["proposer"], "roi": recorded["roi"]})
+    stored = np.load(out / "bu_att" / "0.npz")["feat"]
+    again = pipe.regions_of([photos / "a.png"])[0].features.numpy()
+    np.testing.assert_allclose(again, stored, rtol=1e-5, atol=1e-6)
+    # resuming with another mode would mix two kinds of features: refused, the change named
+    assert cli([*args, "--mode", "roi", "--resume"]) != 0
+    assert "pipeline.roi.mode: 'crop' -> 'roi'" in capsys.readouterr().err
