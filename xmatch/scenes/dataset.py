@@ -30,7 +30,7 @@ import numpy as np
 from xmatch.data.image_captions import ImageCaptionsDataset
 from xmatch.scenes.captions import captions as draw_captions
 from xmatch.scenes.captions import describe
-from xmatch.scenes.render import VARIANTS, Scene, SceneObject, render, sample_group
+from xmatch.scenes.render import VARIANTS, Scene, SceneObject, object_sizes, render, sample_group
 from xmatch.data.teran import TeranDataset
 
 #: images per split (train, val, test); each an even number (scenes come in twin pairs)
@@ -52,6 +52,8 @@ GROUPS_FOLDER = "groups"
 #: train / val / test streams 0, 1, 2, so that no preset's other splits hold its scenes
 GROUPS_STREAMS = (3, 4, 5)
 LAYOUTS = ("regions", "images")
+#: the object set of the benchmark as shipped: its folders carry no object-set name
+STANDARD_OBJECTS = "standard"
 CAPTIONS_PER_IMAGE = 5
 #: bump when the scenes, captions or files change, so old caches are not reused
 GENERATOR_VERSION = 1
@@ -71,6 +73,7 @@ def open_scenes(
     size: str = "small",
     seed: int = 0,
     layout: str = "regions",
+    objects: str = STANDARD_OBJECTS,
     regions: int = 36,
     canvas: int = 224,
     backbone: str = "efficientnet_lite0",
@@ -93,6 +96,11 @@ def open_scenes(
         seed: the same seed gives identical images, captions and features.
         layout: ``"regions"`` (TERAN bottom-up features, :class:`TeranDataset`) or
             ``"images"`` (PNG files, :class:`ImageCaptionsDataset`).
+        objects: how big objects are drawn (:data:`xmatch.scenes.render.OBJECT_SIZES`):
+            ``"standard"`` (the benchmark as shipped: 34-85 px on the 224-px canvas) or
+            ``"small"`` (every object, related pair and distractors, 16-40 px; the sides scale
+            with ``canvas``): the same scenes, captions and twins otherwise, in a folder of
+            its own (``scenes-small-224px-seed0-objects-small-v1``).
         regions: boxes per image (the drawn objects first, then proposals), like a
             detector's top-36.
         canvas: image side in pixels; also the backbone's input side.
@@ -115,24 +123,26 @@ def open_scenes(
         image's objects, boxes, relation and twin.
 
     Raises:
-        ValueError: an unknown split, size or layout, or an out-of-range number.
+        ValueError: an unknown split, size, layout or object set, or an out-of-range number.
         FileNotFoundError: the set is missing and ``generate`` does not allow making it there.
 
     Example:
         >>> ds = open_scenes("~/.cache/xmatch/datasets/scenes", "train")  # generates the scenes benchmark (minutes)  # doctest: +SKIP
         >>> ds.num_images, ds.captions[1], ds.image(0).regions.shape  # doctest: +SKIP
         (800, 'a little green circle to the left of a small blue triangle', (36, 1280))
+        >>> open_scenes(split="test", objects="small").root.name  # the 16-40 px variant (minutes)  # doctest: +SKIP
+        'scenes-small-224px-seed0-objects-small-v1'
     """
-    _check_options(split, size, seed, layout, regions, canvas, batch_size)
+    _check_options(split, size, seed, layout, objects, regions, canvas, batch_size)
     base = Path(root).expanduser() if root is not None else _default_root()
-    folder = scenes_folder(base, size, seed, canvas)
+    folder = scenes_folder(base, size, seed, canvas, objects)
     if not folder.is_dir():
         _check_may_generate(base, folder, generate, explicit=root is not None)
-    _build_once(folder, lambda tmp: write_scenes(tmp, size, seed, canvas, progress))
+    _build_once(folder, lambda tmp: write_scenes(tmp, size, seed, canvas, progress, objects))
     box_stream = 2
     if split == GROUPS_SPLIT:
         folder = folder / GROUPS_FOLDER
-        _build_once(folder, lambda tmp: write_groups(tmp, size, seed, canvas, progress))
+        _build_once(folder, lambda tmp: write_groups(tmp, size, seed, canvas, progress, objects))
         box_stream = GROUPS_STREAMS[2]
     if layout == "images":
         return _declare_for_evaluation(ImageCaptionsDataset(folder, split))
@@ -168,7 +178,7 @@ def _declare_for_evaluation(dataset: TeranDataset | ImageCaptionsDataset) -> Ter
 
 
 def _check_options(
-    split: str, size: str, seed: int, layout: str, regions: int, canvas: int, batch_size: int
+    split: str, size: str, seed: int, layout: str, objects: str, regions: int, canvas: int, batch_size: int
 ) -> None:
     if split not in (*SPLITS, GROUPS_SPLIT):
         raise ValueError(f"unknown split {split!r} for scenes; splits: {', '.join((*SPLITS, GROUPS_SPLIT))}.")
@@ -177,6 +187,7 @@ def _check_options(
         raise ValueError(f"unknown scenes size {size!r}; presets: {presets}.")
     if layout not in LAYOUTS:
         raise ValueError(f"unknown scenes layout {layout!r}; layouts: {', '.join(LAYOUTS)}.")
+    object_sizes(objects)
     if seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed}.")
     if regions < 4:
@@ -210,9 +221,19 @@ def _default_root() -> Path:
     return cache_dir() / "datasets" / "scenes"
 
 
-def scenes_folder(root: Path, size: str, seed: int, canvas: int) -> Path:
-    """The cache subfolder of one scene set (images, captions, metadata)."""
-    return root / f"scenes-{size}-{canvas}px-seed{seed}-v{GENERATOR_VERSION}"
+def scenes_folder(root: Path, size: str, seed: int, canvas: int, objects: str = STANDARD_OBJECTS) -> Path:
+    """The cache subfolder of one scene set (images, captions, metadata); an object set other
+    than the standard one adds its name, so the standard sets keep the names they were cached
+    under.
+
+    Example:
+        >>> scenes_folder(Path("cache"), "small", 0, 224).name
+        'scenes-small-224px-seed0-v1'
+        >>> scenes_folder(Path("cache"), "small", 0, 224, objects="small").name
+        'scenes-small-224px-seed0-objects-small-v1'
+    """
+    object_set = "" if objects == STANDARD_OBJECTS else f"-objects-{objects}"
+    return root / f"scenes-{size}-{canvas}px-seed{seed}{object_set}-v{GENERATOR_VERSION}"
 
 
 def features_folder_name(regions: int, backbone: str, weights: str) -> str:
@@ -251,17 +272,35 @@ def _rng(seed: int, index: int, stream: int) -> np.random.Generator:
     return np.random.default_rng([seed, index, stream])
 
 
-def write_scenes(folder: Path, size: str, seed: int, canvas: int, progress: bool = True) -> None:
+def write_scenes(
+    folder: Path, size: str, seed: int, canvas: int, progress: bool = True, objects: str = STANDARD_OBJECTS
+) -> None:
     """Render a scene set into ``folder``: ``images/<id>.png``, the Karpathy split file, the
     sizes file, ``<split>.csv`` captions and ``scenes.json`` (every object, box and twin)."""
     counts = PRESETS[size]
     split_of = [s for s, n in zip(SPLITS, counts) for _ in range(n)]
-    pairs = ((sample_group(_rng(seed, g, 0), canvas), _rng(seed, g, 1)) for g in range(len(split_of) // 2))
-    params = {"size": size, "seed": seed, "canvas": canvas, "version": GENERATOR_VERSION}
-    _write_set(folder, pairs, split_of, SPLITS, params, f"scenes: rendering {size} (seed {seed})", progress)
+    pairs = (
+        (sample_group(_rng(seed, g, 0), canvas, objects=objects), _rng(seed, g, 1))
+        for g in range(len(split_of) // 2)
+    )
+    params = {"size": size, "seed": seed, "canvas": canvas, "version": GENERATOR_VERSION, **_objects_param(objects)}
+    desc = f"scenes: rendering {size}{_objects_note(objects)} (seed {seed})"
+    _write_set(folder, pairs, split_of, SPLITS, params, desc, progress)
 
 
-def write_groups(folder: Path, size: str, seed: int, canvas: int, progress: bool = True) -> None:
+def _objects_param(objects: str) -> dict[str, str]:
+    """``scenes.json``'s record of the object set: none for the standard set, whose metadata
+    stays byte for byte what it was before object sets existed."""
+    return {} if objects == STANDARD_OBJECTS else {"objects": objects}
+
+
+def _objects_note(objects: str) -> str:
+    return "" if objects == STANDARD_OBJECTS else f", {objects} objects"
+
+
+def write_groups(
+    folder: Path, size: str, seed: int, canvas: int, progress: bool = True, objects: str = STANDARD_OBJECTS
+) -> None:
     """Render the groups split of a scene set into ``folder`` (the set's ``groups`` subfolder),
     laid out like a scene set: :data:`GROUPS_PER_KIND` twin pairs of each kind, the kinds in
     turn (relation, colour, size, relation, ...), drawn from their own random streams
@@ -270,13 +309,15 @@ def write_groups(folder: Path, size: str, seed: int, canvas: int, progress: bool
     n_groups = GROUPS_PER_KIND[size] * len(GROUP_KINDS)
     scene, caption, _ = GROUPS_STREAMS
     pairs = (
-        (sample_group(_rng(seed, g, scene), canvas, GROUP_KINDS[g % len(GROUP_KINDS)]), _rng(seed, g, caption))
+        (sample_group(_rng(seed, g, scene), canvas, GROUP_KINDS[g % len(GROUP_KINDS)], objects),
+         _rng(seed, g, caption))
         for g in range(n_groups)
     )
     params = {"size": size, "seed": seed, "canvas": canvas, "version": GENERATOR_VERSION, "split": GROUPS_SPLIT,
-              "groups_per_kind": GROUPS_PER_KIND[size]}
+              "groups_per_kind": GROUPS_PER_KIND[size], **_objects_param(objects)}
     _write_set(folder, pairs, [GROUPS_SPLIT] * (2 * n_groups), (GROUPS_SPLIT,), params,
-               f"scenes: rendering the {size} groups split (seed {seed})", progress, {GROUPS_SPLIT: "test"})
+               f"scenes: rendering the {size} groups split{_objects_note(objects)} (seed {seed})", progress,
+               {GROUPS_SPLIT: "test"})
 
 
 def _write_set(

@@ -11,6 +11,10 @@ group have the same objects, so their descriptions have the same bag of words ("
 to the left of a large blue circle" / "a large blue circle to the left of a small red 7"):
 only a model that binds attributes to objects and reads their layout tells them apart, which
 is what fine-grained alignment (TERAN, SCAN) claims to do better than global matching.
+
+Two object sets fix how big objects are drawn (:data:`OBJECT_SIZES`): ``standard`` (the
+benchmark as shipped, objects 34-85 px on a 224-px canvas) and ``small`` (16-40 px), for
+measuring region features that must keep small objects.
 """
 
 from __future__ import annotations
@@ -33,8 +37,14 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 DIGITS: tuple[str, ...] = tuple("0123456789")
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "diamond", "star", "cross")
 KINDS: tuple[str, ...] = DIGITS + SHAPES
-#: side of the square an object is drawn in, as a fraction of the canvas side
-SIZE_RANGES: dict[str, tuple[float, float]] = {"small": (0.15, 0.19), "large": (0.30, 0.38)}
+#: per object set, the side of the square a ``small`` and a ``large`` object is drawn in, as a
+#: fraction of the canvas side: ``standard`` is the set as shipped (34-85 px on 224 px);
+#: ``small`` draws every object 16-40 px on 224 px (rounded to whole pixels), the range of
+#: small objects in photos that region features lose
+OBJECT_SIZES: dict[str, dict[str, tuple[float, float]]] = {
+    "standard": {"small": (0.15, 0.19), "large": (0.30, 0.38)},
+    "small": {"small": (0.07, 0.11), "large": (0.14, 0.18)},
+}
 RELATIONS: tuple[str, ...] = ("left", "right", "above", "below")
 INVERSE: dict[str, str] = {"left": "right", "right": "left", "above": "below", "below": "above"}
 #: what the second scene of a group changed ("base" = the first scene)
@@ -97,7 +107,9 @@ def digit_glyphs() -> tuple[np.ndarray, np.ndarray]:
     return digits.images.astype(np.float32), digits.target.astype(np.int64)
 
 
-def sample_group(rng: np.random.Generator, canvas: int, variant: str | None = None) -> tuple[Scene, Scene]:
+def sample_group(
+    rng: np.random.Generator, canvas: int, variant: str | None = None, objects: str = "standard"
+) -> tuple[Scene, Scene]:
     """A base scene and its hard-negative twin (same objects; relation, colours or sizes swapped).
 
     Args:
@@ -106,6 +118,8 @@ def sample_group(rng: np.random.Generator, canvas: int, variant: str | None = No
         variant: what the twin changes (``relation``, ``colour`` or ``size``: the pair is then
             drawn with sizes that differ); None draws it among those the base scene allows (a
             size swap needs sizes that differ), as the train / val / test splits do.
+        objects: the object set, a key of :data:`OBJECT_SIZES` (how big objects are drawn);
+            the random draws are the same for every set, only the sides scale.
 
     Example:
         >>> base, twin = sample_group(np.random.default_rng(0), 224)
@@ -113,9 +127,12 @@ def sample_group(rng: np.random.Generator, canvas: int, variant: str | None = No
         True
         >>> sample_group(np.random.default_rng(0), 224, "size")[1].variant
         'size'
+        >>> max(o.side for o in sample_group(np.random.default_rng(0), 224, objects="small")[0].objects) <= 40.32
+        True
     """
     if variant is not None and variant not in VARIANTS[1:]:
         raise ValueError(f"unknown twin variant {variant!r}; one of {', '.join(VARIANTS[1:])}.")
+    sides = object_sizes(objects)
     _, labels = digit_glyphs()
     kinds = rng.choice(len(KINDS), size=2, replace=False)
     colours = rng.choice(len(COLOURS), size=2, replace=False)
@@ -123,12 +140,12 @@ def sample_group(rng: np.random.Generator, canvas: int, variant: str | None = No
         sizes = rng.permutation(np.array(["small", "large"]))
     else:
         sizes = rng.choice(("small", "large"), size=2)
-    centres, relation = _related_slots(rng, canvas)
+    centres, relation = _related_slots(rng, canvas, sides)
     pair = tuple(
-        _make_object(rng, KINDS[k], list(COLOURS)[c], str(s), centre, canvas, labels)
+        _make_object(rng, KINDS[k], list(COLOURS)[c], str(s), centre, canvas, labels, sides)
         for k, c, s, centre in zip(kinds, colours, sizes, centres)
     )
-    distractors = _distractors(rng, canvas, centres, {KINDS[k] for k in kinds}, labels)
+    distractors = _distractors(rng, canvas, centres, {KINDS[k] for k in kinds}, labels, sides)
     g1, g2 = (int(v) for v in rng.integers(30, 111, size=2))
     background = (g1, g2, float(rng.uniform(0, 2 * np.pi)))
     base = Scene(pair + distractors, relation, "base", background)
@@ -136,6 +153,18 @@ def sample_group(rng: np.random.Generator, canvas: int, variant: str | None = No
         return base, twin_of(base, variant)
     options = ["relation", "colour"] + (["size"] if pair[0].size != pair[1].size else [])
     return base, twin_of(base, str(rng.choice(options)))
+
+
+def object_sizes(objects: str) -> dict[str, tuple[float, float]]:
+    """The sides (fractions of the canvas) of the object set ``objects``, refusing unknown sets.
+
+    Example:
+        >>> object_sizes("small")["large"]
+        (0.14, 0.18)
+    """
+    if objects not in OBJECT_SIZES:
+        raise ValueError(f"unknown scenes object set {objects!r}; object sets: {', '.join(OBJECT_SIZES)}.")
+    return OBJECT_SIZES[objects]
 
 
 def twin_of(scene: Scene, variant: str) -> Scene:
@@ -160,13 +189,15 @@ def twin_of(scene: Scene, variant: str) -> Scene:
     return Scene((a, b) + scene.objects[2:], relation, variant, scene.background)
 
 
-def _related_slots(rng: np.random.Generator, canvas: int) -> tuple[list[tuple[float, float]], str]:
+def _related_slots(
+    rng: np.random.Generator, canvas: int, sides: dict[str, tuple[float, float]]
+) -> tuple[list[tuple[float, float]], str]:
     """Centres of the related pair and the relation of the first to the second.
 
     The slots leave room for a large object at either, so swapping the pair's positions or
     sizes (the twins) never makes objects overlap or leave the canvas.
     """
-    largest = SIZE_RANGES["large"][1] * canvas
+    largest = sides["large"][1] * canvas
     low, high = largest / 2, canvas - largest / 2
     for _ in range(TRIES):
         along = rng.uniform(low, high, size=2)
@@ -196,8 +227,9 @@ def _make_object(
     centre: tuple[float, float],
     canvas: int,
     labels: np.ndarray,
+    sides: dict[str, tuple[float, float]],
 ) -> SceneObject:
-    side = float(rng.uniform(*SIZE_RANGES[size]) * canvas)
+    side = float(rng.uniform(*sides[size]) * canvas)
     glyph = int(rng.choice(np.flatnonzero(labels == int(kind)))) if kind in DIGITS else -1
     return SceneObject(kind, colour, size, centre, side, glyph)
 
@@ -208,10 +240,11 @@ def _distractors(
     slots: list[tuple[float, float]],
     used_kinds: set[str],
     labels: np.ndarray,
+    sides: dict[str, tuple[float, float]],
 ) -> tuple[SceneObject, ...]:
     """Up to two more objects of other kinds, clear of the related pair's slots."""
     count = int(rng.choice(3, p=[0.3, 0.45, 0.25]))
-    largest = SIZE_RANGES["large"][1] * canvas
+    largest = sides["large"][1] * canvas
     taken = [(x, y, largest) for x, y in slots]
     free_kinds = [k for k in KINDS if k not in used_kinds]
     out: list[SceneObject] = []
@@ -219,7 +252,7 @@ def _distractors(
         colour = list(COLOURS)[int(rng.integers(len(COLOURS)))]
         size = str(rng.choice(("small", "large")))
         for _ in range(TRIES):
-            obj = _make_object(rng, str(kind), colour, size, (0.0, 0.0), canvas, labels)
+            obj = _make_object(rng, str(kind), colour, size, (0.0, 0.0), canvas, labels, sides)
             x, y = rng.uniform(obj.side / 2, canvas - obj.side / 2, size=2)
             gap = GAP * canvas
             if all(max(abs(x - tx), abs(y - ty)) >= (obj.side + side) / 2 + gap for tx, ty, side in taken):
