@@ -99,8 +99,9 @@ def open_scenes(
         objects: how big objects are drawn (:data:`xmatch.scenes.render.OBJECT_SIZES`):
             ``"standard"`` (the benchmark as shipped: 34-85 px on the 224-px canvas) or
             ``"small"`` (every object, related pair and distractors, 16-40 px; the sides scale
-            with ``canvas``): the same scenes, captions and twins otherwise, in a folder of
-            its own (``scenes-small-224px-seed0-objects-small-v1``).
+            with ``canvas``): drawn by the same rules otherwise (relations, captions, twins,
+            the groups split, features), from the same random streams, into a folder of its
+            own (``scenes-small-224px-seed0-objects-small-v1``).
         regions: boxes per image (the drawn objects first, then proposals), like a
             detector's top-36.
         canvas: image side in pixels; also the backbone's input side.
