@@ -164,8 +164,11 @@ def _fill(args: argparse.Namespace, exists: bool, made: list[Any]) -> tuple[Any,
 
 def _open_dataset(args: argparse.Namespace, model: Any, progress: bool) -> Any:
     """The split to index: ``--dataset`` (or the layout ``--data`` looks like) with its options;
-    scenes pictures for a model that reads pixels."""
+    scenes pictures for a model that reads pixels; the images alone (hits named by their picture
+    files) where a teran folder's images have no captions, as ``xmatch extract`` makes them from
+    pictures without a captions file: text->image search needs none."""
     from xmatch.cli.options import open_data
+    from xmatch.data.teran import NoCaptionsError
     from xmatch.model.inputs import PixelInputs, input_type_of
 
     options = list(args.data_option or [])
@@ -175,4 +178,17 @@ def _open_dataset(args: argparse.Namespace, model: Any, progress: bool) -> Any:
             options.append(f"progress={progress}")
         if "layout" not in given and input_type_of(model.image_encoder) is PixelInputs:
             options.append("layout=images")
-    return open_data(args, args.split, options)
+    try:
+        return open_data(args, args.split, options)
+    except NoCaptionsError as exc:
+        if args.side == "texts":
+            raise ValueError(
+                f"--side texts indexes captions, and {exc.missing} of the {exc.total} {args.split} images of {args.data} "
+                "have none. Index the images instead (leave out --side texts: searching them by text needs no "
+                f"captions), or give the pictures captions (xmatch extract PICTURES --out {args.data} --captions FILE)."
+            ) from None
+        if any(kv.split("=", 1)[0] == "captions_per_image" for kv in options):
+            raise  # the user chose how many captions to read
+        print(f"{exc.missing} of the {exc.total} {args.split} images of {args.data} have no captions; searching them by "
+              "text needs none: indexing the images alone")
+    return open_data(args, args.split, [*options, "captions_per_image=0"])

@@ -31,7 +31,8 @@ class ImageTextDataset(Dataset[Pair]):
         caption_image: ``int64 [n_captions]``, the image index of each caption.
         image_names: one name per image (feature id, row number or file path).
         captions_per_image: the number of captions of every image when it is the same for
-            all (5 for COCO and Flickr30k), else None.
+            all (5 for COCO and Flickr30k), else None; 0 for images read alone (no captions,
+            no training pairs: for encoding the image side).
 
     Subclasses call :meth:`_set_index` once and implement :meth:`image`.
 
@@ -50,14 +51,23 @@ class ImageTextDataset(Dataset[Pair]):
     image_names: list[str]
     captions_per_image: int | None
 
-    def _set_index(self, captions: list[str], caption_image: np.ndarray, image_names: list[str]) -> None:
-        """Record the captions (image by image) and the image of each."""
+    def _set_index(
+        self, captions: list[str], caption_image: np.ndarray, image_names: list[str], *, images_only: bool = False
+    ) -> None:
+        """Record the captions (image by image) and the image of each; ``images_only``: the
+        images read alone, with no captions at all (to encode the image side, e.g. for a
+        search index), ``captions_per_image`` 0."""
         caption_image = np.asarray(caption_image, dtype=np.int64)
         if len(caption_image) != len(captions):
             raise ValueError(f"{len(captions)} captions but {len(caption_image)} caption->image entries.")
-        counts = np.bincount(caption_image, minlength=len(image_names)) if len(caption_image) else np.zeros(0, int)
-        if len(counts) != len(image_names) or (counts == 0).any() or (np.diff(caption_image) < 0).any():
-            raise ValueError("captions must be ordered image by image and every image needs at least one caption.")
+        if images_only:
+            if len(captions):
+                raise ValueError(f"images read alone have no captions, got {len(captions)}.")
+            counts = np.zeros(len(image_names), dtype=np.int64)
+        else:
+            counts = np.bincount(caption_image, minlength=len(image_names)) if len(caption_image) else np.zeros(0, int)
+            if len(counts) != len(image_names) or (counts == 0).any() or (np.diff(caption_image) < 0).any():
+                raise ValueError("captions must be ordered image by image and every image needs at least one caption.")
         caption_image.setflags(write=False)
         self.captions = captions
         self.caption_image = caption_image
@@ -96,6 +106,8 @@ class ImageTextDataset(Dataset[Pair]):
             >>> for batch in ds.loader(40):  # needs a dataset and a model  # doctest: +SKIP
             ...     model(batch).loss.backward()
         """
+        if not self.captions:
+            raise ValueError(f"{self!r} has no captions, so no training pairs: open it with its captions to train on it.")
         return DataLoader(
             self, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers, collate_fn=collate, **kwargs
         )

@@ -14,6 +14,10 @@ by ``[W, H, W, H]`` of the image in float64 and cast to float32, as the original
   sentences of each image (``FlickrDataset``); sizes then come from the file's own image
   entries when they record ``width`` / ``height`` (a dataset of your own), else from a sizes
   file (TERAN's ``sizes.pkl``, or a JSON) or from the image files' headers -- given explicitly.
+
+``captions_per_image=0`` reads a split's images alone, without captions: what a search index of
+the images needs (``xmatch index MODEL --data FOLDER``), e.g. of a folder ``xmatch extract``
+made from pictures that have no captions. Training and evaluation refuse images without captions.
 """
 
 from __future__ import annotations
@@ -63,6 +67,22 @@ COCO_CAPTION_FILES = {
 PathArg = str | os.PathLike
 
 
+class NoCaptionsError(DataError):
+    """Images of the split have no captions (a folder extracted without ``--captions``): they
+    can be read alone (``captions_per_image=0``) to index them for text search, not trained or
+    evaluated on.
+
+    Attributes:
+        missing: the images without captions.
+        total: the images of the split.
+    """
+
+    def __init__(self, message: str, missing: int, total: int) -> None:
+        super().__init__(message)
+        self.missing = missing
+        self.total = total
+
+
 class TeranDataset(ImageTextDataset):
     """Bottom-up region features per image file (``bu_att`` / ``bu_box``) with COCO or
     Karpathy captions, read one image file at a time.
@@ -95,12 +115,17 @@ class TeranDataset(ImageTextDataset):
             original does for COCO); no effect on val / test.
         captions_per_image: keep the first N captions of each image (the original's COCO id
             files keep Karpathy's first 5, dropping the 6th / 7th caption of a few COCO images);
-            an image with fewer is an error. None keeps every caption.
+            an image with fewer is an error. None keeps every caption. 0 reads the images
+            alone, captions or not (an image search index needs no captions): the dataset has
+            no captions and no training pairs, and each image is named by its picture's path
+            (``filepath/filename`` of the Karpathy file: ``trip/beach.jpg``) where the file
+            records one for every image, else by its id.
         max_images: keep the first N images (the original validates on the first 1,000 COCO
             val images).
 
     Raises:
         DataFileNotFoundError: a folder, caption, id, size or feature file is missing.
+        NoCaptionsError: images without captions (unless ``captions_per_image=0``).
         DataError: a malformed file, an unknown split, a missing image size, too few or empty
             captions, an id that is not an integer or a plain name (ids name the feature
             files), an image path outside ``images``; at load time a corrupt feature / box
@@ -113,6 +138,9 @@ class TeranDataset(ImageTextDataset):
         (5000, 5, 'COCO annotations data/coco/annotations/captions_val2014.json')
         >>> img = ds.image(0); img.regions.shape, img.boxes.max() <= 1  # doctest: +SKIP
         ((36, 2048), True)
+        >>> photos = TeranDataset("feats", "test", captions_per_image=0)  # xmatch extract photos/ --out feats  # doctest: +SKIP
+        >>> photos.image_names[:2], len(photos.captions)  # doctest: +SKIP
+        (['beach.jpg', 'trip/cat.png'], 0)
     """
 
     def __init__(
@@ -135,8 +163,10 @@ class TeranDataset(ImageTextDataset):
             alias = {"dev": "val", "testall": "test"}.get(split)
             hint = f" (the precomp layout's {split!r} is {alias!r} here)" if alias else ""
             raise DataError(f"unknown split {split!r} for the teran layout; splits: {', '.join(SPLITS)}{hint}.")
-        if captions_per_image is not None and captions_per_image < 1:
-            raise ValueError(f"captions_per_image must be at least 1 or None, got {captions_per_image}.")
+        if captions_per_image is not None and captions_per_image < 0:
+            raise ValueError(
+                f"captions_per_image must be at least 1, None (every caption) or 0 (the images alone), got {captions_per_image}."
+            )
         if max_images is not None and max_images < 1:
             raise ValueError(f"max_images must be at least 1 or None, got {max_images}.")
         self.split = split
@@ -149,6 +179,7 @@ class TeranDataset(ImageTextDataset):
         docs = [(path, load_json(path, "teran captions")) for path in caption_files]
         kinds = {path: _caption_format(doc, path) for path, doc in docs}
         self._image_files: list[Path] | None = None
+        pictures: list[str] | None = None
         if set(kinds.values()) == {"coco"}:
             if sizes is not None or images is not None:
                 raise DataError(
@@ -167,6 +198,8 @@ class TeranDataset(ImageTextDataset):
                 docs[0][1]["images"], positions, [key for key, _ in entries], sizes, images, self.root, caption_files[0],
                 allow_outside_root,
             )
+            if captions_per_image == 0:
+                pictures = _picture_names(docs[0][1]["images"], positions)
         else:
             raise DataError(
                 "captions= takes COCO caption annotation files or one Karpathy split file, got "
@@ -174,12 +207,14 @@ class TeranDataset(ImageTextDataset):
                 + "."
             )
 
-        names = [key for key, _ in entries]
-        self._check_feature_files(names)
+        # the ids name the feature files (and the captions' images); read alone, the images are
+        # named by their pictures where the caption file records them, so a search hit names the file
+        self._keys = [key for key, _ in entries]
+        self._check_feature_files(self._keys)
         texts = [c for _, caps in entries for c in caps]
         owner = np.repeat(np.arange(len(entries)), [len(caps) for _, caps in entries])
-        self._set_index(texts, owner, names)
-        reference = self._att / f"{names[0]}.npz"
+        self._set_index(texts, owner, pictures or self._keys, images_only=captions_per_image == 0)
+        reference = self._att / f"{self._keys[0]}.npz"
         first = self._load_features(reference)
         if first.ndim != 2:
             raise DataError(f"{reference}: 'feat' must be [regions, features], got shape {first.shape}.")
@@ -271,7 +306,7 @@ class TeranDataset(ImageTextDataset):
         if not grouped:
             raise DataError(f"{where} lists no annotation ids; the {self.split} split would be empty.")
         labelled = [(str(k), caps, f"COCO image {k} (ids {where})") for k, caps in grouped.items()]
-        entries = _select(labelled, captions_per_image, max_images)
+        entries = _select(labelled, captions_per_image, max_images, self.root)
         out = np.empty((len(entries), 2), dtype=np.float64)
         for i, (key, _) in enumerate(entries):
             w, h = sizes.get(int(key), (None, None))
@@ -309,7 +344,7 @@ class TeranDataset(ImageTextDataset):
             except (KeyError, TypeError):
                 raise DataError(f"{path}: a sentence of image entry {pos} (id {key}) has no 'raw' text.") from None
             raw.append((plain_id(key, f"{path}: image entry {pos}"), caps, f"image {key} (entry {pos}) of {path}"))
-        entries = _select(raw, captions_per_image, max_images)
+        entries = _select(raw, captions_per_image, max_images, self.root)
         return entries, [pos for pos, _ in chosen[: len(entries)]]
 
     def _check_feature_files(self, names: list[str]) -> None:
@@ -362,7 +397,7 @@ class TeranDataset(ImageTextDataset):
     def image(self, index: int) -> RegionImage:
         """Regions ``[R, F]`` and boxes ``[R, 4]`` (normalised to [0, 1]) of image ``index``."""
         i = check_index(index, self.num_images, "image")
-        name = self.image_names[i]
+        name = self._keys[i]
         feat_path, box_path = self._att / f"{name}.npz", self._box / f"{name}.npy"
         regions = self._load_features(feat_path)
         regions = check_regions(regions, str(feat_path), self.feature_dim, self._feature_reference)
@@ -373,7 +408,7 @@ class TeranDataset(ImageTextDataset):
         """The files the split's images are read from, image by image: the region features,
         the boxes and, when the sizes come from the pictures' headers, the picture."""
         pictures = self._image_files or [None] * self.num_images
-        return [path for name, picture in zip(self.image_names, pictures)
+        return [path for name, picture in zip(self._keys, pictures)
                 for path in (self._att / f"{name}.npz", self._box / f"{name}.npy", picture) if path is not None]
 
 
@@ -462,6 +497,18 @@ def _karpathy_sizes(
     return out, None, "sizes file " + ", ".join(map(str, files))
 
 
+def _picture_names(images_meta: list[Any], positions: list[int]) -> list[str] | None:
+    """``filepath/filename`` of each chosen image entry (POSIX, as ``xmatch index --images``
+    names pictures), or None unless every entry has a filename and the paths are distinct."""
+    names = []
+    for p in positions:
+        filepath, filename = images_meta[p].get("filepath") or "", images_meta[p].get("filename")
+        if not isinstance(filename, str) or not filename or not isinstance(filepath, str):
+            return None
+        names.append(f"{filepath.strip('/')}/{filename}" if filepath.strip("/") else filename)
+    return names if len(set(names)) == len(names) else None
+
+
 def _width_height(entry: Any) -> tuple[float, float] | None:
     """An image entry's numeric, positive ``(width, height)``, or None."""
     w, h = entry.get("width"), entry.get("height")
@@ -482,11 +529,24 @@ def _caption_format(doc: Any, path: Path) -> str:
 
 
 def _select(
-    images: list[tuple[str, list[str], str]], captions_per_image: int | None, max_images: int | None
+    images: list[tuple[str, list[str], str]], captions_per_image: int | None, max_images: int | None, root: Path
 ) -> list[tuple[str, list[str]]]:
-    """Keep the first ``max_images`` images and the first ``captions_per_image`` captions of each."""
+    """Keep the first ``max_images`` images and the first ``captions_per_image`` captions of each
+    (0: none, whatever the images have); ``root``, the dataset folder, for the messages."""
+    images = images[:max_images]
+    if captions_per_image == 0:
+        return [(key, []) for key, _, _ in images]
+    bare = [where for _, caps, where in images if not caps]
+    if bare:
+        raise NoCaptionsError(
+            f"{len(bare)} of the {len(images)} images have no captions (first: {bare[0]}). Training and evaluation "
+            f"need captions for every image: give them when extracting (xmatch extract PICTURES --out {root} --captions "
+            "FILE) or add them to the caption file. To search these images by text, index them without captions "
+            f"(xmatch index MODEL --data {root}; in Python captions_per_image=0 reads the images alone).",
+            len(bare), len(images),
+        )
     out = []
-    for key, caps, where in images[:max_images]:
+    for key, caps, where in images:
         if any(not isinstance(c, str) or not c.strip() for c in caps):
             raise DataError(f"{where} has an empty caption.")
         if captions_per_image is not None:
@@ -496,7 +556,5 @@ def _select(
                     "pass captions_per_image=None to keep every caption."
                 )
             caps = caps[:captions_per_image]
-        elif not caps:
-            raise DataError(f"{where} has no captions.")
         out.append((key, caps))
     return out

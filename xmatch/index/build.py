@@ -39,7 +39,9 @@ def index_dataset(
 
     Args:
         index: the index to append to (its side decides what is encoded).
-        dataset: an :mod:`xmatch.data` dataset (images with captions).
+        dataset: an :mod:`xmatch.data` dataset: images with captions, or for an image index
+            the images alone (e.g. ``open_dataset("teran", "feats", captions_per_image=0)`` of
+            pictures extracted without captions; their ids are then the pictures' file names).
         batch_size: images encoded at once (captions: 4x).
         shard_size: items per committed shard.
         resume: skip items whose ids are already in the index (a killed run continued);
@@ -49,6 +51,9 @@ def index_dataset(
     Returns:
         The number of items added.
 
+    Raises:
+        ValueError: a caption index and a dataset without captions.
+
     Example:
         >>> index = xmatch.index.create("idx", model, model_ref="teran-mrsw-scenes")  # encodes the scenes benchmark (minutes)  # doctest: +SKIP
         >>> index_dataset(index, xmatch.scenes.dataset.open_scenes(split="test"))  # doctest: +SKIP
@@ -56,6 +61,11 @@ def index_dataset(
     """
     if shard_size < 1 or batch_size < 1:
         raise ValueError(f"batch_size and shard_size must be positive, got {batch_size} and {shard_size}.")
+    if index.side == "texts" and not len(dataset.captions):
+        raise ValueError(
+            f"{index.root} is a caption index and the dataset has no captions ({dataset!r}); index its images "
+            "instead (an image index: xmatch.index.create(..., side='images')), or open it with its captions."
+        )
     ids = list(dataset.image_names) if index.side == "images" else caption_ids(dataset)
     present = set(index.ids) if resume else set()
     todo = [k for k, i in enumerate(ids) if i not in present]
