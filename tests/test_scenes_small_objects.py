@@ -14,7 +14,7 @@ import pytest
 
 from xmatch.data import ImageCaptionsDataset, TeranDataset, open_dataset
 from xmatch.scenes.captions import describe
-from xmatch.scenes.dataset import GROUPS_FOLDER, METADATA_FILE, _rng, open_scenes, read_scenes, scenes_folder
+from xmatch.scenes.dataset import GROUPS_FOLDER, METADATA_FILE, open_scenes, read_scenes, scenes_folder
 from xmatch.scenes.render import INVERSE, OBJECT_SIZES, GAP, Scene, render, sample_group
 
 pytest.importorskip("sklearn")
@@ -43,6 +43,11 @@ STANDARD_TINY_SHA256 = {
     "scenes.json": "91e5bcd36b6186ba4b3fa4c1d92f374218e0bd2af498078f9a0c3f576f5999cf",
     "dataset_scenes.json": "3b92aa4571757500338eef4d58b1e7bc9f36ff96a8b6c75aa8cad03fb5328015",
 }
+
+
+def _rng(seed: int, index: int, stream: int) -> np.random.Generator:
+    """The scenes generator's stream for (seed, group, purpose): the same seeding rule."""
+    return np.random.default_rng([seed, index, stream])
 
 
 @pytest.fixture(scope="module")
