@@ -92,7 +92,7 @@ def test_a_picture_is_needed():
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"regions": 0}, r"regions must be a positive number of boxes per image, got 0"),
     ({"min_regions": 40}, r"min_regions must be between 1 and regions=36, got 40"),
-    ({"scale": 0}, r"scale must be positive \(Felzenszwalb's k, e\.g\. 100\), got 0"),
+    ({"scale": 0}, r"scale must be positive \(Felzenszwalb's k, e\.g\. 300\), got 0"),
     ({"sigma": -1}, r"sigma must be 0 or more"),
     ({"min_size": 0}, r"min_size must be a positive number of pixels \(e\.g\. 20\), got 0"),
     ({"segment_side": 8}, r"segment_side must be a number of pixels of at least 16 \(e\.g\. 224\), got 8"),

@@ -11,10 +11,11 @@ intersection, size (small regions merge first) and fill (regions whose union fil
 The paper ranks boxes by their level in the hierarchy times a random number and keeps
 thousands; a region model keeps 36, and level ranking puts the big merged regions first, so
 small objects lose their box. :class:`SelectiveSearchProposer` ranks by default by
-*contrast* instead: the colour difference between a region and the regions around it,
-averaged along its border, which is high for a region that stands out from all of its
-surroundings (an object) and low for a piece of background or an object with a piece of
-background attached. The paper's ranking is there as ``ranking="hierarchy"``.
+*contrast* instead: the mean-colour distance between a region and the regions around it,
+averaged along its border, plus the distance to the ring around its box (centre-surround, as
+objectness measures do), weighted by the log of its size. It is high for a region that stands
+out from all of its surroundings (an object) and low for a piece of background or an object
+with a piece of background attached. The paper's ranking is there as ``ranking="hierarchy"``.
 """
 
 from __future__ import annotations
@@ -65,9 +66,10 @@ class SelectiveSearchProposer(Proposer):
         strategies: the similarity measures summed when choosing the next merge, any of
             ``colour``, ``texture`` (a stand-in for the paper's Gaussian-derivative
             histograms: a histogram of gradient orientation x magnitude), ``size``, ``fill``.
-        ranking: ``"contrast"`` (boxes of regions that differ most in colour from their
-            neighbours, along their border, first) or ``"hierarchy"`` (the paper's: level in
-            the hierarchy times a random number in [0, 1], seeded).
+        ranking: ``"contrast"`` (regions that differ most in mean colour from the regions
+            along their border and from the ring around their box first, the sum weighted by
+            the log of their size) or ``"hierarchy"`` (the paper's: level in the hierarchy times
+            a random number in [0, 1], seeded).
         duplicate_iou: a box overlapping a better one by more than this is dropped.
         seed: seed of the ``hierarchy`` ranking's random numbers (the same picture gives the
             same boxes).
@@ -87,22 +89,22 @@ class SelectiveSearchProposer(Proposer):
         self,
         regions: int = 36,
         min_regions: int | None = None,
-        scale: float = 100.0,
-        sigma: float = 0.8,
+        scale: float = 300.0,
+        sigma: float = 0.5,
         min_size: int = 20,
         segment_side: int = 224,
         strategies: Sequence[str] = STRATEGIES,
         ranking: str = "contrast",
-        duplicate_iou: float = 0.85,
+        duplicate_iou: float = 0.6,
         seed: int = 0,
     ) -> None:
         super().__init__()
         self.min_regions = check_counts(regions, min_regions)
         self.regions = regions
         if not scale > 0:
-            raise ValueError(f"scale must be positive (Felzenszwalb's k, e.g. 100), got {scale!r}.")
+            raise ValueError(f"scale must be positive (Felzenszwalb's k, e.g. 300), got {scale!r}.")
         if not sigma >= 0:
-            raise ValueError(f"sigma must be 0 or more (pixels of smoothing, e.g. 0.8), got {sigma!r}.")
+            raise ValueError(f"sigma must be 0 or more (pixels of smoothing, e.g. 0.5), got {sigma!r}.")
         if not isinstance(min_size, int) or min_size < 1:
             raise ValueError(f"min_size must be a positive number of pixels (e.g. 20), got {min_size!r}.")
         if not isinstance(segment_side, int) or segment_side < 16:
@@ -151,7 +153,6 @@ class SelectiveSearchProposer(Proposer):
         else:  # the paper: level (1 = the last merge) times a random number; small = first
             level = (len(tree.size) - np.arange(len(tree.size))).astype(np.float64)
             score = -level * np.random.default_rng(self.seed).random(len(level))
-        score = score.copy()
         score[-1] = np.inf  # the whole picture first: the context every region set keeps
         order = np.argsort(-score, kind="stable")
         keep = _drop_duplicates(tree.box[order], self.duplicate_iou, self.regions)
@@ -168,8 +169,8 @@ class _Hierarchy:
     Regions ``0..n-1`` are the segments; merge ``k`` creates region ``n + k``. Per region:
     ``size`` (pixels), ``box`` (x1, y1, x2, y2, pixel edges), ``histograms`` (the colour and
     texture histograms the strategies use, each L1-normalised, merged as size-weighted
-    means), ``mean`` colour, and ``contrast``: the mean
-    colour distance to its neighbours at its creation, weighted by the shared border's length.
+    means), ``mean`` colour, and ``contrast``: the mean colour distance to its neighbours at
+    its creation, weighted by the shared border's length.
     """
 
     def __init__(self, rgb: np.ndarray, labels: np.ndarray, strategies: Sequence[str]) -> None:
@@ -198,7 +199,6 @@ class _Hierarchy:
         self.histograms = np.zeros((total, sum(p.shape[1] for p in parts)))
         self.histograms[:n] = np.concatenate(parts, 1) if parts else 0
         self.contrast = np.zeros(total)
-        self.parent = np.full(total, total - 1)
         self.count = n
         # neighbours with the length of the shared border (pixel pairs across it)
         a = np.concatenate([labels[:, :-1].ravel(), labels[:-1, :].ravel()])
@@ -262,7 +262,6 @@ class _Hierarchy:
             r = self.count
             self.count += 1
             alive[i] = alive[j] = False
-            self.parent[i] = self.parent[j] = r
             alive[r] = True
             si, sj = self.size[i], self.size[j]
             self.size[r] = si + sj
@@ -334,7 +333,9 @@ def _texture_bins(rgb: np.ndarray) -> np.ndarray:
     """Each pixel's texture bin: its grey gradient's orientation (of :data:`ORIENTATIONS`) x
     magnitude (:data:`MAGNITUDE_EDGES`); flat pixels all fall in the lowest magnitude bin."""
     grey = rgb.astype(np.float64).mean(2)
-    gy, gx = np.gradient(grey)
+    gx, gy = np.zeros_like(grey), np.zeros_like(grey)
+    gx[:, :-1] = np.diff(grey, axis=1)  # forward differences: defined for a picture 1 pixel wide too
+    gy[:-1] = np.diff(grey, axis=0)
     magnitude = np.hypot(gx, gy)
     orientation = ((np.arctan2(gy, gx) + np.pi) / (2 * np.pi) * ORIENTATIONS).astype(np.int64) % ORIENTATIONS
     level = np.searchsorted(MAGNITUDE_EDGES, magnitude)
