@@ -53,6 +53,12 @@ class SelectiveSearchProposer(Proposer):
     ``duplicate_iou`` is dropped. The picture's whole box (the hierarchy's last region) always
     comes first.
 
+    The defaults (``scale=300``, ``sigma=0.5``, ``duplicate_iou=0.6``, the contrast ranking)
+    were chosen on scenes objects of 16-40 px pasted onto photo backgrounds
+    (``benchmarks/proposer_recall.py``, ``clutter`` set): 93 % of the objects get a box of IoU
+    >= 0.5 among the 36 (also on the pictures not used for choosing), against 63 % with the
+    paper's ranking over the same hierarchy and none with ``windows``.
+
     Args:
         regions: at most this many boxes per image (36 as the fixed bottom-up set).
         min_regions: at least this many (default ``regions``: a fixed count); missing ones are
