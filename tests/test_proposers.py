@@ -46,6 +46,7 @@ def contract_kwargs(name: str, boxes_file: str) -> dict:
         "windows": {"regions": 12},
         "boxes": {"source": boxes_file, "regions": 6},
         "torchvision-detector": {**DETECTOR, "regions": 8, "min_regions": 3},
+        "selective-search": {"regions": 10, "min_regions": 4},
     }[name]
 
 
@@ -55,7 +56,7 @@ def builtin() -> list[str]:
 
 
 def test_every_builtin_proposer_has_contract_arguments(boxes_file):
-    assert set(builtin()) == {"grid", "windows", "boxes", "torchvision-detector"}
+    assert set(builtin()) == {"grid", "windows", "boxes", "torchvision-detector", "selective-search"}
     assert get_registry("proposers").entry_point_group == "xmatch_proposers"
 
 

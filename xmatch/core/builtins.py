@@ -54,6 +54,7 @@ BUILTINS: dict[str, dict[str, str]] = {
         "windows": "xmatch.regions.proposers_fixed:WindowsProposer",
         "boxes": "xmatch.regions.proposer_boxes:BoxesProposer",
         "torchvision-detector": "xmatch.regions.proposer_detector:TorchvisionDetector",
+        "selective-search": "xmatch.regions.proposer_segments:SelectiveSearchProposer",
     },
     "negatives": {
         "swap-roles": "xmatch.train.negatives:SwapRoles",

@@ -303,7 +303,7 @@ def _felzenszwalb() -> Any:
         from skimage.segmentation import felzenszwalb
     except ImportError:
         raise ImportError(
-            "the selective-search proposer segments pictures with scikit-image: pip install scikit-image"
+            "the selective-search proposer segments pictures with scikit-image: pip install 'xmatch-zoo[regions]' (or scikit-image)"
         ) from None
     return felzenszwalb
 
