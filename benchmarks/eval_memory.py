@@ -1,12 +1,33 @@
 """Resident memory of a COCO-5K-size evaluation, phase by phase (Linux).
 
-The same inputs as ``eval_speed.py`` (the full-size TERAN model loaded, COCO-like caption
-lengths, embeddings bucketed as ``encode_dataset`` keeps them); before each phase the peak
-resident size (VmHWM) is reset through ``/proc/self/clear_refs``, so each line is that phase's
-own peak and what stays resident after it.
+The same inputs as ``eval_speed.py``: the full-size TERAN model (``teran-mrsw-coco``, BERT-base
+text side, random weights) loaded, 25,000 captions of COCO-like word-piece lengths bucketed as
+``encode_captions`` keeps them, 5,000 images of 36 regions, the 5,000 x 25,000 float32 score
+matrix. Before each phase the peak resident size (VmHWM) is reset through
+``/proc/self/clear_refs``, so each line is that phase's own peak and what stays resident after
+it; the last line is the peak of the whole run (``/usr/bin/time -v`` of this script only sees
+the peak since the last reset).
 
-    python benchmarks/eval_memory.py                 # 5,000 images x 25,000 captions, one scoring step
-    python benchmarks/eval_memory.py --steps 2       # two evaluation steps of 256 images
+``--path`` chooses what is held while scoring:
+
+- ``evaluate`` (default): what ``xmatch eval`` and ``xmatch.eval.evaluate`` hold
+  (``score_dataset``): the captions, and the images of one step of 256, read back from the
+  files the image batches were written to when they were encoded, scored, then dropped.
+- ``two-stage``: every image's embeddings held beside the captions, scored 256 at a time
+  (``encode_dataset`` then ``score_blocks``; what evaluation held before 2026-11-26, and what a
+  caller of the public ``encode_images`` / ``encode_texts`` + ``similarity`` holds).
+- ``public``: the same embeddings held, the model released before scoring, its pooler kept
+  (``pooler = model.pooler; del model``): ``pooler(img, txt)`` is ``model.similarity(img, txt)``.
+
+Embeddings are drawn at the model's width rather than encoded (encoding 25,000 captions takes
+most of an hour on a 2-core CPU; the encoders run before the scores exist, so their
+activations do not reach this peak: ``/usr/bin/time -v xmatch eval`` measures them too). Each
+path takes a step or a few of 256 images; every step holds the same, so the peak of the first
+is that of all twenty (scoring all of them takes 10-30 minutes on a 2-core CPU).
+
+    python benchmarks/eval_memory.py                     # 5,000 x 25,000, one step, evaluate's path
+    python benchmarks/eval_memory.py --path two-stage    # every image's embeddings held
+    python benchmarks/eval_memory.py --path public --steps 2
 """
 
 from __future__ import annotations
@@ -15,14 +36,21 @@ import argparse
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 from eval_speed import STEP, caption_lengths, drawn_embeddings, full_size_teran
 
-from xmatch.eval.protocol import evaluate_scores
 from xmatch.core.memory import release_free_memory
+from xmatch.eval.protocol import evaluate_scores
+from xmatch.model.buckets import BucketedEmbeddings
+from xmatch.model.embeddings import Embeddings
 from xmatch.model.parameter_counts import write_bert_base_dir
+
+#: images per forward pass of the image encoder, as ``xmatch eval`` encodes them
+IMAGE_BATCH = 64
+PATHS = ("evaluate", "two-stage", "public")
 
 
 def resident_gib() -> tuple[float, float]:
@@ -35,13 +63,38 @@ def resident_gib() -> tuple[float, float]:
     return int(fields["VmHWM"].split()[0]) / 2**20, int(fields["VmRSS"].split()[0]) / 2**20
 
 
-def report(phase: str, before: float) -> float:
-    peak, now = resident_gib()
-    print(f"{phase:34s} peak {peak:6.3f} GiB ({peak - before:+.3f} over the phase's start), resident after {now:6.3f} GiB",
-          flush=True)
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")  # reset VmHWM to the current resident size
-    return now
+class Phases:
+    """Prints each phase's own peak and what stays resident after it; keeps the run's peak."""
+
+    def __init__(self) -> None:
+        self.now, self.peak = 0.0, 0.0
+
+    def report(self, phase: str) -> None:
+        peak, now = resident_gib()
+        print(f"{phase:44s} peak {peak:6.3f} GiB ({peak - self.now:+.3f} over the phase's start), "
+              f"resident after {now:6.3f} GiB", flush=True)
+        self.now, self.peak = now, max(self.peak, peak)
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # reset VmHWM to the current resident size
+
+
+def spilled_images(n: int, dim: int, folder: Path) -> list[tuple[int, int, Path]]:
+    """``n`` images of 36 regions drawn in batches of :data:`IMAGE_BATCH`, each written to its
+    own file as ``score_dataset`` writes the encoded batches; ``(first, stop, file)`` each."""
+    batches = []
+    for start in range(0, n, IMAGE_BATCH):
+        stop = min(start + IMAGE_BATCH, n)
+        drawn_embeddings(stop - start, np.full(stop - start, 36), dim, seed=start).to_embeddings().save(folder / f"{start}.safetensors")
+        batches.append((start, stop, folder / f"{start}.safetensors"))
+        release_free_memory()
+    return batches
+
+
+def read_step(batches: list[tuple[int, int, Path]], start: int, stop: int) -> BucketedEmbeddings:
+    """Images ``start .. stop - 1`` read back and bucketed, as ``score_dataset`` reads a step."""
+    pieces = [Embeddings.load(path)[max(start - first, 0) : stop - first] for first, end, path in batches
+              if first < stop and end > start]
+    return BucketedEmbeddings.from_parts(pieces, consume=True)
 
 
 def main() -> None:
@@ -49,30 +102,51 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=5000)
     parser.add_argument("--captions", type=int, default=25000)
     parser.add_argument("--steps", type=int, default=1, help="evaluation steps of 256 images to score")
+    parser.add_argument("--path", choices=PATHS, default="evaluate", help="what is held while scoring (see above)")
     args = parser.parse_args()
 
-    now = report("python, numpy, torch imported", 0.0)
+    phases = Phases()
+    phases.report("python, numpy, torch, xmatch imported")
     with tempfile.TemporaryDirectory() as tmp:
         model = full_size_teran(str(write_bert_base_dir(os.path.join(tmp, "bert-base-uncased"))), "cpu")
     release_free_memory()
-    now = report("model built (teran-mrsw-coco)", now)
-    images = drawn_embeddings(args.images, np.full(args.images, 36), model.embed_dim, seed=0)
+    phases.report("model built (teran-mrsw-coco)")
+    spill = tempfile.TemporaryDirectory(prefix="eval-memory-images-")
+    if args.path == "evaluate":
+        batches = spilled_images(args.images, model.embed_dim, Path(spill.name))
+        phases.report("images written to files, batch by batch")
     captions = drawn_embeddings(args.captions, caption_lengths(args.captions, seed=1), model.embed_dim, seed=1)
-    now = report("embeddings (float32, bucketed)", now)
+    phases.report("captions (float32, bucketed)")
+    images = None
+    if args.path != "evaluate":
+        images = drawn_embeddings(args.images, np.full(args.images, 36), model.embed_dim, seed=0)
+        phases.report("every image's embeddings (float32)")
+    score = model.similarity
+    if args.path == "public":
+        score = model.pooler  # what model.similarity(img, txt) calls
+        del model
+        release_free_memory()
+        phases.report("model released, its pooler kept")
+    # touched, as it is once the last step is written
     scores = np.random.default_rng(0).random((args.images, args.captions), dtype=np.float32)
-    now = report("score matrix (float32)", now)
+    phases.report("score matrix (float32)")
     with torch.inference_mode():
         for start in range(0, min(args.steps * STEP, args.images), STEP):
             t = time.perf_counter()
-            scores[start : start + STEP] = model.similarity(images[start : start + STEP], captions).numpy()
-            print(f"  step of {STEP} images: {time.perf_counter() - t:.1f} s")
-    now = report(f"scoring ({args.steps} step(s))", now)
+            stop = min(start + STEP, args.images)
+            step = read_step(batches, start, stop) if images is None else images[start:stop]
+            scores[start:stop] = score(step, captions).numpy()
+            del step
+            print(f"  step of {stop - start} images: {time.perf_counter() - t:.1f} s", flush=True)
+    phases.report(f"scoring ({args.steps} step(s){', images read back' if images is None else ''})")
+    spill.cleanup()
     release_free_memory()
-    now = report("freed pages handed back", now)
+    phases.report("freed pages handed back")
     t = time.perf_counter()
     evaluate_scores(scores, "full", captions_per_image=args.captions // args.images)
     print(f"  ranking both directions: {time.perf_counter() - t:.1f} s")
-    report("ranking", now)
+    phases.report("ranking")
+    print(f"peak of the run ({args.path}): {phases.peak:.3f} GiB")
 
 
 if __name__ == "__main__":
