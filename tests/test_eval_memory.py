@@ -15,7 +15,8 @@ import torch
 
 import xmatch
 from xmatch.eval import evaluate
-from xmatch.eval.evaluate import encode_dataset, score_blocks, score_dataset
+from xmatch.eval.evaluate import encode_captions, encode_dataset, score_blocks, score_dataset
+from xmatch.model.buckets import BucketedEmbeddings
 from xmatch.eval.protocol import fold_layout
 
 from conftest import random_regions, tiny_spec
@@ -74,6 +75,20 @@ def test_images_of_different_lengths_keep_max_over_regions_exact_and_sums_to_rou
                 np.testing.assert_allclose(b, a, rtol=0, atol=2e-6)
 
 
+def test_captions_encoded_longest_batch_first_fill_the_buckets_of_the_shortest_first_loop(fixture_bert):
+    model, data = _model(fixture_bert, "MrSw"), _tiny_set(200, same_length=True)
+    texts = data.captions
+    with torch.inference_mode():  # the loop encode_dataset ran before the batches were reversed
+        order = sorted(range(len(texts)), key=lambda k: len(texts[k]))
+        chosen = [order[i : i + 64] for i in range(0, len(texts), 64)]
+        parts = [model.encode_texts([texts[k] for k in batch], batch_size=64) for batch in chosen]
+        expected = BucketedEmbeddings.from_parts(parts, [torch.tensor(batch) for batch in chosen])
+    got = encode_captions(model, texts, batch_size=64, progress=False)
+    assert len(got.parts) == len(expected.parts) > 3
+    for a, b, p, q in zip(got.parts, expected.parts, got.positions, expected.positions):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask) and torch.equal(p, q)
+
+
 def test_evaluate_holds_one_step_of_images_and_leaves_no_files(fixture_bert, monkeypatch, tmp_path):
     model = _model(fixture_bert, "MrSw")
     data = _tiny_set(300, same_length=True)
@@ -108,7 +123,8 @@ PEAK_SCRIPT = textwrap.dedent("""
     from conftest import random_regions, tiny_spec
     from test_eval_run import TinySet
     from xmatch.core.memory import release_free_memory
-    from xmatch.eval.evaluate import encode_dataset, score_blocks, score_dataset
+    from xmatch.eval.evaluate import encode_captions, encode_dataset, score_blocks, score_dataset
+from xmatch.model.buckets import BucketedEmbeddings
 
     torch.manual_seed(0)
     model = xmatch.build(tiny_spec({bert!r}, embed_dim=512)).eval()
