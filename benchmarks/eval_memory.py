@@ -12,7 +12,7 @@ the peak since the last reset).
 
 - ``evaluate`` (default): what ``xmatch eval`` and ``xmatch.eval.evaluate`` hold
   (``score_dataset``): the captions, and the images of one step of 256, read back from the
-  files the image batches were written to when they were encoded, scored, then dropped.
+  temporary file the image batches were written to when they were encoded, scored, dropped.
 - ``two-stage``: every image's embeddings held beside the captions, scored 256 at a time
   (``encode_dataset`` then ``score_blocks``; what evaluation held before 2026-11-26, and what a
   caller of the public ``encode_images`` / ``encode_texts`` + ``similarity`` holds).
@@ -36,16 +36,14 @@ import argparse
 import os
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 from eval_speed import STEP, caption_lengths, drawn_embeddings, full_size_teran
 
 from xmatch.core.memory import release_free_memory
+from xmatch.eval.evaluate import _SpilledImages  # what score_dataset holds the images in
 from xmatch.eval.protocol import evaluate_scores
-from xmatch.model.buckets import BucketedEmbeddings
-from xmatch.model.embeddings import Embeddings
 from xmatch.model.parameter_counts import write_bert_base_dir
 
 #: images per forward pass of the image encoder, as ``xmatch eval`` encodes them
@@ -71,30 +69,22 @@ class Phases:
 
     def report(self, phase: str) -> None:
         peak, now = resident_gib()
-        print(f"{phase:44s} peak {peak:6.3f} GiB ({peak - self.now:+.3f} over the phase's start), "
+        print(f"{phase:50s} peak {peak:6.3f} GiB ({peak - self.now:+.3f} over the phase's start), "
               f"resident after {now:6.3f} GiB", flush=True)
         self.now, self.peak = now, max(self.peak, peak)
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")  # reset VmHWM to the current resident size
 
 
-def spilled_images(n: int, dim: int, folder: Path) -> list[tuple[int, int, Path]]:
-    """``n`` images of 36 regions drawn in batches of :data:`IMAGE_BATCH`, each written to its
-    own file as ``score_dataset`` writes the encoded batches; ``(first, stop, file)`` each."""
-    batches = []
+def spilled_images(n: int, dim: int) -> _SpilledImages:
+    """``n`` images of 36 regions drawn in batches of :data:`IMAGE_BATCH`, each written to the
+    temporary file as ``score_dataset`` writes the encoded batches (its own class)."""
+    spilled = _SpilledImages()
     for start in range(0, n, IMAGE_BATCH):
         stop = min(start + IMAGE_BATCH, n)
-        drawn_embeddings(stop - start, np.full(stop - start, 36), dim, seed=start).to_embeddings().save(folder / f"{start}.safetensors")
-        batches.append((start, stop, folder / f"{start}.safetensors"))
+        spilled.add(drawn_embeddings(stop - start, np.full(stop - start, 36), dim, seed=start).to_embeddings())
         release_free_memory()
-    return batches
-
-
-def read_step(batches: list[tuple[int, int, Path]], start: int, stop: int) -> BucketedEmbeddings:
-    """Images ``start .. stop - 1`` read back and bucketed, as ``score_dataset`` reads a step."""
-    pieces = [Embeddings.load(path)[max(start - first, 0) : stop - first] for first, end, path in batches
-              if first < stop and end > start]
-    return BucketedEmbeddings.from_parts(pieces, consume=True)
+    return spilled
 
 
 def main() -> None:
@@ -111,10 +101,9 @@ def main() -> None:
         model = full_size_teran(str(write_bert_base_dir(os.path.join(tmp, "bert-base-uncased"))), "cpu")
     release_free_memory()
     phases.report("model built (teran-mrsw-coco)")
-    spill = tempfile.TemporaryDirectory(prefix="eval-memory-images-")
     if args.path == "evaluate":
-        batches = spilled_images(args.images, model.embed_dim, Path(spill.name))
-        phases.report("images written to files, batch by batch")
+        spilled = spilled_images(args.images, model.embed_dim)
+        phases.report("images written to a temporary file, batch by batch")
     captions = drawn_embeddings(args.captions, caption_lengths(args.captions, seed=1), model.embed_dim, seed=1)
     phases.report("captions (float32, bucketed)")
     images = None
@@ -134,12 +123,11 @@ def main() -> None:
         for start in range(0, min(args.steps * STEP, args.images), STEP):
             t = time.perf_counter()
             stop = min(start + STEP, args.images)
-            step = read_step(batches, start, stop) if images is None else images[start:stop]
+            step = spilled.read(start, stop, torch.device("cpu")) if images is None else images[start:stop]
             scores[start:stop] = score(step, captions).numpy()
             del step
             print(f"  step of {stop - start} images: {time.perf_counter() - t:.1f} s", flush=True)
     phases.report(f"scoring ({args.steps} step(s){', images read back' if images is None else ''})")
-    spill.cleanup()
     release_free_memory()
     phases.report("freed pages handed back")
     t = time.perf_counter()

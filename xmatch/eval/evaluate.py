@@ -8,18 +8,19 @@ matrix for 5K), chunked through the model's pooler. Several models form an ensem
 averaging their score blocks (TERAN's ensemble).
 
 :func:`evaluate` never holds every image's embeddings while it scores: :func:`score_dataset`
-writes them to a temporary folder as they are encoded and reads each step of images back,
+writes them to a temporary file as they are encoded and reads each step of images back,
 with the same scores bit for bit as :func:`encode_dataset` followed by :func:`score_blocks`.
 At COCO-5K size that is 0.69 GiB (5,000 x 36 regions x 1,024 float32) less at the peak.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -185,10 +186,10 @@ def score_dataset(
     folds, ...)`` computes it, without holding every image's embeddings while scoring.
 
     The images are encoded first, in the batches :func:`encode_dataset` encodes them, and each
-    batch is written to a temporary folder (``tempfile``'s: ``TMPDIR``; on a tmpfs the files
-    stay in memory, outside the process) instead of being kept; then the captions are encoded
-    (:func:`encode_captions`); then each step of ``rows_per_step`` images is read back, scored
-    against its fold's captions and dropped. Neither encoder runs while the captions and the
+    batch is written to a temporary file (``tempfile``'s, in ``TMPDIR``, unlinked from the
+    start; on a tmpfs it stays in memory, outside the process) instead of being kept; then the
+    captions are encoded (:func:`encode_captions`); then each step of ``rows_per_step`` images
+    is read back, scored against its fold's captions and dropped. Neither encoder runs while the captions and the
     scores are held, so their activations never add to that peak.
 
     The batches, the steps and the captions' buckets are those of the two-stage path, so the
@@ -220,11 +221,11 @@ def score_dataset(
         raise ValueError(f"a fold ends at image {folds[-1].stop}, but the dataset has {n_images} images.")
     start = time.perf_counter()
     model.eval()
-    with tempfile.TemporaryDirectory(prefix="xmatch-eval-images-") as spill:
-        batches = _encode_images_to(model, dataset, image_batch_size, Path(spill), progress)
-        if batches[-1][1] != n_images:
+    images = _encode_images_to(model, dataset, image_batch_size, progress)
+    with contextlib.closing(images):
+        if len(images) != n_images:
             raise ValueError(
-                f"the dataset yielded {batches[-1][1]} images for {len(dataset.captions)} captions "
+                f"the dataset yielded {len(images)} images for {len(dataset.captions)} captions "
                 f"({c} per image = {n_images} images expected)."
             )
         captions = encode_captions(model, dataset.captions, batch_size=text_batch_size, progress=progress)
@@ -237,42 +238,85 @@ def score_dataset(
                 block = np.empty((f.stop - f.start, len(txt)), dtype=np.float32)
                 for i in range(f.start, f.stop, rows_per_step):
                     j = min(i + rows_per_step, f.stop)
-                    images = _read_images(batches, i, j, model.device)
-                    block[i - f.start : j - f.start] = model.similarity(images, txt).float().cpu().numpy()
-                    del images
+                    step = images.read(i, j, model.device)
+                    block[i - f.start : j - f.start] = model.similarity(step, txt).float().cpu().numpy()
+                    del step
                     bar.update(j - i)
                 blocks.append(block)
     return blocks, encode_s, time.perf_counter() - start
 
 
-def _encode_images_to(
-    model: MatchingModel, dataset: RetrievalSet, batch_size: int, folder: Path, progress: bool
-) -> list[tuple[int, int, Path]]:
+class _SpilledImages:
+    """Encoded image batches kept in one temporary file instead of memory. The file is unlinked
+    when it is made (``tempfile.TemporaryFile``), so nothing is left behind, even by a killed
+    process; it lives in ``TMPDIR`` (on a tmpfs it stays in memory, outside the process)."""
+
+    FIELDS = ("tokens", "mask", "pooled", "boxes")
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile(prefix="xmatch-eval-images-")
+        # per batch: first image, one past the last, and per field (offset, dtype, shape) or None
+        self.batches: list[tuple[int, int, dict[str, tuple[int, torch.dtype, torch.Size] | None]]] = []
+
+    def __len__(self) -> int:
+        return self.batches[-1][1] if self.batches else 0
+
+    def add(self, e: Embeddings) -> None:
+        fields: dict[str, tuple[int, torch.dtype, torch.Size] | None] = {}
+        for name in self.FIELDS:
+            t = getattr(e, name)
+            if t is None:
+                fields[name] = None
+                continue
+            t = t.detach().contiguous().cpu()
+            fields[name] = (self.file.seek(0, os.SEEK_END), t.dtype, t.shape)
+            self.file.write(t.reshape(-1).view(torch.uint8).numpy().data)  # raw bytes: any dtype, bf16 too
+        self.batches.append((len(self), len(self) + len(e), fields))
+
+    def read(self, start: int, stop: int, device: torch.device) -> BucketedEmbeddings:
+        """Images ``start .. stop - 1``, bucketed (one bucket when they all have the same length:
+        ``encode_dataset``'s buckets sliced there)."""
+        pieces = [self._batch(fields, device)[max(start - first, 0) : stop - first]
+                  for first, end, fields in self.batches if first < stop and end > start]
+        return BucketedEmbeddings.from_parts(pieces, consume=True)
+
+    def _batch(self, fields: dict[str, tuple[int, torch.dtype, torch.Size] | None], device: torch.device) -> Embeddings:
+        tensors = {}
+        for name, where in fields.items():
+            if where is None:
+                tensors[name] = None
+                continue
+            offset, dtype, shape = where
+            raw = torch.empty(shape.numel() * dtype.itemsize, dtype=torch.uint8)
+            self.file.seek(offset)
+            self.file.readinto(raw.numpy().data)
+            tensors[name] = raw.view(dtype).reshape(shape).to(device)
+        return Embeddings(**tensors)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _encode_images_to(model: MatchingModel, dataset: RetrievalSet, batch_size: int, progress: bool) -> _SpilledImages:
     """Encode the dataset's images batch by batch as :func:`encode_dataset` does, each batch
-    written to its own file in ``folder``; ``(first image, one past the last, file)`` per batch."""
-    batches: list[tuple[int, int, Path]] = []
+    written to a temporary file as soon as it is encoded."""
+    spilled = _SpilledImages()
     n_images = len(dataset.captions) // dataset.captions_per_image
-    with progress_bar(total=n_images, desc="encode images", unit="img", show=progress) as bar:
-        for batch in dataset.image_batches(batch_size):
-            encoded = model.encode_images(batch.images)
-            first = batches[-1][1] if batches else 0
-            path = folder / f"{len(batches)}.safetensors"
-            encoded.save(path)
-            batches.append((first, first + len(encoded), path))
-            del encoded
-            release_free_memory()  # the batch's activations: growing batches never fit old heap holes
-            bar.update(batches[-1][1] - first)
-    if not batches:
+    try:
+        with progress_bar(total=n_images, desc="encode images", unit="img", show=progress) as bar:
+            for batch in dataset.image_batches(batch_size):
+                encoded = model.encode_images(batch.images)
+                spilled.add(encoded)
+                bar.update(len(encoded))
+                del encoded
+                release_free_memory()  # the batch's activations: growing batches never fit old heap holes
+    except BaseException:
+        spilled.close()
+        raise
+    if not len(spilled):
+        spilled.close()
         raise ValueError("the dataset has no images to encode.")
-    return batches
-
-
-def _read_images(batches: list[tuple[int, int, Path]], start: int, stop: int, device: torch.device) -> BucketedEmbeddings:
-    """Images ``start .. stop - 1`` read back from their batches' files, bucketed (one bucket
-    when they all have the same length, as ``encode_dataset``'s buckets sliced there)."""
-    pieces = [Embeddings.load(path, device)[max(start - first, 0) : stop - first]
-              for first, end, path in batches if first < stop and end > start]
-    return BucketedEmbeddings.from_parts(pieces, consume=True)
+    return spilled
 
 
 def _ranges_in_order(folds: Sequence[Block]) -> bool:
