@@ -28,19 +28,30 @@ is that of all twenty (scoring all of them takes 10-30 minutes on a 2-core CPU).
     python benchmarks/eval_memory.py                     # 5,000 x 25,000, one step, evaluate's path
     python benchmarks/eval_memory.py --path two-stage    # every image's embeddings held
     python benchmarks/eval_memory.py --path public --steps 2
+
+``--write-cli-set DIR`` writes instead the same set for ``xmatch eval`` (2.3 GB): the images'
+random region features and boxes in the TERAN layout (``features_36/bu_att``, ``bu_box``), the
+captions in ``annotations/dataset_coco.json`` (words drawn from a small vocabulary, lengths
+from the COCO model) and the full-size model's bundle in ``DIR/bundle``:
+
+    python benchmarks/eval_memory.py --write-cli-set /tmp/coco5k
+    /usr/bin/time -v xmatch eval local-dir:/tmp/coco5k/bundle --data /tmp/coco5k --dataset teran --split test --protocol coco-5k
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
-from eval_speed import STEP, caption_lengths, drawn_embeddings, full_size_teran
+from eval_speed import STEP, WORDS, caption_lengths, drawn_embeddings, full_size_teran
 
+import xmatch
 from xmatch.core.memory import release_free_memory
 from xmatch.eval.evaluate import _SpilledImages  # what score_dataset holds the images in
 from xmatch.eval.protocol import evaluate_scores
@@ -87,13 +98,44 @@ def spilled_images(n: int, dim: int) -> _SpilledImages:
     return spilled
 
 
+def write_cli_set(root: Path, n_images: int, n_captions: int) -> None:
+    """The benchmark's set as a TERAN-layout data folder with a bundle, for ``xmatch eval``."""
+    if n_captions % n_images:
+        raise SystemExit(f"--captions {n_captions} is not a multiple of --images {n_images}.")
+    per_image = n_captions // n_images
+    rng = np.random.default_rng(0)
+    lengths = caption_lengths(n_captions, seed=1)
+    for folder in ("bu_att", "bu_box"):
+        (root / "features_36" / folder).mkdir(parents=True, exist_ok=True)
+    (root / "annotations").mkdir(exist_ok=True)
+    images = []
+    for i in range(n_images):
+        np.savez(root / "features_36" / "bu_att" / str(i), feat=rng.random((36, 2048), dtype=np.float32))
+        xy = rng.random((36, 2), dtype=np.float32) * np.float32([320, 240])
+        np.save(root / "features_36" / "bu_box" / str(i), np.concatenate([xy, xy + np.float32([300, 220])], 1))
+        # word pieces = words + [CLS] and [SEP]: every word of WORDS is one piece
+        sentences = [{"raw": " ".join(rng.choice(WORDS, size=max(1, int(k) - 2))), "imgid": i, "sentid": per_image * i + j}
+                     for j, k in enumerate(lengths[per_image * i : per_image * (i + 1)])]
+        images.append({"imgid": i, "split": "test", "filename": f"{i}.jpg", "width": 640, "height": 480,
+                       "sentids": [s["sentid"] for s in sentences], "sentences": sentences})
+    (root / "annotations" / "dataset_coco.json").write_text(json.dumps({"images": images, "dataset": "coco"}))
+    with tempfile.TemporaryDirectory() as tmp:
+        model = full_size_teran(str(write_bert_base_dir(os.path.join(tmp, "bert-base-uncased"))), "cpu")
+        xmatch.save_pretrained(model, root / "bundle")
+    print(f"wrote {n_images} images, {n_captions} captions and the bundle in {root}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=5000)
     parser.add_argument("--captions", type=int, default=25000)
     parser.add_argument("--steps", type=int, default=1, help="evaluation steps of 256 images to score")
     parser.add_argument("--path", choices=PATHS, default="evaluate", help="what is held while scoring (see above)")
+    parser.add_argument("--write-cli-set", type=Path, metavar="DIR", help="write the set for xmatch eval instead (see above)")
     args = parser.parse_args()
+    if args.write_cli_set:
+        write_cli_set(args.write_cli_set, args.images, args.captions)
+        return
 
     phases = Phases()
     phases.report("python, numpy, torch, xmatch imported")
