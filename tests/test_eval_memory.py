@@ -123,22 +123,21 @@ PEAK_SCRIPT = textwrap.dedent("""
     from conftest import random_regions, tiny_spec
     from test_eval_run import TinySet
     from xmatch.core.memory import release_free_memory
-    from xmatch.eval.evaluate import encode_captions, encode_dataset, score_blocks, score_dataset
-from xmatch.model.buckets import BucketedEmbeddings
+    from xmatch.eval.evaluate import encode_dataset, score_blocks, score_dataset
 
     torch.manual_seed(0)
-    model = xmatch.build(tiny_spec({bert!r}, embed_dim=512)).eval()
-    regions, boxes, mask = random_regions(1500, 36, 12, seed=0)
+    model = xmatch.build(tiny_spec({bert!r}, embed_dim=1024)).eval()
+    regions, boxes, mask = random_regions(1000, 64, 12, seed=0)
     mask[:] = True
-    data = TinySet(regions, boxes, mask, ["a dog on a bench"] * 1500, captions_per_image=1)
+    data = TinySet(regions, boxes, mask, ["a dog on a bench"] * 1000, captions_per_image=1)
     release_free_memory()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     before = int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
     if {path!r} == "two-stage":
-        score_blocks(model, encode_dataset(model, data, progress=False), [slice(0, 1500)], 1, progress=False)
+        score_blocks(model, encode_dataset(model, data, progress=False), [slice(0, 1000)], 1, progress=False)
     else:
-        score_dataset(model, data, [slice(0, 1500)], 1, progress=False)
+        score_dataset(model, data, [slice(0, 1000)], 1, progress=False)
     peak = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
     print((peak - before) / 1024)
 """)
@@ -147,11 +146,11 @@ from xmatch.model.buckets import BucketedEmbeddings
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="resets the peak resident size through /proc")
 def test_the_peak_no_longer_holds_every_image(fixture_bert):
-    # 1,500 images x 36 regions x 512 float32 = 105 MiB of image embeddings; the captions and
-    # the scores are a few MiB: the streamed path's peak stays well below the two-stage one
+    # 1,000 images x 64 regions x 1,024 float32 = 250 MiB of image embeddings; the captions and
+    # the scores are a few MiB, the heap's fragmentation moves either peak by up to ~70 MiB
     growth = {}
     for path in ("two-stage", "streamed"):
         script = PEAK_SCRIPT.format(tests=str(ROOT / "tests"), bert=fixture_bert, path=path)
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
         growth[path] = float(out.stdout.split()[-1])
-    assert growth["streamed"] < growth["two-stage"] - 80, growth
+    assert growth["streamed"] < growth["two-stage"] - 150, growth
