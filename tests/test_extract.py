@@ -103,9 +103,11 @@ def test_input_size_keeps_the_aspect_and_the_stride():
 
 def test_roi_config_checks_its_settings():
     assert RoIConfig() == RoIConfig.from_table(None) == RoIConfig.from_table({})
-    # xmatch extract's flags: one left out takes RoIConfig's default
     parse = build_parser().parse_args
-    assert roi_config(parse(["extract", "photos", "--out", "feats"])) == RoIConfig()
+    # with the default backbone, a flag left out takes xmatch extract's defaults (600 px, stride 16)
+    assert roi_config(parse(["extract", "photos", "--out", "feats"])) == RoIConfig(image_size=600, output_stride=16)
+    assert roi_config(parse(["extract", "photos", "--out", "feats", "--image-size", "224"])) == RoIConfig(
+        image_size=224, output_stride=16)
     flags = parse(["extract", "photos", "--out", "feats", "--backbone", "efficientnet_lite2", "--pretrained", "--max-size", "512"])
     assert roi_config(flags) == RoIConfig("efficientnet_lite2", pretrained=True, max_size=512)
     assert RoIConfig.from_table(ROI) == RoIConfig("test_efficientnet", weights="random", image_size=64)

@@ -111,3 +111,19 @@ def test_extract_records_the_mode_and_rebuilds_it(tmp_path, capsys):
     # resuming with another mode would mix two kinds of features: refused, the change named
     assert cli([*args, "--mode", "roi", "--resume"]) != 0
     assert "pipeline.roi.mode: 'crop' -> 'roi'" in capsys.readouterr().err
+
+
+def test_extract_without_a_pipeline_takes_the_command_defaults(tmp_path):
+    from xmatch.extract import extract
+    from xmatch.regions.config import EXTRACT_DEFAULTS
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    Image.fromarray(np.random.default_rng(4).integers(0, 256, (90, 120, 3), dtype=np.uint8)).save(photos / "a.png")
+    result = extract(photos, tmp_path / "feats", workers=0, progress=False)
+    manifest = read_manifest(result.out)
+    assert {k: manifest["pipeline"]["roi"][k] for k in EXTRACT_DEFAULTS} == EXTRACT_DEFAULTS == {"image_size": 600,
+                                                                                                 "output_stride": 16}
+    assert manifest["pipeline"]["proposer"]["name"] == "windows" and manifest["pipeline"]["stride"] == 16
+    # the shorter side at 600 px (a multiple of 16), the aspect kept
+    assert manifest["pipeline"]["input"]["side"] == 600

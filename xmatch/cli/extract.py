@@ -40,15 +40,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="proposer argument, e.g. source=boxes.json (boxes), backbone=fasterrcnn_resnet50_fpn_v2 or weights=none (torchvision-detector) (repeatable)")
     parser.add_argument("--regions", type=int, help="boxes per image (default: the proposer's, 36)")
     parser.add_argument("--min-regions", type=int, help="boxes, detector: pad to at least this many (default: --regions)")
-    # no defaults here: a flag left out takes RoIConfig's
-    parser.add_argument("--backbone", help="timm model (default: efficientnet_lite0)")
+    # no defaults here: a flag left out takes EXTRACT_DEFAULTS' (default backbone), else RoIConfig's
+    parser.add_argument("--backbone", help="timm model (default: efficientnet_lite0; another takes RoIConfig's defaults: "
+                        "its own input size and stride)")
     parser.add_argument("--weights",
                         help="auto (packaged offline weights: EfficientNet-Lite0/1/2), a .safetensors / .pth file, or random")
     parser.add_argument("--pretrained", action="store_true", help="timm's hub weights instead (needs the network or its cache)")
-    parser.add_argument("--image-size", type=int, help="shorter side fed to the backbone (default: its pretrained input size)")
+    parser.add_argument("--image-size", type=int,
+                        help="shorter side fed to the backbone (default: 600; with --backbone: its pretrained input size)")
     parser.add_argument("--max-size", type=int, help="longest side fed to the backbone (default: 2 x --image-size)")
     parser.add_argument("--output-stride", type=int, choices=[8, 16, 32],
-                        help="stride of the feature map (default: the backbone's own, 32; 16 dilates the last stage)")
+                        help="stride of the feature map (default: 16, the last stage dilated; with --backbone: its own)")
     parser.add_argument("--mode", choices=["roi", "crop"],
                         help="roi (default): pool the picture's map over each box; crop: encode each box cut out and resized")
     parser.add_argument("--crop-size", type=int, help="side of a crop in --mode crop (default: 96)")
@@ -81,13 +83,18 @@ def proposer_spec(args: argparse.Namespace) -> dict[str, Any]:
 
 def roi_config(args: argparse.Namespace) -> RoIConfig:
     """The RoI settings from ``--backbone``, ``--weights``, ``--pretrained``, ``--image-size``,
-    ``--max-size``, ``--output-stride``, ``--mode``, ``--crop-size`` (a flag left out keeps
-    :class:`~xmatch.regions.config.RoIConfig`'s default)."""
-    from xmatch.regions.config import RoIConfig
+    ``--max-size``, ``--output-stride``, ``--mode``, ``--crop-size``. A flag left out takes
+    :data:`~xmatch.regions.config.EXTRACT_DEFAULTS` with the default backbone, else :class:`~xmatch.regions.config.RoIConfig`'s
+    default (another backbone keeps its own input size and stride: a ViT takes neither 600 px
+    nor a dilated map)."""
+    from xmatch.regions.config import EXTRACT_DEFAULTS, RoIConfig
 
     given = {"backbone": args.backbone, "weights": args.weights, "image_size": args.image_size, "max_size": args.max_size,
              "output_stride": args.output_stride, "mode": args.mode, "crop_size": args.crop_size}
-    return RoIConfig(pretrained=args.pretrained, **{k: v for k, v in given.items() if v is not None})
+    settings = {k: v for k, v in given.items() if v is not None}
+    if args.backbone in (None, RoIConfig.backbone):
+        settings = {**EXTRACT_DEFAULTS, **settings}
+    return RoIConfig(pretrained=args.pretrained, **settings)
 
 
 def run(args: argparse.Namespace) -> int:

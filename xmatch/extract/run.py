@@ -32,6 +32,7 @@ import torch
 from xmatch.core.errors import XmatchError
 from xmatch.extract.captions import ImageRecord, read_records
 from xmatch.io.pictures import MAX_BATCH_PIXELS, MAX_PIXELS, ImageTooLargeError
+from xmatch.regions.config import EXTRACT_DEFAULTS
 from xmatch.regions.images import UnreadableImageError, picture_size
 from xmatch.regions.manifest import FORMAT, MANIFEST, ManifestError, read_manifest, settings_differences
 from xmatch.regions.pipeline import PictureLoader, Prepared, RegionPipeline
@@ -126,8 +127,11 @@ def extract(
         images: the image folder.
         out: the output folder (created).
         pipeline: a :class:`RegionPipeline` or its settings table ``{"proposer": ..., "roi":
-            {...}}`` (:meth:`RegionPipeline.from_table`; default: ``windows`` proposals, 36 per
-            image, EfficientNet-Lite0 with its packaged ImageNet weights).
+            {...}}`` (:meth:`RegionPipeline.from_table`; a table's missing settings take
+            :class:`~xmatch.regions.config.RoIConfig`'s defaults). None: ``xmatch extract``'s
+            defaults, ``windows`` proposals, 36 per image, EfficientNet-Lite0 with its packaged
+            ImageNet weights, the picture's shorter side at 600 px on a stride-16 map
+            (:data:`~xmatch.regions.config.EXTRACT_DEFAULTS`).
         layout: ``teran`` (``bu_att`` / ``bu_box`` + ``dataset_xmatch.json``, read by the
             ``teran`` dataset) or ``precomp`` (``<split>_ims.npy`` ..., read by ``scan-precomp``).
         captions: a captions file (Karpathy / COCO JSON, CSV, JSONL); default: found in the
@@ -185,7 +189,8 @@ def extract(
     procs = Processes.join(device)
     try:
         records, source = read_records(images, captions, split, allow_outside_root=allow_outside_root)
-        pipe = pipeline if isinstance(pipeline, RegionPipeline) else RegionPipeline.from_table(pipeline or {})
+        pipe = pipeline if isinstance(pipeline, RegionPipeline) else RegionPipeline.from_table(
+            {"roi": EXTRACT_DEFAULTS} if pipeline is None else pipeline)
         pipe = pipe.to(procs.device).eval()
         start = time.perf_counter()
         if layout == "precomp":

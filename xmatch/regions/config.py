@@ -21,6 +21,12 @@ RESIZE_MODES = ("shorter", "square")
 #: ``"crop"``: cut each box out, resize it to ``crop_size`` and encode it alone
 REGION_MODES = ("roi", "crop")
 OUTPUT_STRIDES = (8, 16, 32)
+#: the RoI settings of ``xmatch extract`` (and of :func:`xmatch.extract.extract` without a
+#: pipeline) with the default backbone: the bottom-up convention, shorter side 600 px on a
+#: stride-16 map, chosen by docs/extract.md's table (objects of 16-40 px: rsum 512 against 340
+#: at 224 px on the stride-32 map). ``RoIConfig()`` keeps the earlier settings, so the
+#: manifests and specs made before rebuild the same features.
+EXTRACT_DEFAULTS: dict[str, int] = {"image_size": 600, "output_stride": 16}
 
 
 @dataclass(frozen=True)
