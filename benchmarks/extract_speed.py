@@ -30,6 +30,14 @@ ROWS = {
     "grid-lite0": ({"proposer": "grid"}, "grid 6x6, EfficientNet-Lite0, shorter side 224"),
     "windows-lite0": ({"proposer": "windows"}, "windows 36, EfficientNet-Lite0, shorter side 224"),
     "windows-lite0-448": ({"proposer": "windows", "roi": {"image_size": 448}}, "windows 36, EfficientNet-Lite0, shorter side 448"),
+    "windows-lite0-600-s16": (
+        {"proposer": "windows", "roi": {"image_size": 600, "output_stride": 16}},
+        "windows 36, EfficientNet-Lite0, shorter side 600, stride 16 (xmatch extract's default)",
+    ),
+    "selective-search-crop": (
+        {"proposer": "selective-search", "roi": {"image_size": 600, "mode": "crop"}},
+        "selective-search 36, EfficientNet-Lite0, crops of 96 px from the picture at 600",
+    ),
     "windows-lite2": (
         {"proposer": "windows", "roi": {"backbone": "efficientnet_lite2"}}, "windows 36, EfficientNet-Lite2, shorter side 260 (256)"
     ),
