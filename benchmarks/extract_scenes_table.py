@@ -44,6 +44,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+#: the settings before the defaults changed (RoIConfig's): the picture at 224 px, stride 32
+AT_224 = ["--image-size", "224", "--output-stride", "32"]
+#: the bottom-up convention (xmatch extract's defaults): shorter side 600 px, a stride-16 map
+AT_600 = ["--image-size", "600", "--output-stride", "16"]
+#: each box cut out of the picture at 600 px and encoded alone at 96 px
+CROPPED = ["--image-size", "600", "--mode", "crop", "--crop-size", "96"]
+
+
 @dataclass(frozen=True)
 class Row:
     key: str
@@ -51,13 +59,8 @@ class Row:
     proposer: str = ""
     options: list[str] = field(default_factory=list)
     regions: int = 36
-    roi: list[str] = field(default_factory=list)
+    roi: list[str] = field(default_factory=lambda: list(AT_224))
 
-
-#: the bottom-up convention: shorter side 600 px, a stride-16 map
-AT_600 = ["--image-size", "600", "--output-stride", "16"]
-#: each box cut out of the picture at 600 px and encoded alone at 96 px
-CROPPED = ["--image-size", "600", "--mode", "crop", "--crop-size", "96"]
 
 ROWS = [
     Row("shipped", "shipped scenes features (objects + jitter + background)"),
