@@ -9,11 +9,12 @@ Example:
     600.0
 """
 
-from xmatch.eval.evaluate import Encoded, RetrievalSet, encode_dataset, evaluate, score_blocks
+from xmatch.eval.evaluate import Encoded, RetrievalSet, encode_captions, encode_dataset, evaluate, score_blocks, score_dataset
 from xmatch.eval.protocol import PROTOCOLS, EvalResult, evaluate_blocks, evaluate_scores, fold_layout
 from xmatch.eval.suite import EXTRA_PROTOCOLS, RunRecord, load_records, run_protocols
 
 __all__ = [
-    "EXTRA_PROTOCOLS", "PROTOCOLS", "Encoded", "EvalResult", "RetrievalSet", "RunRecord", "encode_dataset", "evaluate",
-    "evaluate_blocks", "evaluate_scores", "fold_layout", "load_records", "run_protocols", "score_blocks",
+    "EXTRA_PROTOCOLS", "PROTOCOLS", "Encoded", "EvalResult", "RetrievalSet", "RunRecord", "encode_captions",
+    "encode_dataset", "evaluate", "evaluate_blocks", "evaluate_scores", "fold_layout", "load_records", "run_protocols",
+    "score_blocks", "score_dataset",
 ]
