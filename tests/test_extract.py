@@ -103,11 +103,14 @@ def test_input_size_keeps_the_aspect_and_the_stride():
 
 def test_roi_config_checks_its_settings():
     assert RoIConfig() == RoIConfig.from_table(None) == RoIConfig.from_table({})
+    assert (RoIConfig().image_size, RoIConfig().output_stride) == (600, 16)  # the bottom-up convention
     parse = build_parser().parse_args
-    # with the default backbone, a flag left out takes xmatch extract's defaults (600 px, stride 16)
-    assert roi_config(parse(["extract", "photos", "--out", "feats"])) == RoIConfig(image_size=600, output_stride=16)
-    assert roi_config(parse(["extract", "photos", "--out", "feats", "--image-size", "224"])) == RoIConfig(
-        image_size=224, output_stride=16)
+    # a flag left out takes RoIConfig's default; none is the backbone's own
+    assert roi_config(parse(["extract", "photos", "--out", "feats"])) == RoIConfig()
+    assert roi_config(parse(["extract", "photos", "--out", "feats", "--image-size", "224"])) == RoIConfig(image_size=224)
+    flags = parse(["extract", "photos", "--out", "feats", "--backbone", "vit_small_patch16_224", "--image-size", "None",
+                   "--output-stride", "none"])
+    assert roi_config(flags) == RoIConfig("vit_small_patch16_224", image_size=None, output_stride=None)
     flags = parse(["extract", "photos", "--out", "feats", "--backbone", "efficientnet_lite2", "--pretrained", "--max-size", "512"])
     assert roi_config(flags) == RoIConfig("efficientnet_lite2", pretrained=True, max_size=512)
     assert RoIConfig.from_table(ROI) == RoIConfig("test_efficientnet", weights="random", image_size=64)
@@ -138,7 +141,7 @@ def test_features_do_not_depend_on_the_batch(extractor):
     rng = np.random.default_rng(1)
     pictures = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in ((64, 48), (50, 70), (64, 48))]
     pixels = [extractor.prepare(p) for p in pictures]
-    assert [tuple(p.shape) for p in pixels] == [(3, 64, 96), (3, 96, 64), (3, 64, 96)]
+    assert [tuple(p.shape) for p in pixels] == [(3, 64, 80), (3, 96, 64), (3, 64, 80)]  # sides a multiple of the stride, 16
     boxes = [torch.tensor([[0.0, 0.0, w, h], [5.0, 5.0, 20.0, 30.0]]) for w, h in ((64, 48), (50, 70), (64, 48))]
     sizes = [p.size for p in pictures]
     together = extractor(pixels, boxes, sizes)
@@ -339,7 +342,7 @@ def test_clear_errors_name_the_file(photos, tmp_path):
         extract(make_photos(tmp_path / "p2"), tmp_path / "foreign", PIPE, progress=False)
     (tmp_path / "older").mkdir()
     (tmp_path / "older" / "extract.json").write_text(json.dumps({"format": "xmatch.extract/1"}))
-    with pytest.raises(ExtractError, match=r"manifest format xmatch.extract/1, this xmatch reads xmatch.extract/2; extract again with --overwrite"):
+    with pytest.raises(ExtractError, match=r"manifest format xmatch.extract/1, this xmatch reads xmatch.extract/3; extract again with --overwrite"):
         extract(tmp_path / "p2", tmp_path / "older", PIPE, progress=False, resume=True)
 
 

@@ -4,6 +4,8 @@ the manifest that rebuilds the pipeline."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 import pytest
 import torch
@@ -20,10 +22,8 @@ def extractor(**settings: object) -> RoIFeatureExtractor:
     return RoIFeatureExtractor(RoIConfig.from_table({**ROI, **settings}))
 
 
-def test_the_new_settings_are_checked_and_default_to_the_old_features():
-    # a manifest written before these settings existed rebuilds the same extraction
-    old = RoIConfig.from_table({"backbone": "efficientnet_lite0", "image_size": None})
-    assert (old.output_stride, old.mode, old.crop_size) == (None, "roi", 96)
+def test_the_region_settings_are_checked():
+    assert (RoIConfig().output_stride, RoIConfig().mode, RoIConfig().crop_size) == (16, "roi", 96)
     with pytest.raises(ValueError, match=r"output_stride must be one of 8, 16, 32 \(or None: the backbone's own\), got 12"):
         RoIConfig(output_stride=12)
     with pytest.raises(ValueError, match="mode must be one of roi, crop, got 'crops'"):
@@ -33,13 +33,16 @@ def test_the_new_settings_are_checked_and_default_to_the_old_features():
     with pytest.raises(TypeError, match="roi: output_stride must be an integer, got '16'"):
         RoIConfig.from_table({"output_stride": "16"})
     parse = build_parser().parse_args
+    for bad in ("12", "sixteen"):
+        with pytest.raises(SystemExit):
+            parse(["extract", "photos", "--out", "feats", "--output-stride", bad])
     flags = parse(["extract", "photos", "--out", "feats", "--image-size", "600", "--output-stride", "16",
                    "--mode", "crop", "--crop-size", "112"])
     assert roi_config(flags) == RoIConfig(image_size=600, output_stride=16, mode="crop", crop_size=112)
 
 
 def test_output_stride_dilates_the_map_with_the_same_weights():
-    coarse, fine = extractor(), extractor(output_stride=16)
+    coarse, fine = extractor(output_stride=None), extractor()
     assert (coarse.stride, fine.stride) == (32, 16)
     assert fine.fingerprint == coarse.fingerprint  # dilation changes no weight
     assert fine.input.of(100, 75) == (80, 64)  # both sides a multiple of the map's stride
@@ -54,9 +57,11 @@ def test_output_stride_dilates_the_map_with_the_same_weights():
     torch.testing.assert_close(pooled, cell)
 
 
-def test_a_token_backbone_refuses_an_output_stride():
-    with pytest.raises(ValueError, match="test_vit does not take output_stride=16 .*leave output_stride unset"):
-        RoIFeatureExtractor(RoIConfig("test_vit", weights="random", resize="square", output_stride=16))
+def test_a_token_backbone_refuses_an_output_stride_and_names_the_fix():
+    with pytest.raises(ValueError, match=r"test_vit does not take output_stride=16 .*set output_stride=None \(xmatch extract --output-stride none"):
+        RoIFeatureExtractor(RoIConfig("test_vit", weights="random", resize="square", image_size=None))
+    vit = RoIFeatureExtractor(RoIConfig("test_vit", weights="random", resize="square", image_size=None, output_stride=None))
+    assert vit.backbone._tokens and vit.input.side == vit.backbone.data_config["input_size"][-1]
 
 
 def test_a_crop_is_the_box_encoded_alone():
@@ -102,7 +107,7 @@ def test_extract_records_the_mode_and_rebuilds_it(tmp_path, capsys):
             "--image-size", "64", "--regions", "4", "--no-progress", "--workers", "0"]
     assert cli([*args, "--mode", "crop", "--crop-size", "32"]) == 0
     roi = read_manifest(out)["pipeline"]["roi"]
-    assert (roi["mode"], roi["crop_size"], roi["output_stride"]) == ("crop", 32, None)
+    assert (roi["mode"], roi["crop_size"], roi["output_stride"]) == ("crop", 32, 16)
     recorded = read_manifest(out)["pipeline"]
     pipe = RegionPipeline.from_table({"proposer": recorded["proposer"], "roi": recorded["roi"]})
     stored = np.load(out / "bu_att" / "0.npz")["feat"]
@@ -113,17 +118,15 @@ def test_extract_records_the_mode_and_rebuilds_it(tmp_path, capsys):
     assert "pipeline.roi.mode: 'crop' -> 'roi'" in capsys.readouterr().err
 
 
-def test_extract_without_a_pipeline_takes_the_command_defaults(tmp_path):
+def test_extract_without_a_pipeline_takes_the_defaults(tmp_path):
     from xmatch.extract import extract
-    from xmatch.regions.config import EXTRACT_DEFAULTS
 
     photos = tmp_path / "photos"
     photos.mkdir()
     Image.fromarray(np.random.default_rng(4).integers(0, 256, (90, 120, 3), dtype=np.uint8)).save(photos / "a.png")
     result = extract(photos, tmp_path / "feats", workers=0, progress=False)
     manifest = read_manifest(result.out)
-    assert {k: manifest["pipeline"]["roi"][k] for k in EXTRACT_DEFAULTS} == EXTRACT_DEFAULTS == {"image_size": 600,
-                                                                                                 "output_stride": 16}
+    assert manifest["pipeline"]["roi"] == {**asdict(RoIConfig()), "weights": "package:efficientnet-lite0"}
     assert manifest["pipeline"]["proposer"]["name"] == "windows" and manifest["pipeline"]["stride"] == 16
     # the shorter side at 600 px (a multiple of 16), the aspect kept
     assert manifest["pipeline"]["input"]["side"] == 600

@@ -1092,7 +1092,7 @@ def test_eval_result_file(base, fuzz_cases, result_doc, data):
 
 
 EXTRACT_MANIFEST = {
-    "format": "xmatch.extract/2", "xmatch": "0.1.0", "complete": True, "layout": "teran", "dtype": "float32",
+    "format": "xmatch.extract/3", "xmatch": "0.1.0", "complete": True, "layout": "teran", "dtype": "float32",
     "batch_size": 4, "feature_dim": 256, "regions": {"max": 6, "min": 6},
     "pipeline": {
         "proposer": {"name": "windows", "regions": 6, "scales": [1.0, 0.5], "overlap": 0.5},
@@ -1110,7 +1110,7 @@ EXTRACT_MANIFEST = {
 
 @examples()
 @given(json_file(EXTRACT_MANIFEST))
-@example(b'{"format": "xmatch.extract/2", "x": "@DEEP@"}')
+@example(b'{"format": "xmatch.extract/3", "x": "@DEEP@"}')
 @example(dumps({k: v for k, v in EXTRACT_MANIFEST.items() if k != "pipeline"}))
 @example(dumps(EXTRACT_MANIFEST | {"pipeline": "windows"}))
 @example(dumps(EXTRACT_MANIFEST | {"pipeline": EXTRACT_MANIFEST["pipeline"] | {"roi": None}}))

@@ -9,10 +9,25 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from xmatch.regions.config import RoIConfig
 
+#: default of the RoI flags: left out, a setting takes RoIConfig's default (None is a value: "none")
+_UNSET: Any = object()
+ROI_FLAGS = ("backbone", "weights", "image_size", "max_size", "output_stride", "mode", "crop_size")
+
+
+def _int_or_none(text: str) -> int | None:
+    """``--image-size`` / ``--output-stride``: an integer, or ``none`` (the backbone's own)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'none', got {text!r}") from None
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``extract`` to ``xmatch``'s subcommands."""
     from xmatch.io.pictures import MAX_BATCH_PIXELS, MAX_PIXELS
+    from xmatch.regions.config import RoIConfig
 
     parser = subparsers.add_parser(
         "extract", help="region features of a folder of images (proposer + timm backbone + RoI-align), for region models",
@@ -40,23 +55,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="proposer argument, e.g. source=boxes.json (boxes), backbone=fasterrcnn_resnet50_fpn_v2 or weights=none (torchvision-detector) (repeatable)")
     parser.add_argument("--regions", type=int, help="boxes per image (default: the proposer's, 36)")
     parser.add_argument("--min-regions", type=int, help="boxes, detector: pad to at least this many (default: --regions)")
-    # no defaults here: a flag left out takes EXTRACT_DEFAULTS' (default backbone), else RoIConfig's
-    parser.add_argument("--backbone", help="timm model (default: efficientnet_lite0; another takes RoIConfig's defaults: "
-                        "its own input size and stride)")
+    # no defaults here: a flag left out takes RoIConfig's, the one place they are written
+    parser.add_argument("--backbone", help=f"timm model (default: {RoIConfig.backbone})")
     parser.add_argument("--weights",
                         help="auto (packaged offline weights: EfficientNet-Lite0/1/2), a .safetensors / .pth file, or random")
     parser.add_argument("--pretrained", action="store_true", help="timm's hub weights instead (needs the network or its cache)")
-    parser.add_argument("--image-size", type=int,
-                        help="shorter side fed to the backbone (default: 600; with --backbone: its pretrained input size)")
+    parser.add_argument("--image-size", type=_int_or_none,
+                        help=f"shorter side fed to the backbone (default: {RoIConfig.image_size}; none: the backbone's pretrained input "
+                        "size, which a ViT needs)")
     parser.add_argument("--max-size", type=int, help="longest side fed to the backbone (default: 2 x --image-size)")
-    parser.add_argument("--output-stride", type=int, choices=[8, 16, 32],
-                        help="stride of the feature map (default: 16, the last stage dilated; with --backbone: its own)")
+    parser.add_argument("--output-stride", type=_int_or_none, choices=[8, 16, 32, None], metavar="{8,16,32,none}",
+                        help=f"stride of the feature map (default: {RoIConfig.output_stride}, the last stages dilated; none: the backbone's own, "
+                        "which a ViT needs)")
     parser.add_argument("--mode", choices=["roi", "crop"],
                         help="roi (default): pool the picture's map over each box; crop: encode each box cut out and resized")
-    parser.add_argument("--crop-size", type=int, help="side of a crop in --mode crop (default: 96)")
+    parser.add_argument("--crop-size", type=int, help=f"side of a crop in --mode crop (default: {RoIConfig.crop_size})")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="features on disk")
     parser.add_argument("--batch-size", type=int, default=8, help="images per backbone run and per resumable chunk (default: 8)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader processes decoding images (default: 2)")
+    parser.set_defaults(**dict.fromkeys(ROI_FLAGS, _UNSET))
     parser.add_argument("--device", help="cpu, cuda, mps (default: CUDA when available; torchrun: one GPU per process)")
     parser.add_argument("--resume", action="store_true", help="continue the extraction in --out (finished images are skipped)")
     parser.add_argument("--overwrite", action="store_true", help="remove the extraction in --out first")
@@ -83,18 +100,13 @@ def proposer_spec(args: argparse.Namespace) -> dict[str, Any]:
 
 def roi_config(args: argparse.Namespace) -> RoIConfig:
     """The RoI settings from ``--backbone``, ``--weights``, ``--pretrained``, ``--image-size``,
-    ``--max-size``, ``--output-stride``, ``--mode``, ``--crop-size``. A flag left out takes
-    :data:`~xmatch.regions.config.EXTRACT_DEFAULTS` with the default backbone, else :class:`~xmatch.regions.config.RoIConfig`'s
-    default (another backbone keeps its own input size and stride: a ViT takes neither 600 px
-    nor a dilated map)."""
-    from xmatch.regions.config import EXTRACT_DEFAULTS, RoIConfig
+    ``--max-size``, ``--output-stride``, ``--mode``, ``--crop-size``; a flag left out takes
+    :class:`~xmatch.regions.config.RoIConfig`'s default (``none`` given to ``--image-size`` or
+    ``--output-stride`` is kept: the backbone's own)."""
+    from xmatch.regions.config import RoIConfig
 
-    given = {"backbone": args.backbone, "weights": args.weights, "image_size": args.image_size, "max_size": args.max_size,
-             "output_stride": args.output_stride, "mode": args.mode, "crop_size": args.crop_size}
-    settings = {k: v for k, v in given.items() if v is not None}
-    if args.backbone in (None, RoIConfig.backbone):
-        settings = {**EXTRACT_DEFAULTS, **settings}
-    return RoIConfig(pretrained=args.pretrained, **settings)
+    given = {name: getattr(args, name) for name in ROI_FLAGS}
+    return RoIConfig(pretrained=args.pretrained, **{k: v for k, v in given.items() if v is not _UNSET})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -32,7 +32,6 @@ import torch
 from xmatch.core.errors import XmatchError
 from xmatch.extract.captions import ImageRecord, read_records
 from xmatch.io.pictures import MAX_BATCH_PIXELS, MAX_PIXELS, ImageTooLargeError
-from xmatch.regions.config import EXTRACT_DEFAULTS
 from xmatch.regions.images import UnreadableImageError, picture_size
 from xmatch.regions.manifest import FORMAT, MANIFEST, ManifestError, read_manifest, settings_differences
 from xmatch.regions.pipeline import PictureLoader, Prepared, RegionPipeline
@@ -128,10 +127,10 @@ def extract(
         out: the output folder (created).
         pipeline: a :class:`RegionPipeline` or its settings table ``{"proposer": ..., "roi":
             {...}}`` (:meth:`RegionPipeline.from_table`; a table's missing settings take
-            :class:`~xmatch.regions.config.RoIConfig`'s defaults). None: ``xmatch extract``'s
-            defaults, ``windows`` proposals, 36 per image, EfficientNet-Lite0 with its packaged
-            ImageNet weights, the picture's shorter side at 600 px on a stride-16 map
-            (:data:`~xmatch.regions.config.EXTRACT_DEFAULTS`).
+            :class:`~xmatch.regions.config.RoIConfig`'s defaults). None: the defaults, as
+            ``xmatch extract``'s: ``windows`` proposals, 36 per image, EfficientNet-Lite0 with
+            its packaged ImageNet weights, the picture's shorter side at 600 px on a stride-16
+            map.
         layout: ``teran`` (``bu_att`` / ``bu_box`` + ``dataset_xmatch.json``, read by the
             ``teran`` dataset) or ``precomp`` (``<split>_ims.npy`` ..., read by ``scan-precomp``).
         captions: a captions file (Karpathy / COCO JSON, CSV, JSONL); default: found in the
@@ -190,7 +189,7 @@ def extract(
     try:
         records, source = read_records(images, captions, split, allow_outside_root=allow_outside_root)
         pipe = pipeline if isinstance(pipeline, RegionPipeline) else RegionPipeline.from_table(
-            {"roi": EXTRACT_DEFAULTS} if pipeline is None else pipeline)
+            {} if pipeline is None else pipeline)
         pipe = pipe.to(procs.device).eval()
         start = time.perf_counter()
         if layout == "precomp":

@@ -21,14 +21,6 @@ RESIZE_MODES = ("shorter", "square")
 #: ``"crop"``: cut each box out, resize it to ``crop_size`` and encode it alone
 REGION_MODES = ("roi", "crop")
 OUTPUT_STRIDES = (8, 16, 32)
-#: the RoI settings of ``xmatch extract`` (and of :func:`xmatch.extract.extract` without a
-#: pipeline) with the default backbone: the bottom-up convention, shorter side 600 px on a
-#: stride-16 map, chosen by docs/extract.md's table (objects of 16-40 px: rsum 512 against 340
-#: at 224 px on the stride-32 map). ``RoIConfig()`` keeps the earlier settings, so the
-#: manifests and specs made before rebuild the same features.
-EXTRACT_DEFAULTS: dict[str, int] = {"image_size": 600, "output_stride": 16}
-
-
 @dataclass(frozen=True)
 class RoIConfig:
     """How region features are computed: the backbone and its weights, the resizing, the pooling.
@@ -39,17 +31,19 @@ class RoIConfig:
             ``package:efficientnet-lite0`` / ``-lite1`` / ``-lite2``), a local ``.safetensors`` /
             ``.pth`` file, ``package:<module>/<path>``, or ``"random"`` (seeded by ``seed``).
         pretrained: timm's own weights from its hub instead (needs the network or its cache).
-        image_size: target of the shorter side (None: the pretrained config's input size, 224
-            for EfficientNet-Lite0).
+        image_size: target of the shorter side: 600, the bottom-up convention (None: the
+            pretrained config's input size, 224 for EfficientNet-Lite0; a ViT needs its own).
         max_size: cap on the longer side (None: twice ``image_size``).
         resize: ``"shorter"`` (keep the aspect ratio) or ``"square"`` (squash; ViTs).
         pool_bins: RoI-align bins per side, averaged (the scenes benchmark's 2).
         pool_samples: bilinear samples per bin side (0: adaptive; the scenes benchmark's 2).
         seed: seed of a random initialisation.
-        output_stride: the feature map's stride, 8, 16 or 32 (None: the backbone's own, 32
-            for EfficientNet); a smaller one dilates the last stages (timm's
-            ``output_stride``), so a small object covers more map cells at the same cost in
-            weights: bottom-up attention pooled a stride-16 map.
+        output_stride: the feature map's stride, 8, 16 or 32: 16, as bottom-up attention
+            pooled (None: the backbone's own, 32 for EfficientNet; a ViT has only its own). A
+            stride under the backbone's dilates its last stages (timm's ``output_stride``), so
+            a small object covers more map cells with the same weights. The defaults come from
+            docs/extract.md's table: objects of 16-40 px reach rsum 504 at 600 px on a stride-16
+            map against 340 at 224 px on the stride-32 one.
         mode: ``"roi"`` pools the map of the whole picture over each box; ``"crop"`` cuts each
             box out of the resized picture, resizes it to ``crop_size`` x ``crop_size``
             (RoI-align over the pixels) and averages the backbone's map of the crop alone, so
@@ -61,9 +55,11 @@ class RoIConfig:
         TypeError: a setting of the wrong type (e.g. ``image_size="224"``).
 
     Example:
-        >>> roi = RoIConfig(image_size=320)
-        >>> roi.backbone, roi.weights, roi.max_size, roi.pool_bins
-        ('efficientnet_lite0', 'auto', None, 2)
+        >>> roi = RoIConfig()
+        >>> roi.backbone, roi.weights, roi.image_size, roi.output_stride, roi.pool_bins
+        ('efficientnet_lite0', 'auto', 600, 16, 2)
+        >>> RoIConfig("vit_small_patch16_224", resize="square", image_size=None, output_stride=None).image_size is None
+        True
         >>> RoIConfig(resize="crop")
         Traceback (most recent call last):
         ...
@@ -73,13 +69,13 @@ class RoIConfig:
     backbone: str = "efficientnet_lite0"
     weights: str = AUTO_WEIGHTS
     pretrained: bool = False
-    image_size: int | None = None
+    image_size: int | None = 600
     max_size: int | None = None
     resize: str = "shorter"
     pool_bins: int = 2
     pool_samples: int = 2
     seed: int = 0
-    output_stride: int | None = None
+    output_stride: int | None = 16
     mode: str = "roi"
     crop_size: int = 96
 

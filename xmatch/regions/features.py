@@ -165,7 +165,7 @@ class RoIFeatureExtractor(nn.Module):
 
     Args:
         roi: the backbone, its weights, the resizing and the pooling (default: EfficientNet-Lite0
-            with its packaged offline weights, shorter side 224, 2 x 2 bins of 2 x 2 samples).
+            with its packaged offline weights, shorter side 600 on a stride-16 map, 2 x 2 bins of 2 x 2 samples).
 
     Attributes:
         roi: the settings that rebuild this extractor, ``weights`` resolved to its source
@@ -200,7 +200,8 @@ class RoIFeatureExtractor(nn.Module):
         side = int(config["input_size"][-1]) if roi.image_size is None else roi.image_size
         self.stride = _stride(self.backbone)
         if self.backbone._tokens and roi.resize != "square":
-            raise ValueError(f"{roi.backbone} is a token (ViT-like) backbone with a fixed input size; use resize='square'.")
+            raise ValueError(f"{roi.backbone} is a token (ViT-like) backbone with a fixed input size; use resize='square' "
+                             "(and image_size=None, output_stride=None: its own).")
         self.input = InputSize(side, roi.max_size or 2 * side, self.stride, roi.resize,
                                str(config.get("interpolation", "bicubic")))
         self.feature_dim = self.backbone.feature_dim

@@ -11,8 +11,10 @@ from typing import Any
 from xmatch.core.errors import XmatchError
 
 MANIFEST = "extract.json"
-#: version 2: the pipeline as ``{"proposer": ..., "roi": ...}`` plus what they resolved to
-FORMAT = "xmatch.extract/2"
+#: version 2: the pipeline as ``{"proposer": ..., "roi": ...}`` plus what they resolved to;
+#: version 3: every RoI setting of today written (``output_stride``, ``mode``, ``crop_size``), and
+#: the defaults a missing one would take are no longer version 2's (600 px, stride 16)
+FORMAT = "xmatch.extract/3"
 
 
 class ManifestError(XmatchError, ValueError):

@@ -102,7 +102,8 @@ class RegionFeatureExtractor:
 
     def __init__(self, backbone: str, weights: str, image_size: int, seed: int = 0) -> None:
         self.extractor = RoIFeatureExtractor(RoIConfig(
-            backbone, weights=weights, image_size=image_size,
+            # output_stride=None: the backbone's own (32), which the shipped scenes features used
+            backbone, weights=weights, image_size=image_size, output_stride=None,
             resize="square", pool_bins=POOL_BINS, pool_samples=POOL_SAMPLES, seed=seed,
         ))
         self.backbone = self.extractor.backbone

@@ -80,8 +80,9 @@ def create_timm_model(
         if not options:
             raise
         raise ValueError(
-            f"the timm model {backbone} does not take output_stride={output_stride} ({exc}); leave output_stride "
-            "unset (the model's own stride), or use a CNN that can dilate its last stages (EfficientNet, ResNet...)."
+            f"the timm model {backbone} does not take output_stride={output_stride} ({exc}); set output_stride=None "
+            "(xmatch extract --output-stride none: the model's own stride), or use a CNN that can dilate its last "
+            "stages (EfficientNet, ResNet...)."
         ) from None
     except (OSError, RuntimeError) as exc:
         if not pretrained:
@@ -167,7 +168,7 @@ class TimmBackbone(nn.Module):
             raise ValueError(
                 f"the timm model {self.model_name} gives no spatial feature map at input size "
                 f"{self.data_config['input_size']} ({exc}); use a CNN or a ViT with forward_intermediates, "
-                "and an image_size the model accepts."
+                "and an image_size the model accepts (None: its pretrained input size)."
             ) from None
         finally:
             self.net.train(was_training)
