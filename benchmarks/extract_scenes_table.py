@@ -49,7 +49,7 @@ AT_224 = ["--image-size", "224", "--output-stride", "32"]
 #: the bottom-up convention (xmatch extract's defaults): shorter side 600 px, a stride-16 map
 AT_600 = ["--image-size", "600", "--output-stride", "16"]
 #: each box cut out of the picture at 600 px and encoded alone at 96 px
-CROPPED = ["--image-size", "600", "--mode", "crop", "--crop-size", "96"]
+CROPPED = ["--image-size", "600", "--output-stride", "32", "--mode", "crop", "--crop-size", "96"]
 
 
 @dataclass(frozen=True)

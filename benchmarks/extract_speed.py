@@ -25,21 +25,24 @@ from pathlib import Path
 import torch
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry")
+#: the settings before the bottom-up defaults: the pretrained input size, the backbone's own stride
+AT_224 = {"image_size": 224, "output_stride": 32}
 #: name -> (pipeline table, as RegionPipeline.from_table reads it; what the row is)
 ROWS = {
-    "grid-lite0": ({"proposer": "grid"}, "grid 6x6, EfficientNet-Lite0, shorter side 224"),
-    "windows-lite0": ({"proposer": "windows"}, "windows 36, EfficientNet-Lite0, shorter side 224"),
-    "windows-lite0-448": ({"proposer": "windows", "roi": {"image_size": 448}}, "windows 36, EfficientNet-Lite0, shorter side 448"),
-    "windows-lite0-600-s16": (
-        {"proposer": "windows", "roi": {"image_size": 600, "output_stride": 16}},
-        "windows 36, EfficientNet-Lite0, shorter side 600, stride 16 (xmatch extract's default)",
+    "grid-lite0": ({"proposer": "grid", "roi": AT_224}, "grid 6x6, EfficientNet-Lite0, shorter side 224, stride 32"),
+    "windows-lite0": ({"proposer": "windows", "roi": AT_224}, "windows 36, EfficientNet-Lite0, shorter side 224, stride 32"),
+    "windows-lite0-448": (
+        {"proposer": "windows", "roi": {"image_size": 448, "output_stride": 32}},
+        "windows 36, EfficientNet-Lite0, shorter side 448, stride 32",
     ),
+    "windows-lite0-600-s16": ({"proposer": "windows"}, "windows 36, EfficientNet-Lite0, shorter side 600, stride 16 (the defaults)"),
     "selective-search-crop": (
-        {"proposer": "selective-search", "roi": {"image_size": 600, "mode": "crop"}},
+        {"proposer": "selective-search", "roi": {"output_stride": 32, "mode": "crop"}},
         "selective-search 36, EfficientNet-Lite0, crops of 96 px from the picture at 600",
     ),
     "windows-lite2": (
-        {"proposer": "windows", "roi": {"backbone": "efficientnet_lite2"}}, "windows 36, EfficientNet-Lite2, shorter side 260 (256)"
+        {"proposer": "windows", "roi": {"backbone": "efficientnet_lite2", "image_size": None, "output_stride": 32}},
+        "windows 36, EfficientNet-Lite2, shorter side 260 (256), stride 32",
     ),
     # random weights (nothing is downloaded here): the network runs in full, but hardly any box
     # passes the 0.2 threshold, so the per-class NMS of a trained detector's boxes is not timed
