@@ -163,3 +163,33 @@ def test_registrations_made_at_run_time_are_not_builtins(isolated):
     assert models.origin("test-runtime-entry") == "registered at run time"
     assert "test-runtime-entry" not in [n for n in xmatch.list_models() if models.is_builtin(n)]
     assert models.is_builtin("tern-coco") and poolers.origin("MrSw") == "xmatch"
+
+
+def test_first_lookups_from_several_threads_at_once_all_find_a_lazy_name(tmp_path, monkeypatch):
+    """A lazily registered name whose module imports slowly, looked up by four threads at the
+    same moment: each gets the object (without the loading lock, the threads after the first
+    found the name claimed but not yet registered)."""
+    import threading
+
+    (tmp_path / "slow_component_mod.py").write_text("import time\ntime.sleep(0.3)\nclass Slow:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg = Registry("test_threads_lazy")
+    reg.register_lazy("slow", "slow_component_mod:Slow", origin="xmatch")
+    start = threading.Barrier(4)
+    found: list[object] = []
+    failures: list[BaseException] = []
+
+    def look_up() -> None:
+        start.wait()
+        try:
+            found.append(reg.get("slow"))
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=look_up) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    assert len(found) == 4 and {obj.__name__ for obj in found} == {"Slow"}

@@ -29,6 +29,7 @@ import importlib
 import importlib.metadata
 import inspect
 import logging
+import threading
 import tomllib
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -57,6 +58,10 @@ BUILTIN = "xmatch"
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
+#: held while a lookup loads names (built-ins, entry points, a lazy import): a first lookup from
+#: two threads at once must not see a half-loaded registry. One lock for all registries, because
+#: loading one registry's module may look up names in another.
+_LOADING = threading.RLock()
 
 
 class RegistryError(XmatchError, KeyError):
@@ -155,8 +160,9 @@ class Registry:
         self._origin[key] = origin
 
     def _load_builtins(self) -> None:
-        while self._builtin_loaders:
-            self._builtin_loaders.pop(0)()
+        with _LOADING:
+            while self._builtin_loaders:
+                self._builtin_loaders.pop(0)()
 
     def get(self, name: str) -> Any:
         """Return the object registered as ``name`` (case-insensitive).
@@ -168,14 +174,16 @@ class Registry:
         if not isinstance(name, str):
             raise RegistryError(f"{self.kind}: a component name must be a string, got {name!r}.")
         key = name.lower()
-        self._load_builtins()
-        if key not in self._names:
-            self._load_entry_points()
-        if key not in self._names:
-            raise RegistryError(self._broken.get(key) or self._unknown_message(name))
-        if key in self._lazy:
-            module, _, attr = self._lazy.pop(key).partition(":")
-            self._catalogue.register(self._names[key], func=getattr(importlib.import_module(module), attr))
+        with _LOADING:
+            self._load_builtins()
+            if key not in self._names:
+                self._load_entry_points()
+            if key not in self._names:
+                raise RegistryError(self._broken.get(key) or self._unknown_message(name))
+            if key in self._lazy:
+                module, _, attr = self._lazy[key].partition(":")
+                self._catalogue.register(self._names[key], func=getattr(importlib.import_module(module), attr))
+                del self._lazy[key]
         return self._catalogue.get(self._names[key])
 
     def __contains__(self, name: object) -> bool:
@@ -237,30 +245,31 @@ class Registry:
         return dict(self._broken)
 
     def _load_entry_points(self) -> None:
-        if self._entry_points_loaded:
-            return
-        self._load_builtins()  # a built-in keeps its name against a plugin's entry point
-        self._entry_points_loaded = True
-        for ep in importlib.metadata.entry_points(group=self.entry_point_group):
-            dist = ep.dist.name if ep.dist is not None else ep.value
-            key = ep.name.lower()
-            if key in self._names:
-                if self._origin[key] != dist:  # the name keeps its first owner: a built-in, when it is one
+        with _LOADING:
+            if self._entry_points_loaded:
+                return
+            self._load_builtins()  # a built-in keeps its name against a plugin's entry point
+            self._entry_points_loaded = True
+            for ep in importlib.metadata.entry_points(group=self.entry_point_group):
+                dist = ep.dist.name if ep.dist is not None else ep.value
+                key = ep.name.lower()
+                if key in self._names:
+                    if self._origin[key] != dist:  # the name keeps its first owner: a built-in, when it is one
+                        self._report_broken(ep.name, (
+                            f"{self.kind}: entry point '{ep.name}' of {dist} clashes with the name registered "
+                            f"by {self._origin[key]}, which keeps it; one of the two packages must rename it."
+                        ))
+                    continue
+                try:
+                    obj = ep.load()
+                except Exception as exc:  # a broken plugin must not hide the others
                     self._report_broken(ep.name, (
-                        f"{self.kind}: entry point '{ep.name}' of {dist} clashes with the name registered "
-                        f"by {self._origin[key]}, which keeps it; one of the two packages must rename it."
+                        f"{self.kind}: the entry point '{ep.name} = {ep.value}' of {dist} "
+                        f"(group {self.entry_point_group}) failed to load: {type(exc).__name__}: {exc}. "
+                        f"Reinstall or fix {dist}, or uninstall it."
                     ))
-                continue
-            try:
-                obj = ep.load()
-            except Exception as exc:  # a broken plugin must not hide the others
-                self._report_broken(ep.name, (
-                    f"{self.kind}: the entry point '{ep.name} = {ep.value}' of {dist} "
-                    f"(group {self.entry_point_group}) failed to load: {type(exc).__name__}: {exc}. "
-                    f"Reinstall or fix {dist}, or uninstall it."
-                ))
-                continue
-            self.register(ep.name, obj, origin=dist)
+                    continue
+                self.register(ep.name, obj, origin=dist)
 
     def _report_broken(self, name: str, message: str) -> None:
         self._broken[name.lower()] = message
