@@ -13,6 +13,13 @@ data loaders and a 2019 transformers); the bare loop is its step on the same mod
     python benchmarks/train_speed.py --device cuda --amp none bf16 fp16 --steps 100
     python benchmarks/train_speed.py --text-source DIR --random-text   # MiniLM config + tokenizer, no weights
     python benchmarks/train_speed.py --steps 6 --warmup 2 --alternate 6   # + float32 / bf16 steps alternated
+    python benchmarks/train_speed.py --rotate 6          # only the rotation: bare loop, Trainer fp32, Trainer bf16
+
+``--rotate ROUNDS`` times single steps of three contestants in one process, each with its own
+model: the bare loop (the original code's step: float32, per-tensor Adam), the Trainer in
+float32 and the Trainer in bf16 (both with their default fused Adam). Each round gives every
+contestant one step, the order rotated by one each round, so all share the machine's load
+alike; the first round warms up, and each contestant's figure is its fastest step.
 
 On a GPU, TF32 stays off for the float32 rows (torch's default for matmuls), so ``none`` is a
 true float32 step.
@@ -24,7 +31,9 @@ import argparse
 import csv
 import os
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +43,7 @@ import xmatch
 from xmatch.data.base import ImageTextDataset
 from xmatch.data.items import RegionImage
 from xmatch.train import TrainConfig, Trainer
-from xmatch.train.trainer import cpu_has_native_bf16
+from xmatch.train.trainer import Callback, cpu_has_native_bf16
 
 WORDS = ("a man woman dog cat bus car red blue small large sitting standing on near next to the "
          "street bench tree with holding table plate food white black young old riding horse").split()
@@ -132,6 +141,101 @@ def trainer_run(model, data, steps: int, warmup: int, batch_size: int, device: s
     return len(per_step) / sum(1 / v for v in per_step)
 
 
+class Turns:
+    """Steps of several contestants taken in turn, each in its own thread: a contestant runs
+    one step when given the turn (:meth:`take`), then hands it back (:meth:`hand_back`), so
+    exactly one step runs at a time and each is timed alone."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.go = {name: threading.Event() for name in names}
+        self.done = threading.Event()
+        self.times: dict[str, list[float]] = {name: [] for name in names}
+        self.started: dict[str, float] = {}
+        self.failure: BaseException | None = None
+
+    def take(self, name: str) -> None:
+        self.go[name].wait()
+        self.go[name].clear()
+        self.started[name] = time.perf_counter()
+
+    def hand_back(self, name: str, device: str) -> None:
+        _sync(device)
+        self.times[name].append(time.perf_counter() - self.started[name])
+        self.done.set()
+
+    def give(self, name: str) -> None:
+        """Let ``name`` run one step and wait for it (re-raising what it raised)."""
+        self.done.clear()
+        self.go[name].set()
+        self.done.wait()
+        if self.failure is not None:
+            raise RuntimeError(f"{name} failed") from self.failure
+
+    def run(self, name: str, body: Callable[[], None]) -> threading.Thread:
+        def target() -> None:
+            try:
+                body()
+            except BaseException as exc:  # handed to the scheduling thread, which re-raises it
+                self.failure = exc
+                self.done.set()
+
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        return thread
+
+
+class _HandBack(Callback):
+    """A trainer callback that hands the turn back after each optimizer step."""
+
+    def __init__(self, turns: Turns, name: str, device: str, last_step: int) -> None:
+        self.turns, self.name, self.device, self.last_step = turns, name, device, last_step
+
+    def on_step_end(self, trainer: Trainer, step: int, logs: dict[str, float]) -> None:
+        self.turns.hand_back(self.name, self.device)
+        if step < self.last_step:
+            self.turns.take(self.name)
+
+
+def rotated_steps(make_model: Callable[[], xmatch.MatchingModel], data, amps: list[str], rounds: int,
+                  batch_size: int, device: str) -> dict[str, list[float]]:
+    """Seconds of each step of the bare loop (float32, per-tensor Adam) and of the Trainer in
+    each of ``amps``, one step each per round, the order rotated each round (the first round,
+    which builds optimizer state and warms up, is dropped)."""
+    names = ["bare", *(f"trainer-{amp}" for amp in amps)]
+    turns = Turns(names)
+    steps = rounds + 1
+
+    def bare() -> None:
+        turns.take("bare")  # building runs in the first turn, alone
+        model = make_model().train()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-5)
+        batches = iter(data.loader(batch_size, shuffle=True))
+        for k in range(steps):
+            if k:
+                turns.take("bare")
+            bare_step(model, opt, next(batches).to(device, non_blocking=True), "none")
+            turns.hand_back("bare", device)
+
+    def trainer(amp: str) -> Callable[[], None]:
+        def body() -> None:
+            turns.take(f"trainer-{amp}")  # building runs in the first turn, alone
+            model = make_model()
+            with tempfile.TemporaryDirectory() as run:
+                config = TrainConfig(epochs=1, batch_size=batch_size, lr=1e-5, max_steps=steps, amp=amp,
+                                     log_every_steps=1, tensorboard=False, keep_checkpoints=1)
+                Trainer(model, data, config, run_dir=run, device=device, progress=False,
+                        callbacks=[_HandBack(turns, f"trainer-{amp}", device, steps)]).fit()
+        return body
+
+    threads = [turns.run("bare", bare), *(turns.run(f"trainer-{amp}", trainer(amp)) for amp in amps)]
+    for r in range(steps):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            turns.give(name)
+    for thread in threads:
+        thread.join()
+    return {name: times[1:] for name, times in turns.times.items()}
+
+
 def optimizer_step_seconds(model, device: str, repeats: int = 3) -> dict[str, float]:
     """One Adam step over all of the model's parameters: the default per-tensor loop and the
     fused kernel, alternated, minimum of ``repeats``."""
@@ -188,6 +292,9 @@ def main() -> None:
     parser.add_argument("--alternate", type=int, default=0, metavar="ROUNDS",
                         help="also time bare-loop steps in float32 and each --amp mode alternated step by step "
                              "in one process (ROUNDS of each, minimum)")
+    parser.add_argument("--rotate", type=int, default=0, metavar="ROUNDS",
+                        help="only the rotation: one step each of the bare loop and the Trainer in float32 and "
+                             "bf16 (or --amp) per round, the order rotated each round; ROUNDS rounds, minimum")
     args = parser.parse_args()
     model = lambda: build_model(args.device, args.text_source, not args.random_text)  # noqa: E731
     n_images = (args.steps + args.warmup + 1) * args.batch_size // 5 + 1
@@ -198,6 +305,9 @@ def main() -> None:
     print(f"TERAN MrSw, MiniLM text encoder, {args.batch_size} pairs/batch of 36x2048 regions and "
           f"{np.mean(lengths):.1f}-word captions, {where}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, load average {load[0]:.2f}")
+    if args.rotate:
+        rotation(model, data, args)
+        return
     step = optimizer_step_seconds(model(), args.device)
     print(f"one Adam step over every parameter: default {step['default']:.3f} s, fused {step['fused']:.3f} s "
           f"({step['default'] / step['fused']:.1f}x)")
@@ -233,6 +343,23 @@ def main() -> None:
         print("alternated steps skipped: no lower precision among --amp to alternate with float32")
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f}")
+
+
+def rotation(make_model: Callable[[], xmatch.MatchingModel], data, args: argparse.Namespace) -> None:
+    """Print the rotation's steps: each contestant's fastest, its median, and the ratio of the
+    bare loop's fastest step to its fastest (the speed-up over the original code's step)."""
+    amps = args.amp or ["none", "bf16"]
+    times = rotated_steps(make_model, data, amps, args.rotate, args.batch_size, args.device)
+    base = min(times["bare"])
+    print(f"rotation, {args.rotate} rounds of one step each (the first round dropped), order rotated each round:")
+    for name, steps in times.items():
+        label = {"bare": "bare loop, float32, per-tensor Adam (the original's step)"}.get(
+            name, f"xmatch Trainer, amp={name.removeprefix('trainer-')}, fused Adam")
+        per_round = [b / t for b, t in zip(times["bare"], steps)]
+        print(f"{label:58s}: min {min(steps):6.2f} s, median {np.median(steps):6.2f} s, "
+              f"{args.batch_size / min(steps):6.2f} pairs/s, {base / min(steps):.2f}x the bare loop "
+              f"(per round {min(per_round):.2f}-{max(per_round):.2f}x)")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
