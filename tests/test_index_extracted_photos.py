@@ -15,7 +15,7 @@ import xmatch
 import xmatch.index
 from xmatch.cli.main import main
 from xmatch.data import open_dataset
-from xmatch.data.teran import NoCaptionsError
+from xmatch.data import NoCaptionsError
 from xmatch.index.build import index_dataset
 
 from conftest import tiny_spec

@@ -168,7 +168,7 @@ def _open_dataset(args: argparse.Namespace, model: Any, progress: bool) -> Any:
     files) where a teran folder's images have no captions, as ``xmatch extract`` makes them from
     pictures without a captions file: text->image search needs none."""
     from xmatch.cli.options import open_data
-    from xmatch.data.teran import NoCaptionsError
+    from xmatch.data import NoCaptionsError
     from xmatch.model.inputs import PixelInputs, input_type_of
 
     options = list(args.data_option or [])

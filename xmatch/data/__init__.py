@@ -32,7 +32,7 @@ from typing import Any
 
 from xmatch.data.base import ImageTextDataset, ImageView
 from xmatch.data.collate import collate, collate_images
-from xmatch.data.errors import DataError, DataFileNotFoundError
+from xmatch.data.errors import DataError, DataFileNotFoundError, NoCaptionsError
 from xmatch.data.image_captions import ImageCaptionsDataset
 from xmatch.data.items import ImageItem, Pair, RegionImage
 from xmatch.data.precomp import PrecompDataset
@@ -104,6 +104,6 @@ def _from_text(value: Any, hint: Any) -> Any:
 
 __all__ = [
     "DataError", "DataFileNotFoundError", "ImageCaptionsDataset", "ImageItem", "ImageTextDataset",
-    "ImageView", "Pair", "PrecompDataset", "RegionImage", "TeranDataset", "collate", "collate_images",
+    "ImageView", "NoCaptionsError", "Pair", "PrecompDataset", "RegionImage", "TeranDataset", "collate", "collate_images",
     "open_dataset",
 ]

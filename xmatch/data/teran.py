@@ -49,7 +49,7 @@ from xmatch.data._io import (
     require_file,
 )
 from xmatch.data.base import ImageTextDataset, check_index
-from xmatch.data.errors import DataError, DataFileNotFoundError
+from xmatch.data.errors import DataError, DataFileNotFoundError, NoCaptionsError
 from xmatch.data.items import RegionImage
 
 SPLITS = ("train", "val", "test")
@@ -65,22 +65,6 @@ COCO_CAPTION_FILES = {
 }
 
 PathArg = str | os.PathLike
-
-
-class NoCaptionsError(DataError):
-    """Images of the split have no captions (a folder extracted without ``--captions``): they
-    can be read alone (``captions_per_image=0``) to index them for text search, not trained or
-    evaluated on.
-
-    Attributes:
-        missing: the images without captions.
-        total: the images of the split.
-    """
-
-    def __init__(self, message: str, missing: int, total: int) -> None:
-        super().__init__(message)
-        self.missing = missing
-        self.total = total
 
 
 class TeranDataset(ImageTextDataset):
