@@ -54,6 +54,8 @@ DTYPES = ("float32", "float16")
 COMPARED = ("layout", "dtype", "batch_size", "pipeline", "images", "pixels")
 #: settings a manifest of an older xmatch lacks: it resumes under the current ones
 ADDED_LATER = ("pixels",)
+#: RoI settings a manifest of an older xmatch lacks, with the value its features were made with
+ROI_ADDED_LATER = {"compute_dtype": "float32"}
 
 
 class ExtractError(XmatchError, ValueError):
@@ -370,6 +372,9 @@ def _prepare(out: Path, manifest: dict[str, Any], resume: bool, overwrite: bool,
                     "--overwrite to start again.")
         else:
             recorded = {k: old.get(k, manifest[k] if k in ADDED_LATER else None) for k in COMPARED}
+            pipeline = recorded["pipeline"]
+            if isinstance(pipeline, dict) and isinstance(pipeline.get("roi"), dict):
+                recorded["pipeline"] = {**pipeline, "roi": {**ROI_ADDED_LATER, **pipeline["roi"]}}
             differences = settings_differences(recorded, {k: manifest[k] for k in COMPARED})
             if differences:
                 return (f"error:--resume: {path} was made with other settings ({'; '.join(differences[:6])}); "

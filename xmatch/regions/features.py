@@ -13,6 +13,12 @@ exactly ``stride x stride`` pixels and boxes map onto the feature map without ro
 same image gives the same features whatever batch it comes in (images are grouped by size,
 never padded).
 
+The backbone is frozen, so its batch norms are folded into the convolutions that feed them
+(:func:`~xmatch.components.image.backbone.fold_batch_norms`: the same features up to float
+rounding, a fifth less time on a CPU); with ``compute_dtype="bfloat16"`` it runs in bfloat16
+(about 2.5x faster at 600 px on a CPU with AVX512-BF16, features within a few percent) and the
+map is still pooled in float32.
+
 In ``crop`` mode (:class:`~xmatch.regions.config.RoIConfig`) each box is instead cut out of the
 resized picture, resampled to ``crop_size x crop_size`` with RoI-align over the pixels, and
 encoded alone; its feature is the mean of the crop's map. A small object then fills its crop,
@@ -33,10 +39,12 @@ import torch
 from torch import nn
 
 from xmatch.components.image.backbone_weights import PACKAGED_WEIGHTS
-from xmatch.components.image.backbone import TimmBackbone
+from xmatch.components.image.backbone import TimmBackbone, fold_batch_norms
 from xmatch.regions.config import AUTO_WEIGHTS, RANDOM_WEIGHTS, RoIConfig
 
 
+#: ``RoIConfig.compute_dtype`` -> the dtype the backbone's weights and input are cast to
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: crops encoded per backbone run in ``crop`` mode (bounds the memory a picture with many boxes takes)
 CROPS_PER_RUN = 64
 
@@ -160,6 +168,25 @@ def fingerprint(module: nn.Module) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def load_backbone(roi: RoIConfig) -> TimmBackbone:
+    """The backbone of ``roi`` with its weights as loaded: float32, batch norms unfolded (what
+    :class:`RoIFeatureExtractor` then freezes, folds and casts; the reference its features are
+    tested against).
+
+    Raises:
+        ValueError: weights that cannot be resolved (:func:`resolve_weights`).
+
+    Example:
+        >>> load_backbone(RoIConfig("test_efficientnet", weights="random", image_size=64)).feature_dim
+        256
+    """
+    source = resolve_weights(roi.backbone, roi.weights, roi.pretrained)
+    with torch.random.fork_rng(devices=[]):  # a random initialisation is reproducible from the seed
+        torch.manual_seed(roi.seed)
+        return TimmBackbone(roi.backbone, pretrained=roi.pretrained, weights=source, image_size=roi.image_size,
+                            crop_pct=1.0, output_stride=roi.output_stride)
+
+
 class RoIFeatureExtractor(nn.Module):
     """A frozen timm backbone whose feature map is pooled over pixel boxes.
 
@@ -189,12 +216,12 @@ class RoIFeatureExtractor(nn.Module):
         if not isinstance(roi, RoIConfig):
             raise TypeError(f"roi must be a RoIConfig (RoIConfig.from_table(table) for a table), got {type(roi).__name__}.")
         source = resolve_weights(roi.backbone, roi.weights, roi.pretrained)
-        with torch.random.fork_rng(devices=[]):  # a random initialisation is reproducible from the seed
-            torch.manual_seed(roi.seed)
-            self.backbone = TimmBackbone(roi.backbone, pretrained=roi.pretrained, weights=source,
-                                         image_size=roi.image_size, crop_pct=1.0, output_stride=roi.output_stride)
-        self.backbone.requires_grad_(False).eval()
+        self.backbone = load_backbone(roi).eval()
+        # the weights' identity, taken before folding and casting change the stored tensors
+        self._fingerprint = fingerprint(self.backbone.net)
+        fold_batch_norms(self.backbone.net)  # frozen: each norm is an affine map the convolution can carry
         self.backbone.to(memory_format=torch.channels_last)  # CPU convolutions run about a third faster
+        self.backbone.to(TORCH_DTYPES[roi.compute_dtype]).requires_grad_(False)
         self.roi = replace(roi, weights=RANDOM_WEIGHTS if source is None and not roi.pretrained else (source or AUTO_WEIGHTS))
         config = self.backbone.data_config
         side = int(config["input_size"][-1]) if roi.image_size is None else roi.image_size
@@ -208,7 +235,6 @@ class RoIFeatureExtractor(nn.Module):
         # plain tensors, not buffers: the extractor's state is the backbone's weights alone
         self.mean = torch.tensor(config["mean"], dtype=torch.float32).view(1, 3, 1, 1)
         self.std = torch.tensor(config["std"], dtype=torch.float32).view(1, 3, 1, 1)
-        self._fingerprint: str | None = None
 
     def train(self, mode: bool = True) -> RoIFeatureExtractor:
         super().train(mode)
@@ -217,9 +243,8 @@ class RoIFeatureExtractor(nn.Module):
 
     @property
     def fingerprint(self) -> str:
-        """``sha256:...`` of the backbone's weights (see :func:`fingerprint`)."""
-        if self._fingerprint is None:
-            self._fingerprint = fingerprint(self.backbone.net)
+        """``sha256:...`` of the backbone's weights as loaded (see :func:`fingerprint`), before
+        the batch norms were folded and the weights cast to ``compute_dtype``."""
         return self._fingerprint
 
     def describe(self) -> dict[str, Any]:
@@ -248,9 +273,8 @@ class RoIFeatureExtractor(nn.Module):
         if self.roi.mode == "crop":
             return [self.encode_crops(x[i : i + 1], b) for i, b in enumerate(boxes)]
         x = x.contiguous(memory_format=torch.channels_last).to(next(self.backbone.parameters()).dtype)
-        fmap = self.backbone(x)
-        pooled = roi_features(fmap, boxes, fmap.shape[-1] / pixels.shape[-1], self.roi.pool_bins, self.roi.pool_samples)
-        return [f.float() for f in pooled]
+        fmap = self.backbone(x).float()  # pooled in float32: box corners in bfloat16 would be off by pixels
+        return roi_features(fmap, boxes, fmap.shape[-1] / pixels.shape[-1], self.roi.pool_bins, self.roi.pool_samples)
 
     def encode_crops(self, image: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         """Features ``[n, C]`` of ``boxes`` (``[n, 4]`` pixels) cut out of one normalised image
@@ -273,9 +297,9 @@ class RoIFeatureExtractor(nn.Module):
         side = self.roi.crop_size
         crops = roi_align(image, [boxes.to(image)], output_size=side, spatial_scale=1.0, sampling_ratio=0, aligned=True)
         dtype = next(self.backbone.parameters()).dtype
-        features = [self.backbone(chunk.contiguous(memory_format=torch.channels_last).to(dtype)).mean(dim=(2, 3))
+        features = [self.backbone(chunk.contiguous(memory_format=torch.channels_last).to(dtype)).float().mean(dim=(2, 3))
                     for chunk in crops.split(CROPS_PER_RUN)]
-        return torch.cat(features).float()
+        return torch.cat(features)
 
     @torch.no_grad()
     def forward(

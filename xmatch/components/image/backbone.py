@@ -99,6 +99,84 @@ def create_timm_model(
     return net
 
 
+def fold_batch_norms(net: nn.Module) -> int:
+    """Fold every eval-mode batch norm into the convolution that feeds it, in place; the
+    number folded.
+
+    A frozen network's batch norm is an affine map per channel (``(x - mean) / sqrt(var + eps)
+    * weight + bias`` with the running statistics), so it can be carried by the preceding
+    convolution's weight and bias: the norm's own pass over the feature map (a fifth of
+    EfficientNet-Lite0's time on a CPU) disappears and the output is the same up to float
+    rounding (about 1e-5 of the map's largest value). A norm is folded only where ``torch.fx``
+    shows that its input is a plain ``nn.Conv2d`` (or timm's ``Conv2dSame``) whose output
+    goes nowhere else; the norm is replaced by what it applied after normalising (timm's
+    ``BatchNormAct2d``: its dropout and activation; ``nn.BatchNorm2d``: nothing). A network
+    ``torch.fx`` cannot trace, or one without such pairs (ViTs, ConvNeXt), is left as it is.
+    Only for inference: the folded network no longer has batch norms to train.
+
+    Example:
+        >>> net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+        >>> x = torch.randn(1, 3, 8, 8)
+        >>> before = net(x)
+        >>> fold_batch_norms(net), type(net[1]).__name__
+        (1, 'Identity')
+        >>> torch.allclose(net(x), before, atol=1e-5)
+        True
+    """
+    import torch.fx
+
+    convolutions = _plain_convolutions()
+    norms = _plain_batch_norms()
+
+    class _Tracer(torch.fx.Tracer):
+        def is_leaf_module(self, module: nn.Module, name: str) -> bool:
+            return isinstance(module, (nn.Conv2d, nn.BatchNorm2d)) or super().is_leaf_module(module, name)
+
+    try:
+        graph = _Tracer().trace(net)
+    except Exception:  # noqa: BLE001 - any model fx cannot trace (data-dependent control flow...) runs unfolded
+        return 0
+    modules = dict(net.named_modules())
+    folded = 0
+    for node in graph.nodes:
+        norm = modules.get(node.target) if node.op == "call_module" else None
+        source = node.args[0] if node.args else None
+        if type(norm) not in norms or norm.training or norm.running_var is None or not isinstance(source, torch.fx.Node):
+            continue
+        conv = modules.get(source.target) if source.op == "call_module" else None
+        if type(conv) not in convolutions or len(source.users) != 1 or len(node.args) != 1 or node.kwargs:
+            continue
+        with torch.no_grad():
+            scale = torch.rsqrt(norm.running_var + norm.eps)
+            shift = -norm.running_mean * scale
+            if norm.weight is not None:
+                scale, shift = scale * norm.weight, shift * norm.weight + norm.bias
+            bias = shift if conv.bias is None else conv.bias * scale + shift
+            conv.weight = nn.Parameter(conv.weight * scale.view(-1, 1, 1, 1), requires_grad=False)
+            conv.bias = nn.Parameter(bias, requires_grad=False)
+        after = nn.Sequential(norm.drop, norm.act) if hasattr(norm, "act") else nn.Identity()
+        parent, _, name = node.target.rpartition(".")
+        setattr(modules[parent] if parent else net, name, after)
+        folded += 1
+    return folded
+
+
+def _plain_convolutions() -> tuple[type, ...]:
+    """Convolutions whose forward uses the stored weight as it is (not e.g. a weight-standardised
+    ``ScaledStdConv2d``, where a folded scale would be normalised away)."""
+    from timm.layers import Conv2dSame
+
+    return nn.Conv2d, Conv2dSame
+
+
+def _plain_batch_norms() -> tuple[type, ...]:
+    """Batch norms that, in eval mode, apply their running statistics and affine map only
+    (timm's ``BatchNormAct2d`` then its dropout and activation)."""
+    from timm.layers import BatchNormAct2d
+
+    return nn.BatchNorm2d, BatchNormAct2d
+
+
 class TimmBackbone(nn.Module):
     """A timm model reduced to its last spatial feature map ``[B, C, h, w]``, with the
     preprocessing of its pretrained config.
