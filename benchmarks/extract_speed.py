@@ -7,9 +7,24 @@ pipeline built beforehand, so the time is decoding, resizing, proposing, the bac
 pooling and writing -- what grows with the number of images. The load average is printed
 with each row: the figures are only comparable on an otherwise idle machine.
 
+``--compare`` times variants of each row in one process, interleaved (one extraction of each
+variant per round, the order rotated every round; the best round of each is kept), so a
+loaded machine slows them alike: ``today`` (the backbone as loaded: batch norms unfolded,
+float32 -- the extractor before they were folded), ``float32`` (the extractor as it is) and
+``bfloat16`` (``compute_dtype="bfloat16"``); ``NAME@W`` runs a variant with ``W`` decoding
+workers. ``--differences`` prints how far the bfloat16 (and the folded float32) features of
+the photos' boxes are from today's float32 ones. ``--index-clip`` times ``xmatch index
+--images`` on the same photos with a CLIP ViT-B/32 image tower of random weights (the
+``clip-vit-b-32`` zoo layout; a one-layer text tower with a byte tokenizer written offline),
+as it is and under ``torch.autocast`` in bfloat16, interleaved.
+
 Usage:
     OMP_NUM_THREADS=1 python benchmarks/extract_speed.py --threads 1
     OMP_NUM_THREADS=2 python benchmarks/extract_speed.py --threads 2 --rows windows-lite0
+    OMP_NUM_THREADS=1 python benchmarks/extract_speed.py --threads 1 --copies 4 --rounds 3 --compare \\
+        --rows windows-lite0,windows-lite0-600-s16 --variants today,float32,bfloat16
+    OMP_NUM_THREADS=1 python benchmarks/extract_speed.py --threads 1 --differences --rows windows-lite0-600-s16
+    OMP_NUM_THREADS=1 python benchmarks/extract_speed.py --threads 1 --copies 4 --rounds 3 --index-clip
 """
 
 from __future__ import annotations
@@ -78,6 +93,129 @@ def measure(key: str, folder: Path, out: Path, workers: int, batch_size: int) ->
     return time.perf_counter() - start, result.images
 
 
+def variant_pipeline(key: str, variant: str):  # -> RegionPipeline
+    """Row ``key``'s pipeline as ``variant`` (``today``, ``float32``, ``bfloat16``) computes it."""
+    import torch
+
+    from xmatch.regions import RegionPipeline
+    from xmatch.regions.features import load_backbone
+
+    table = ROWS[key][0]
+    if variant == "bfloat16":
+        table = {**table, "roi": {**table.get("roi", {}), "compute_dtype": "bfloat16"}}
+    elif variant not in ("today", "float32"):
+        raise SystemExit(f"unknown variant {variant!r}: today, float32, bfloat16 (optionally @WORKERS)")
+    pipeline = RegionPipeline.from_table(table)
+    if variant == "today":  # the extractor before the folding: the backbone as loaded, float32
+        extractor = pipeline.extractor
+        extractor.backbone = load_backbone(extractor.roi).eval().requires_grad_(False).to(memory_format=torch.channels_last)
+    return pipeline
+
+
+def compare(keys: list[str], variants: list[str], folder: Path, out: Path, workers: int, batch_size: int, rounds: int) -> None:
+    """Extract each row with each variant once per round, the order rotated; print the best round of each."""
+    from xmatch.extract import extract
+
+    for key in keys:
+        pipelines, workers_of = {}, {}
+        for variant in variants:
+            name, _, w = variant.partition("@")
+            pipelines[variant] = variant_pipeline(key, name)
+            workers_of[variant] = int(w) if w else workers
+            extract(folder, out / "warm-up", pipelines[variant], workers=0, batch_size=batch_size, progress=False)
+            shutil.rmtree(out / "warm-up")
+        best = dict.fromkeys(variants, float("inf"))
+        loads = []
+        for r in range(rounds):
+            order = variants[r % len(variants):] + variants[: r % len(variants)]
+            for variant in order:
+                loads.append(os.getloadavg()[0])
+                start = time.perf_counter()
+                result = extract(folder, out / "x", pipelines[variant], workers=workers_of[variant], batch_size=batch_size,
+                                 progress=False)
+                best[variant] = min(best[variant], (time.perf_counter() - start) / result.images)
+                shutil.rmtree(out / "x")
+        for variant in variants:
+            speedup = f"{best[variants[0]] / best[variant]:.2f}x"
+            print(f"| {ROWS[key][1]} | {variant} (workers {workers_of[variant]}) | {1 / best[variant]:.2f} | "
+                  f"{1000 * best[variant]:.0f} | {speedup} | {min(loads):.1f}-{max(loads):.1f} |", flush=True)
+
+
+def differences(keys: list[str], folder: Path) -> None:
+    """How far the folded float32 and the bfloat16 features of the photos' boxes are from today's."""
+    import torch
+
+    files = sorted(folder.glob("*-000.jpg"))
+    for key in keys:
+        feats = {v: torch.cat([r.features for r in variant_pipeline(key, v).regions_of(files)])
+                 for v in ("today", "float32", "bfloat16")}
+        ref = feats["today"]
+        for variant in ("float32", "bfloat16"):
+            got = feats[variant]
+            rel = (got - ref).norm(dim=1) / ref.norm(dim=1)
+            cos = torch.nn.functional.cosine_similarity(got, ref)
+            # retrieval proxy: does every box keep its nearest neighbour among the other boxes?
+            def neighbours(x: torch.Tensor) -> torch.Tensor:
+                x = torch.nn.functional.normalize(x, dim=1)
+                return (x @ x.T).fill_diagonal_(-2).argmax(dim=1)
+            same = (neighbours(got) == neighbours(ref)).float().mean()
+            print(f"| {ROWS[key][1]} | {variant} vs today | {len(ref)} | {rel.max():.2e} / {rel.mean():.2e} | "
+                  f"{(got - ref).abs().max() / ref.abs().max():.2e} | {cos.min():.5f} / {cos.mean():.5f} | {100 * same:.1f} % |",
+                  flush=True)
+
+
+def write_byte_tokenizer(directory: Path) -> Path:
+    """A CLIP-style byte-level BPE tokenizer with no merges (every text spelt byte by byte), offline."""
+    from tokenizers import pre_tokenizers
+    from transformers import CLIPTokenizer
+
+    symbols = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {s: i for i, s in enumerate(symbols + [s + "</w>" for s in symbols] + ["<|startoftext|>", "<|endoftext|>"])}
+    CLIPTokenizer(vocab=vocab, merges=[]).save_pretrained(directory)
+    return directory
+
+
+def index_clip(folder: Path, out: Path, rounds: int) -> None:
+    """``xmatch index local-dir:CLIP --images folder`` (the CLI in this process) in float32 and
+    under ``torch.autocast("cpu", torch.bfloat16)`` (the tower's matmuls in bfloat16), interleaved;
+    the best round of each, and the model loading alone (part of every CLI run)."""
+    import contextlib
+
+    import torch
+
+    import xmatch
+    from xmatch.cli.main import main as cli
+
+    torch.manual_seed(0)
+    text = {"width": 64, "layers": 1, "heads": 2, "ff_dim": 128, "projection_dim": 512, "vocab_size": 514,
+            "eos_token_id": 513, "tokenizer": str(write_byte_tokenizer(out / "tokenizer"))}
+    model = xmatch.build("clip-vit-b-32", text_encoder=text).eval()  # the image tower at its full ViT-B/32 size
+    xmatch.save_pretrained(model, out / "clip")
+    n = len(list(folder.glob("*.jpg")))
+    contexts = {"float32": contextlib.nullcontext, "bfloat16 autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}
+    best, loads, loading = dict.fromkeys(contexts, float("inf")), [], float("inf")
+    for r in range(rounds + 1):  # round 0 warms up
+        for name, context in contexts.items():
+            loads.append(os.getloadavg()[0])
+            start = time.perf_counter()
+            with context():
+                code = cli(["index", f"local-dir:{out / 'clip'}", "--images", str(folder), "--out", str(out / "idx"),
+                            "--no-progress"])
+            seconds = time.perf_counter() - start
+            if code != 0:
+                raise SystemExit(f"xmatch index failed with code {code}")
+            shutil.rmtree(out / "idx")
+            best[name] = min(best[name], seconds) if r else best[name]
+        start = time.perf_counter()
+        xmatch.build(f"local-dir:{out / 'clip'}")
+        loading = min(loading, time.perf_counter() - start)
+    for name in contexts:
+        print(f"| xmatch index --images, CLIP ViT-B/32 image tower (random weights), 224 px, batch 64, {name} | "
+              f"{n / best[name]:.2f} | {1000 * best[name] / n:.0f} | {n / (best[name] - loading):.2f} | "
+              f"{best['float32'] / best[name]:.2f}x | {min(loads):.1f}-{max(loads):.1f} |", flush=True)
+    print(f"(loading the model alone: {loading:.2f} s of each run)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--copies", type=int, default=8, help="copies of each of the 6 photos (default 8: 48 images)")
@@ -85,17 +223,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers decoding images")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--rows", help="comma-separated rows (default: all): " + ", ".join(ROWS))
+    parser.add_argument("--compare", action="store_true", help="time --variants of each row, interleaved")
+    parser.add_argument("--variants", default="today,float32,bfloat16",
+                        help="with --compare: today, float32, bfloat16, each optionally @WORKERS (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, help="with --compare / --index-clip: rounds, the best kept")
+    parser.add_argument("--differences", action="store_true", help="float32 (folded) and bfloat16 features against today's")
+    parser.add_argument("--index-clip", action="store_true", help="time xmatch index --images with a CLIP ViT-B/32 tower")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     keys = args.rows.split(",") if args.rows else list(ROWS)
     print(f"{os.cpu_count()} CPU cores, {args.threads} torch thread(s), {args.workers} loader worker(s), no GPU used")
-    print("| configuration | images/s | ms / image | load avg (1 min) before / after |")
-    print("|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         folder = photo_folder(Path(tmp), args.copies)
+        out = Path(tmp) / "out"
+        out.mkdir()
+        if args.differences:
+            print("| configuration | features | boxes | relative L2 difference, max / mean | max abs difference / max abs | "
+                  "cosine, min / mean | same nearest box |")
+            print("|---|---|---|---|---|---|---|")
+            differences(keys, folder)
+        if args.compare:
+            print(f"| configuration | variant | images/s (best of {args.rounds}) | ms / image | speed-up | load avg (1 min) |")
+            print("|---|---|---|---|---|---|")
+            compare(keys, args.variants.split(","), folder, out, args.workers, args.batch_size, args.rounds)
+        if args.index_clip:
+            print(f"| configuration | images/s (best of {args.rounds}) | ms / image | images/s without the model loading | "
+                  "speed-up | load avg (1 min) |")
+            print("|---|---|---|---|---|---|")
+            index_clip(folder, out, args.rounds)
+        if args.differences or args.compare or args.index_clip:
+            return 0
+        print("| configuration | images/s | ms / image | load avg (1 min) before / after |")
+        print("|---|---|---|---|")
         for key in keys:
             before = os.getloadavg()[0]
-            seconds, n = measure(key, folder, Path(tmp) / "out", args.workers, args.batch_size)
+            seconds, n = measure(key, folder, out, args.workers, args.batch_size)
             after = os.getloadavg()[0]
             print(f"| {ROWS[key][1]} | {n / seconds:.1f} | {1000 * seconds / n:.0f} | {before:.1f} / {after:.1f} |", flush=True)
     return 0
