@@ -172,3 +172,24 @@ def test_a_bfloat16_pipeline_extracts(tmp_path):
     direct = pipe.regions_of([photos / "a.png"])[0].features
     with np.load(next((tmp_path / "out" / "bu_att").glob("*.npz"))) as stored:
         np.testing.assert_array_equal(stored["feat"], direct.numpy())
+
+
+def test_decoding_workers_default_to_none_on_two_cores(monkeypatch, tmp_path):
+    import xmatch.extract.run as run
+
+    assert [run.decoding_workers(n) for n in (1, 2, 3, 16)] == [0, 0, 2, 2]
+    monkeypatch.setattr(run.os, "cpu_count", lambda: 2)
+    assert run.decoding_workers() == 0
+    used = []
+    real = torch.utils.data.DataLoader
+
+    def spy(*args, **kwargs):
+        used.append(kwargs["num_workers"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.data, "DataLoader", spy)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    Image.fromarray(np.asarray(picture()[0].permute(1, 2, 0))).save(photos / "a.png")
+    extract(photos, tmp_path / "out", PIPE, progress=False)
+    assert used == [0]
