@@ -71,8 +71,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="roi (default): pool the picture's map over each box; crop: encode each box cut out and resized")
     parser.add_argument("--crop-size", type=int, help=f"side of a crop in --mode crop (default: {RoIConfig.crop_size})")
     parser.add_argument("--compute-dtype", choices=["float32", "bfloat16"],
-                        help=f"the backbone's arithmetic (default: {RoIConfig.compute_dtype}); bfloat16 is 2-3x faster on a CPU "
-                        "with AVX512-BF16 / AMX and on GPUs, with features that differ slightly (see docs/extract.md)")
+                        help=f"the backbone's arithmetic (default: {RoIConfig.compute_dtype}); bfloat16 runs 1.5-2x faster on a CPU "
+                        "with AVX512-BF16 / AMX, with features that differ slightly (see docs/extract.md)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="features on disk")
     parser.add_argument("--batch-size", type=int, default=8, help="images per backbone run and per resumable chunk (default: 8)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader processes decoding images (default: 2)")
