@@ -15,9 +15,9 @@ never padded).
 
 The backbone is frozen, so its batch norms are folded into the convolutions that feed them
 (:func:`~xmatch.components.image.backbone.fold_batch_norms`: the same features up to float
-rounding, a quarter less backbone time on a CPU); with ``compute_dtype="bfloat16"`` it runs in
-bfloat16 (on a CPU with AVX512-BF16, 2x the float32 images/s at 600 px and 1.5x at 224 px;
-features at a cosine of 0.998 to float32's on average) and the map is still pooled in float32.
+rounding, a fifth to a quarter less backbone time on a CPU); with ``compute_dtype="bfloat16"``
+it runs in bfloat16 (on a CPU with AVX512-BF16, 2x the float32 images/s at 600 px and 1.5x at
+224 px; features at a cosine of 0.998 to float32's on average), the map still pooled in float32.
 
 In ``crop`` mode (:class:`~xmatch.regions.config.RoIConfig`) each box is instead cut out of the
 resized picture, resampled to ``crop_size x crop_size`` with RoI-align over the pixels, and
