@@ -26,7 +26,7 @@ from xmatch.data import open_dataset
 from xmatch.extract import extract
 from xmatch.regions import RegionPipeline, RoIConfig, RoIFeatureExtractor, fingerprint, read_manifest, roi_features
 from xmatch.extract.captions import CaptionsError
-from xmatch.regions.features import InputSize, resolve_weights
+from xmatch.regions.features import InputSize, load_backbone, resolve_weights
 from xmatch.extract.run import ExtractError
 from xmatch.extract.writers import npz_bytes
 
@@ -161,7 +161,7 @@ def test_weights_resolution_and_fingerprint(extractor):
     assert same.fingerprint == extractor.fingerprint != other.fingerprint
     assert other.roi == RoIConfig("test_efficientnet", weights="random", image_size=64, seed=1)
     assert RoIFeatureExtractor(RoIConfig("efficientnet_lite0", image_size=64)).roi.weights == "package:efficientnet-lite0"
-    assert extractor.fingerprint == fingerprint(extractor.backbone.net) and extractor.fingerprint.startswith("sha256:")
+    assert extractor.fingerprint == fingerprint(load_backbone(extractor.roi).net) and extractor.fingerprint.startswith("sha256:")
 
 
 def test_npz_files_are_byte_identical_for_equal_arrays():

@@ -75,7 +75,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "with AVX512-BF16 / AMX, with features that differ slightly (see docs/extract.md)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="features on disk")
     parser.add_argument("--batch-size", type=int, default=8, help="images per backbone run and per resumable chunk (default: 8)")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader processes decoding images (default: 2)")
+    parser.add_argument("--workers", type=int,
+                        help="DataLoader processes decoding images (default: none on a machine of 2 cores or fewer, "
+                        "where they only compete with the backbone, else 2)")
     parser.set_defaults(**dict.fromkeys(ROI_FLAGS, _UNSET))
     parser.add_argument("--device", help="cpu, cuda, mps (default: CUDA when available; torchrun: one GPU per process)")
     parser.add_argument("--resume", action="store_true", help="continue the extraction in --out (finished images are skipped)")

@@ -52,15 +52,21 @@ def npy_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+#: zlib level of the region files
+NPZ_LEVEL = 1
+
+
 def npz_bytes(**arrays: np.ndarray) -> bytes:
     """A compressed ``.npz`` archive with a fixed timestamp (``np.savez_compressed`` stamps the
-    current time, so the same arrays would give different files)."""
+    current time, so the same arrays would give different files). zlib's level 1: region
+    features barely compress further at its default 6 (files 9 % smaller), which took a fifth
+    of the extraction's time at 224 px."""
     buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=NPZ_LEVEL) as archive:
         for name, array in arrays.items():
             info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(info, npy_bytes(array))
+            archive.writestr(info, npy_bytes(array), compresslevel=NPZ_LEVEL)
     return buffer.getvalue()
 
 

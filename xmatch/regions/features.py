@@ -193,6 +193,9 @@ class RoIFeatureExtractor(nn.Module):
     Args:
         roi: the backbone, its weights, the resizing and the pooling (default: EfficientNet-Lite0
             with its packaged offline weights, shorter side 600 on a stride-16 map, 2 x 2 bins of 2 x 2 samples).
+        fold_norms: fold the batch norms into the convolutions (the same features up to float
+            rounding, faster); False keeps the backbone as loaded, for features that must stay
+            byte for byte those of an earlier run (the scenes benchmark's).
 
     Attributes:
         roi: the settings that rebuild this extractor, ``weights`` resolved to its source
@@ -210,7 +213,7 @@ class RoIFeatureExtractor(nn.Module):
         torch.Size([1, 1280])
     """
 
-    def __init__(self, roi: RoIConfig | None = None) -> None:
+    def __init__(self, roi: RoIConfig | None = None, *, fold_norms: bool = True) -> None:
         super().__init__()
         roi = RoIConfig() if roi is None else roi
         if not isinstance(roi, RoIConfig):
@@ -219,7 +222,8 @@ class RoIFeatureExtractor(nn.Module):
         self.backbone = load_backbone(roi).eval()
         # the weights' identity, taken before folding and casting change the stored tensors
         self._fingerprint = fingerprint(self.backbone.net)
-        fold_batch_norms(self.backbone.net)  # frozen: each norm is an affine map the convolution can carry
+        if fold_norms:  # frozen: each norm is an affine map the convolution can carry
+            fold_batch_norms(self.backbone.net)
         self.backbone.to(memory_format=torch.channels_last)  # CPU convolutions run about a third faster
         self.backbone.to(TORCH_DTYPES[roi.compute_dtype]).requires_grad_(False)
         self.roi = replace(roi, weights=RANDOM_WEIGHTS if source is None and not roi.pretrained else (source or AUTO_WEIGHTS))
