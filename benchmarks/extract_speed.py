@@ -9,8 +9,9 @@ with each row: the figures are only comparable on an otherwise idle machine.
 
 ``--compare`` times variants of each row in one process, interleaved (one extraction of each
 variant per round, the order rotated every round; the best round of each is kept), so a
-loaded machine slows them alike: ``today`` (the backbone as loaded: batch norms unfolded,
-float32 -- the extractor before they were folded), ``float32`` (the extractor as it is) and
+loaded machine slows them alike: ``today`` (the extractor of before 2026-11-27: the backbone
+as loaded, batch norms unfolded, float32, its files at zlib's default level 6),
+``float32`` (the extractor as it is) and
 ``bfloat16`` (``compute_dtype="bfloat16"``); ``NAME@W`` runs a variant with ``W`` decoding
 workers. ``--differences`` prints how far the bfloat16 (and the folded float32) features of
 the photos' boxes are from today's float32 ones. ``--index-clip`` times ``xmatch index
@@ -114,8 +115,9 @@ def variant_pipeline(key: str, variant: str):  # -> RegionPipeline
 
 def compare(keys: list[str], variants: list[str], folder: Path, out: Path, workers: int, batch_size: int, rounds: int) -> None:
     """Extract each row with each variant once per round, the order rotated; print the best round of each."""
-    from xmatch.extract import extract
+    from xmatch.extract import extract, writers
 
+    level = writers.NPZ_LEVEL
     for key in keys:
         pipelines, workers_of = {}, {}
         for variant in variants:
@@ -130,11 +132,13 @@ def compare(keys: list[str], variants: list[str], folder: Path, out: Path, worke
             order = variants[r % len(variants):] + variants[: r % len(variants)]
             for variant in order:
                 loads.append(os.getloadavg()[0])
+                writers.NPZ_LEVEL = 6 if variant.partition("@")[0] == "today" else level
                 start = time.perf_counter()
                 result = extract(folder, out / "x", pipelines[variant], workers=workers_of[variant], batch_size=batch_size,
                                  progress=False)
                 best[variant] = min(best[variant], (time.perf_counter() - start) / result.images)
                 shutil.rmtree(out / "x")
+        writers.NPZ_LEVEL = level
         for variant in variants:
             speedup = f"{best[variants[0]] / best[variant]:.2f}x"
             print(f"| {ROWS[key][1]} | {variant} (workers {workers_of[variant]}) | {1 / best[variant]:.2f} | "

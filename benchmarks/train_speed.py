@@ -197,24 +197,27 @@ class _HandBack(Callback):
 
 
 def rotated_steps(make_model: Callable[[], xmatch.MatchingModel], data, amps: list[str], rounds: int,
-                  batch_size: int, device: str) -> dict[str, list[float]]:
-    """Seconds of each step of the bare loop (float32, per-tensor Adam) and of the Trainer in
-    each of ``amps``, one step each per round, the order rotated each round (the first round,
+                  batch_size: int, device: str, bare_amps: list[str] = ()) -> dict[str, list[float]]:
+    """Seconds of each step of the bare loop (float32, per-tensor Adam), of the Trainer in each
+    of ``amps`` and of the bare loop with fused Adam in each of ``bare_amps`` (what the trainer
+    adds to a step), one step each per round, the order rotated each round (the first round,
     which builds optimizer state and warms up, is dropped)."""
-    names = ["bare", *(f"trainer-{amp}" for amp in amps)]
+    names = ["bare", *(f"trainer-{amp}" for amp in amps), *(f"bare-{amp}" for amp in bare_amps)]
     turns = Turns(names)
     steps = rounds + 1
 
-    def bare() -> None:
-        turns.take("bare")  # building runs in the first turn, alone
-        model = make_model().train()
-        opt = torch.optim.Adam(model.parameters(), lr=1e-5)
-        batches = iter(data.loader(batch_size, shuffle=True))
-        for k in range(steps):
-            if k:
-                turns.take("bare")
-            bare_step(model, opt, next(batches).to(device, non_blocking=True), "none")
-            turns.hand_back("bare", device)
+    def bare(name: str, amp: str, fused: bool) -> Callable[[], None]:
+        def body() -> None:
+            turns.take(name)  # building runs in the first turn, alone
+            model = make_model().train()
+            opt = torch.optim.Adam(model.parameters(), lr=1e-5, fused=fused)
+            batches = iter(data.loader(batch_size, shuffle=True))
+            for k in range(steps):
+                if k:
+                    turns.take(name)
+                bare_step(model, opt, next(batches).to(device, non_blocking=True), amp)
+                turns.hand_back(name, device)
+        return body
 
     def trainer(amp: str) -> Callable[[], None]:
         def body() -> None:
@@ -227,7 +230,9 @@ def rotated_steps(make_model: Callable[[], xmatch.MatchingModel], data, amps: li
                         callbacks=[_HandBack(turns, f"trainer-{amp}", device, steps)]).fit()
         return body
 
-    threads = [turns.run("bare", bare), *(turns.run(f"trainer-{amp}", trainer(amp)) for amp in amps)]
+    threads = [turns.run("bare", bare("bare", "none", False)),
+               *(turns.run(f"trainer-{amp}", trainer(amp)) for amp in amps),
+               *(turns.run(f"bare-{amp}", bare(f"bare-{amp}", amp, True)) for amp in bare_amps)]
     for r in range(steps):
         for name in names[r % len(names):] + names[: r % len(names)]:
             turns.give(name)
@@ -295,6 +300,9 @@ def main() -> None:
     parser.add_argument("--rotate", type=int, default=0, metavar="ROUNDS",
                         help="only the rotation: one step each of the bare loop and the Trainer in float32 and "
                              "bf16 (or --amp) per round, the order rotated each round; ROUNDS rounds, minimum")
+    parser.add_argument("--rotate-bare", nargs="+", choices=["none", "bf16", "fp16"], metavar="AMP",
+                        help="with --rotate: also the bare loop with fused Adam in these precisions (what the "
+                             "Trainer adds to a step)")
     args = parser.parse_args()
     model = lambda: build_model(args.device, args.text_source, not args.random_text)  # noqa: E731
     n_images = (args.steps + args.warmup + 1) * args.batch_size // 5 + 1
@@ -349,12 +357,16 @@ def rotation(make_model: Callable[[], xmatch.MatchingModel], data, args: argpars
     """Print the rotation's steps: each contestant's fastest, its median, and the ratio of the
     bare loop's fastest step to its fastest (the speed-up over the original code's step)."""
     amps = args.amp or ["none", "bf16"]
-    times = rotated_steps(make_model, data, amps, args.rotate, args.batch_size, args.device)
+    times = rotated_steps(make_model, data, amps, args.rotate, args.batch_size, args.device, args.rotate_bare or [])
     base = min(times["bare"])
     print(f"rotation, {args.rotate} rounds of one step each (the first round dropped), order rotated each round:")
     for name, steps in times.items():
-        label = {"bare": "bare loop, float32, per-tensor Adam (the original's step)"}.get(
-            name, f"xmatch Trainer, amp={name.removeprefix('trainer-')}, fused Adam")
+        if name == "bare":
+            label = "bare loop, float32, per-tensor Adam (the original's step)"
+        elif name.startswith("bare-"):
+            label = f"bare loop, amp={name.removeprefix('bare-')}, fused Adam"
+        else:
+            label = f"xmatch Trainer, amp={name.removeprefix('trainer-')}, fused Adam"
         per_round = [b / t for b, t in zip(times["bare"], steps)]
         print(f"{label:58s}: min {min(steps):6.2f} s, median {np.median(steps):6.2f} s, "
               f"{args.batch_size / min(steps):6.2f} pairs/s, {base / min(steps):.2f}x the bare loop "
