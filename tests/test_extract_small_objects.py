@@ -61,7 +61,17 @@ def test_a_token_backbone_refuses_an_output_stride_and_names_the_fix():
     with pytest.raises(ValueError, match=r"test_vit does not take output_stride=16 .*set output_stride=None \(xmatch extract --output-stride none"):
         RoIFeatureExtractor(RoIConfig("test_vit", weights="random", resize="square", image_size=None))
     vit = RoIFeatureExtractor(RoIConfig("test_vit", weights="random", resize="square", image_size=None, output_stride=None))
-    assert vit.backbone._tokens and vit.input.side == vit.backbone.data_config["input_size"][-1]
+    side = vit.backbone.data_config["input_size"][-1]
+    assert vit.backbone._tokens and vit.input.side == side
+    # its crops must have its fixed input size
+    own = {"backbone": "test_vit", "weights": "random", "resize": "square", "image_size": None, "output_stride": None,
+           "mode": "crop"}
+    with pytest.raises(ValueError, match=rf"fixed input size of {side} pixels: crops must be that size; set crop_size={side}"):
+        RoIFeatureExtractor(RoIConfig.from_table({**own, "crop_size": side + 16}))
+    cropper = RoIFeatureExtractor(RoIConfig.from_table({**own, "crop_size": side}))
+    pixels = torch.randint(0, 256, (1, 3, side, side), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    features = cropper.pool(pixels, [torch.tensor([[0.0, 0.0, side / 2, side / 2], [4.0, 4.0, side - 4.0, side - 8.0]])])[0]
+    assert features.shape == (2, cropper.feature_dim) and torch.isfinite(features).all()
 
 
 def test_a_crop_is_the_box_encoded_alone():

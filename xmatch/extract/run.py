@@ -52,10 +52,6 @@ STATE = ".extract"
 DTYPES = ("float32", "float16")
 #: the settings that decide the bytes written; a resumed run must use the same
 COMPARED = ("layout", "dtype", "batch_size", "pipeline", "images", "pixels")
-#: settings a manifest of an older xmatch lacks: it resumes under the current ones
-ADDED_LATER = ("pixels",)
-#: RoI settings a manifest of an older xmatch lacks, with the value its features were made with
-ROI_ADDED_LATER = {"compute_dtype": "float32"}
 
 
 class ExtractError(XmatchError, ValueError):
@@ -390,10 +386,7 @@ def _prepare(out: Path, manifest: dict[str, Any], resume: bool, overwrite: bool,
             return (f"error:{out} already holds an extraction ({path}); pass --resume to continue it or "
                     "--overwrite to start again.")
         else:
-            recorded = {k: old.get(k, manifest[k] if k in ADDED_LATER else None) for k in COMPARED}
-            pipeline = recorded["pipeline"]
-            if isinstance(pipeline, dict) and isinstance(pipeline.get("roi"), dict):
-                recorded["pipeline"] = {**pipeline, "roi": {**ROI_ADDED_LATER, **pipeline["roi"]}}
+            recorded = {k: old.get(k) for k in COMPARED}
             differences = settings_differences(recorded, {k: manifest[k] for k in COMPARED})
             if differences:
                 return (f"error:--resume: {path} was made with other settings ({'; '.join(differences[:6])}); "

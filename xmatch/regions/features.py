@@ -233,6 +233,9 @@ class RoIFeatureExtractor(nn.Module):
         if self.backbone._tokens and roi.resize != "square":
             raise ValueError(f"{roi.backbone} is a token (ViT-like) backbone with a fixed input size; use resize='square' "
                              "(and image_size=None, output_stride=None: its own).")
+        if self.backbone._tokens and roi.mode == "crop" and roi.crop_size != side:
+            raise ValueError(f"{roi.backbone} is a token (ViT-like) backbone with a fixed input size of {side} pixels: "
+                             f"crops must be that size; set crop_size={side} (xmatch extract --crop-size {side}).")
         self.input = InputSize(side, roi.max_size or 2 * side, self.stride, roi.resize,
                                str(config.get("interpolation", "bicubic")))
         self.feature_dim = self.backbone.feature_dim
