@@ -16,8 +16,8 @@ as loaded, batch norms unfolded, float32, its files at zlib's default level 6),
 workers. ``--differences`` prints how far the bfloat16 (and the folded float32) features of
 the photos' boxes are from today's float32 ones. ``--index-clip`` times ``xmatch index
 --images`` on the same photos with a CLIP ViT-B/32 image tower of random weights (the
-``clip-vit-b-32`` zoo layout; a one-layer text tower with a byte tokenizer written offline),
-as it is and under ``torch.autocast`` in bfloat16, interleaved.
+``clip-vit-b-32`` zoo layout; a one-layer text tower with a byte tokenizer written offline)
+with ``--compute-dtype float32`` and ``bfloat16``, interleaved.
 
 Usage:
     OMP_NUM_THREADS=1 python benchmarks/extract_speed.py --threads 1
@@ -185,11 +185,9 @@ def write_byte_tokenizer(directory: Path) -> Path:
 
 
 def index_clip(folder: Path, out: Path, rounds: int) -> None:
-    """``xmatch index local-dir:CLIP --images folder`` (the CLI in this process) in float32 and
-    under ``torch.autocast("cpu", torch.bfloat16)`` (the tower's matmuls in bfloat16), interleaved;
-    the best round of each, and the model loading alone (part of every CLI run)."""
-    import contextlib
-
+    """``xmatch index local-dir:CLIP --images folder`` (the CLI in this process) with
+    ``--compute-dtype float32`` and ``bfloat16``, interleaved; the best round of each, and the
+    model loading alone (part of every CLI run)."""
     import torch
 
     import xmatch
@@ -201,15 +199,14 @@ def index_clip(folder: Path, out: Path, rounds: int) -> None:
     model = xmatch.build("clip-vit-b-32", text_encoder=text).eval()  # the image tower at its full ViT-B/32 size
     xmatch.save_pretrained(model, out / "clip")
     n = len(list(folder.glob("*.jpg")))
-    contexts = {"float32": contextlib.nullcontext, "bfloat16 autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}
-    best, loads, loading = dict.fromkeys(contexts, float("inf")), [], float("inf")
+    dtypes = ("float32", "bfloat16")
+    best, loads, loading = dict.fromkeys(dtypes, float("inf")), [], float("inf")
     for r in range(rounds + 1):  # round 0 warms up
-        for name, context in contexts.items():
+        for name in dtypes[r % 2:] + dtypes[: r % 2]:
             loads.append(os.getloadavg()[0])
             start = time.perf_counter()
-            with context():
-                code = cli(["index", f"local-dir:{out / 'clip'}", "--images", str(folder), "--out", str(out / "idx"),
-                            "--no-progress"])
+            code = cli(["index", f"local-dir:{out / 'clip'}", "--images", str(folder), "--out", str(out / "idx"),
+                        "--compute-dtype", name, "--no-progress"])
             seconds = time.perf_counter() - start
             if code != 0:
                 raise SystemExit(f"xmatch index failed with code {code}")
@@ -218,8 +215,8 @@ def index_clip(folder: Path, out: Path, rounds: int) -> None:
         start = time.perf_counter()
         xmatch.build(f"local-dir:{out / 'clip'}")
         loading = min(loading, time.perf_counter() - start)
-    for name in contexts:
-        print(f"| xmatch index --images, CLIP ViT-B/32 image tower (random weights), 224 px, batch 64, {name} | "
+    for name in dtypes:
+        print(f"| xmatch index --images, CLIP ViT-B/32 image tower (random weights), 224 px, batch 64, --compute-dtype {name} | "
               f"{n / best[name]:.2f} | {1000 * best[name] / n:.0f} | {n / (best[name] - loading):.2f} | "
               f"{best['float32'] / best[name]:.2f}x | {min(loads):.1f}-{max(loads):.1f} |", flush=True)
     print(f"(loading the model alone: {loading:.2f} s of each run)")

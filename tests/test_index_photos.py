@@ -126,3 +126,25 @@ def test_search_names_the_query_words_the_model_does_not_know(tmp_path, capsys):
     assert len(err) == 2
     assert "1 of the 2 words of 'a cat' are unknown" in err[0] and "('cat')" in err[0]
     assert "no word of 'zebra giraffe' is known" in err[1] and "'zebra'" in err[1] and "'giraffe'" in err[1]
+
+
+def test_bfloat16_encoding_stores_float32_embeddings_close_to_float32s(tmp_path, pixel_model):
+    names = photo_folder(tmp_path / "photos")
+    exact = xmatch.index.create(tmp_path / "fp32", pixel_model, dtype="float32")
+    index_images(exact, tmp_path / "photos", progress=False)
+    fast = xmatch.index.create(tmp_path / "bf16", pixel_model, dtype="float32")
+    index_images(fast, tmp_path / "photos", progress=False, compute_dtype="bfloat16")
+    a, b = exact.get(names), fast.get(names)
+    assert b.tokens.dtype == torch.float32 and torch.equal(a.mask, b.mask)
+    cosine = torch.nn.functional.cosine_similarity(a.tokens[a.mask], b.tokens[b.mask], dim=-1)
+    assert cosine.min() > 0.98 and not torch.equal(a.tokens, b.tokens)  # bfloat16 arithmetic, not float32's
+    # an unknown precision is refused before any picture is read or written
+    empty = xmatch.index.create(tmp_path / "empty", pixel_model)
+    with pytest.raises(ValueError, match="compute_dtype must be one of float32, bfloat16, got 'float16'"):
+        index_images(empty, tmp_path / "photos", progress=False, compute_dtype="float16")
+    assert len(empty) == 0
+    # the command line takes it too
+    from xmatch.cli.main import build_parser
+
+    args = build_parser().parse_args(["index", "m", "--images", "photos", "--out", "idx", "--compute-dtype", "bfloat16"])
+    assert args.compute_dtype == "bfloat16"

@@ -44,6 +44,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--collection", help="Qdrant collection name, server only (default: xmatch-<index folder name>)")
     parser.add_argument("--stage1", help="stage-1 structure to build now: tokens, pooled, fde (default: the pooler's)")
     parser.add_argument("--batch-size", type=int, default=64, help="images encoded at once (captions: 4x)")
+    parser.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="bfloat16: encode under bfloat16 autocast, about 1.8x faster on a CPU with AVX512-BF16 or "
+                        "AMX and on GPUs, embeddings within bfloat16's resolution of float32's (default: float32)")
     parser.add_argument("--shard-size", type=int, default=1024, help="items per committed shard (default: 1024)")
     parser.add_argument("--device", help="cpu, cuda, mps (default: cpu)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -153,10 +156,10 @@ def _fill(args: argparse.Namespace, exists: bool, made: list[Any]) -> tuple[Any,
             from xmatch.index.photos import index_images
 
             added = index_images(index, args.images, batch_size=args.batch_size, shard_size=args.shard_size,
-                                 resume=args.append, progress=progress)
+                                 resume=args.append, progress=progress, compute_dtype=args.compute_dtype)
         else:
             added = index_dataset(index, dataset, batch_size=args.batch_size, shard_size=args.shard_size,
-                                  resume=args.append, progress=progress)
+                                  resume=args.append, progress=progress, compute_dtype=args.compute_dtype)
     index.progress = progress
     index.prepare(args.stage1)
     return index, added

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Subset
 
 from xmatch.data.collate import collate_images
 from xmatch.model.embeddings import Embeddings
-from xmatch.index.search import SearchIndex
+from xmatch.index.search import SearchIndex, check_compute_dtype, encoding
 from xmatch.core.progress import progress_bar
 
 
@@ -34,6 +34,7 @@ def index_dataset(
     shard_size: int = 1024,
     resume: bool = False,
     progress: bool = True,
+    compute_dtype: str = "float32",
 ) -> int:
     """Encode a dataset's images (image index) or captions (caption index) into ``index``.
 
@@ -47,12 +48,14 @@ def index_dataset(
         resume: skip items whose ids are already in the index (a killed run continued);
             without it such ids are refused.
         progress: show a progress bar.
+        compute_dtype: ``"bfloat16"`` encodes under bfloat16 autocast
+            (:func:`xmatch.index.search.encoding`).
 
     Returns:
         The number of items added.
 
     Raises:
-        ValueError: a caption index and a dataset without captions.
+        ValueError: a caption index and a dataset without captions, an unknown ``compute_dtype``.
 
     Example:
         >>> index = xmatch.index.create("idx", model, model_ref="teran-mrsw-scenes")  # encodes the scenes benchmark (minutes)  # doctest: +SKIP
@@ -61,6 +64,7 @@ def index_dataset(
     """
     if shard_size < 1 or batch_size < 1:
         raise ValueError(f"batch_size and shard_size must be positive, got {batch_size} and {shard_size}.")
+    check_compute_dtype(compute_dtype)
     if index.side == "texts" and not len(dataset.captions):
         raise ValueError(
             f"{index.root} is a caption index and the dataset has no captions ({dataset!r}); index its images "
@@ -73,7 +77,7 @@ def index_dataset(
     bar = progress_bar(total=len(todo), desc=f"index {what}", unit=what[:-1], show=progress)
     added = 0
     pending: list[tuple[Embeddings, torch.Tensor | None, list[int]]] = []
-    for embeddings, boxes, rows in _encoded(index, dataset, todo, batch_size):
+    for embeddings, boxes, rows in _encoded(index, dataset, todo, batch_size, compute_dtype):
         pending.append((embeddings, boxes, rows))
         bar.update(len(rows))
         if sum(len(r) for *_, r in pending) >= shard_size:
@@ -85,7 +89,7 @@ def index_dataset(
     return added
 
 
-def _encoded(index: SearchIndex, dataset: Any, todo: list[int], batch_size: int):
+def _encoded(index: SearchIndex, dataset: Any, todo: list[int], batch_size: int, compute_dtype: str):
     """``(embeddings, boxes or None, item numbers)`` batch by batch."""
     model = index.model
     if index.side == "texts":
@@ -93,14 +97,15 @@ def _encoded(index: SearchIndex, dataset: Any, todo: list[int], batch_size: int)
         step = 4 * batch_size
         for start in range(0, len(todo), step):
             rows = todo[start : start + step]
-            with torch.inference_mode():
-                yield model.encode_texts([captions[k] for k in rows], batch_size=step), None, rows
+            with encoding(model, compute_dtype):
+                e = model.encode_texts([captions[k] for k in rows], batch_size=step).to(torch.float32)
+            yield e, None, rows
         return
     loader = DataLoader(Subset(dataset.images, todo), batch_size=batch_size, shuffle=False, collate_fn=collate_images)
     for batch in loader:
         rows = batch.image_ids.tolist()
-        with torch.inference_mode():
-            e = model.encode_images(batch.images)
+        with encoding(model, compute_dtype):
+            e = model.encode_images(batch.images).to(torch.float32)
         yield e, index._stored_boxes(batch.images, e), rows
 
 
