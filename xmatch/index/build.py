@@ -72,12 +72,12 @@ def index_dataset(
         )
     ids = list(dataset.image_names) if index.side == "images" else caption_ids(dataset)
     present = set(index.ids) if resume else set()
-    todo = [k for k, i in enumerate(ids) if i not in present]
+    remaining = [k for k, i in enumerate(ids) if i not in present]
     what = "images" if index.side == "images" else "captions"
-    bar = progress_bar(total=len(todo), desc=f"index {what}", unit=what[:-1], show=progress)
+    bar = progress_bar(total=len(remaining), desc=f"index {what}", unit=what[:-1], show=progress)
     added = 0
     pending: list[tuple[Embeddings, torch.Tensor | None, list[int]]] = []
-    for embeddings, boxes, rows in _encoded(index, dataset, todo, batch_size, compute_dtype):
+    for embeddings, boxes, rows in _encoded(index, dataset, remaining, batch_size, compute_dtype):
         pending.append((embeddings, boxes, rows))
         bar.update(len(rows))
         if sum(len(r) for *_, r in pending) >= shard_size:
@@ -89,19 +89,19 @@ def index_dataset(
     return added
 
 
-def _encoded(index: SearchIndex, dataset: Any, todo: list[int], batch_size: int, compute_dtype: str):
+def _encoded(index: SearchIndex, dataset: Any, rows_to_encode: list[int], batch_size: int, compute_dtype: str):
     """``(embeddings, boxes or None, item numbers)`` batch by batch."""
     model = index.model
     if index.side == "texts":
         captions = dataset.captions
         step = 4 * batch_size
-        for start in range(0, len(todo), step):
-            rows = todo[start : start + step]
+        for start in range(0, len(rows_to_encode), step):
+            rows = rows_to_encode[start : start + step]
             with encoding(model, compute_dtype):
                 e = model.encode_texts([captions[k] for k in rows], batch_size=step).to(torch.float32)
             yield e, None, rows
         return
-    loader = DataLoader(Subset(dataset.images, todo), batch_size=batch_size, shuffle=False, collate_fn=collate_images)
+    loader = DataLoader(Subset(dataset.images, rows_to_encode), batch_size=batch_size, shuffle=False, collate_fn=collate_images)
     for batch in loader:
         rows = batch.image_ids.tolist()
         with encoding(model, compute_dtype):
