@@ -1,4 +1,5 @@
-"""The cross-attention verifier (issue 27): its contract, its training loss, the model's
+"""The verifiers (issue 27): the contract every built-in head keeps (``cross-attention``,
+``grounded``), the cross-attention head's construction, its training loss, the model's
 ``verify`` / ``similarity(..., rerank=K)``, saving and loading, and ``xmatch eval --rerank``."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 
 import xmatch
 from xmatch.components.verifier import TERMS, CrossAttentionVerifier, training_pairs
+from xmatch.components.verifier_grounded import GroundedVerifier
 from xmatch.core.spec import SpecError
 from xmatch.model.buckets import BucketedEmbeddings
 from xmatch.model.embeddings import Embeddings
@@ -46,10 +48,13 @@ def tokens(n: int, t: int, d: int = 32, *, lengths: list[int] | None = None, box
     return Embeddings(x, mask, None, b)
 
 
-@pytest.fixture(scope="module")
-def verifier() -> CrossAttentionVerifier:
+HEADS = {"cross-attention": CrossAttentionVerifier, "grounded": GroundedVerifier}
+
+
+@pytest.fixture(scope="module", params=sorted(HEADS))
+def verifier(request) -> CrossAttentionVerifier | GroundedVerifier:
     torch.manual_seed(0)
-    return CrossAttentionVerifier(dim=32, layers=2, heads=4).eval()
+    return HEADS[request.param](dim=32, layers=2, heads=4).eval()
 
 
 # -- the contract -----------------------------------------------------------------------------
@@ -58,8 +63,9 @@ def verifier() -> CrossAttentionVerifier:
 def test_one_logit_per_row_pair(verifier):
     out = verifier(tokens(5, 7, boxes=True), tokens(5, 4, seed=1))
     assert out.shape == (5,) and out.dtype == torch.float32 and torch.isfinite(out).all()
-    assert xmatch.core.registry.get_registry("verifiers").get("Cross-Attention") is CrossAttentionVerifier
-    assert xmatch.core.registry.verifiers.is_builtin("cross-attention")
+    for name, cls in HEADS.items():
+        assert xmatch.core.registry.get_registry("verifiers").get(name.title()) is cls
+        assert xmatch.core.registry.verifiers.is_builtin(name)
 
 
 def test_padded_tokens_do_not_change_the_logit(verifier):
@@ -105,9 +111,9 @@ def test_errors_name_the_problem(verifier):
     with pytest.raises(ValueError, match="the verifier is 32 wide but the caption embeddings are 16 wide"):
         verifier(tokens(2, 4), tokens(2, 4, d=16))
     with pytest.raises(ValueError, match="not divisible by heads 5"):
-        CrossAttentionVerifier(dim=32, heads=5)
+        type(verifier)(dim=32, heads=5)
     with pytest.raises(ValueError, match="layers must be >= 1"):
-        CrossAttentionVerifier(dim=32, layers=0)
+        type(verifier)(dim=32, layers=0)
 
 
 # -- the training loss ------------------------------------------------------------------------
@@ -432,6 +438,26 @@ def test_rerank_of_every_candidate_is_the_verifiers_own_ranking(bundles, train_s
     assert figures["pairs"] == n * m  # every pair verified once, though it is in both directions' lists
     # without a Recall@K protocol (a split of groups only) the groups are still re-ranked
     assert rerank_figures(model, train_split, 1000, recall=None, groups=groups, progress=False)["recall"] is None
+
+
+def test_a_comparison_shows_the_reranked_model_as_a_row_and_keeps_plain_models(bundles, scenes_root, train_split, tmp_path, capsys):
+    from xmatch.cli.main import main
+    from xmatch.eval.suite import load_records, with_reranked
+
+    code = main(["eval", bundles["verifier"], bundles["plain"], "--dataset", "scenes", "--data", str(scenes_root), *FAST,
+                 "--split", "train", "--protocol", "full,groups", "--rerank", "3", "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert f"--rerank 3: {bundles['plain']} has no verifier; its figures are the pooler's only" in out.err
+    assert f"{bundles['verifier']} + verifier@3" in out.out
+    records = load_records(tmp_path / "r.json")  # the file keeps the evaluated models only
+    assert [r.name for r in records] == [bundles["verifier"], bundles["plain"]]
+    shown = with_reranked(records)
+    assert [r.name for r in shown] == [bundles["verifier"], f"{bundles['verifier']} + verifier@3", bundles["plain"]]
+    rerank = records[0].extras["rerank"]
+    assert shown[1].result.t2i == rerank["recall"]["t2i"] and shown[1].extras["groups"] == rerank["groups"]
+    assert shown[1].provenance["reranked"]["k"] == 3
+    assert [r.name for r in with_reranked(shown)] == [r.name for r in shown]  # a results.json read back: no second row
 
 
 def test_eval_rerank_errors(bundles, scenes_root, capsys):

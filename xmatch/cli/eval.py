@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--probe-seed", type=int, default=0, help="probes: seed of the perturbations (default 0)")
     parser.add_argument("--rerank", type=int, metavar="K",
                         help="also report the figures with the model's verifier re-ranking each query's top K "
-                        "(a model with a [verifier]; reported apart from the pooler's own figures, with the time it takes)")
+                        "(a model with a [verifier]; reported apart from the pooler's own figures, with the time it takes, "
+                        "and as a row 'MODEL + verifier@K' in tables and reports; in a comparison, models without a "
+                        "verifier keep their pooler's figures)")
     return parser
 
 
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from xmatch.data.vocab import EVAL_FIX, check_captions
     from xmatch.eval.report import check_plotting, comparison_tables, write_report
     from xmatch.eval.rerank import RERANK, check_rerank_request, rerank_table
-    from xmatch.eval.suite import load_records, parse_protocols, run_protocols, save_records
+    from xmatch.eval.suite import load_records, parse_protocols, run_protocols, save_records, with_reranked
 
     if args.report:
         check_plotting()  # a missing matplotlib fails before the evaluation, not after it
@@ -100,11 +103,16 @@ def run(args: argparse.Namespace) -> int:
             for model in models:
                 check_captions(model, dataset.captions, f"{args.split} split", allow=args.allow_unknown_words,
                                fix=EVAL_FIX, allow_hint="--allow-unknown-words")
+            rerank = args.rerank
+            if rerank is not None and len(names) > 1 and not args.ensemble and models[0].verifier is None:
+                # a comparison re-ranks the models that have a verifier; the others keep their pooler's figures
+                print(f"--rerank {rerank}: {entry[0]} has no verifier; its figures are the pooler's only", file=sys.stderr)
+                rerank = None
             records.append(run_protocols(
                 models, dataset, args.protocol, name=" + ".join(entry), model_names=entry, dataset_name=args.dataset,
                 relevance=relevance, fold_images=args.fold_images, groups=args.groups, caption_ids=args.caption_ids,
                 pmrp_dir=args.pmrp, word_classes=word_classes_option(args.word_classes), probes=args.probe, probe_seed=args.probe_seed,
-                rerank=args.rerank,
+                rerank=rerank,
                 image_batch_size=args.batch_size, text_batch_size=4 * args.batch_size,
             ))
             del models
@@ -115,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         where = record.provenance.get("dataset", {}).get("name", args.dataset), record.provenance.get("split", args.split)
         print(f"\n{record.name} on {where[0]}:{where[1]}\n{record.result.table()}")
     else:
-        print("\n" + comparison_tables(records))
+        print("\n" + comparison_tables(with_reranked(records)))
     for record in records:
         if RERANK in record.extras:
             print("\n" + rerank_table(record.extras[RERANK], record.name))
@@ -131,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.queries} (per-query ranks, top-50, NDCG)")
     if args.report:
         argv = getattr(args, "argv", None)
-        written = write_report(records, args.report, command=shlex.join(["xmatch", *argv]) if argv else None)
+        written = write_report(with_reranked(records), args.report, command=shlex.join(["xmatch", *argv]) if argv else None)
         print(f"wrote {', '.join(p.name for p in written.values())} in {args.report}/ (open {written['html']})")
     return 0
 

@@ -46,7 +46,82 @@ def box_geometry(boxes: torch.Tensor) -> torch.Tensor:
     return torch.cat([boxes, area.unsqueeze(-1)], dim=-1)
 
 
-class CrossAttentionVerifier(Verifier):
+class PairVerifier(Verifier):
+    """A verifier whose ``forward`` gives one match logit per row-aligned pair, trained by a
+    balanced binary cross-entropy on the batch's positives and hard negatives
+    (:meth:`training_loss`). The built-in heads (``cross-attention``, ``grounded``) share it;
+    a subclass sets ``loss_weight`` and implements ``forward``.
+    """
+
+    loss_weight: float = 1.0
+
+    def training_loss(
+        self,
+        img: Embeddings,
+        txt: Embeddings,
+        scores: torch.Tensor,
+        negatives: Embeddings | None = None,
+        owner: torch.Tensor | None = None,
+        image_ids: torch.Tensor | None = None,
+    ) -> LossOutput:
+        """Binary cross-entropy of the verifier on a training batch's positives and hard negatives.
+
+        The pairs (:func:`training_pairs`): every positive ``(img[k], txt[k])``; for every
+        caption its hardest in-batch image and for every image its hardest in-batch caption by
+        ``scores`` (pairs of the same image id are never negatives); and every structural
+        negative caption with the image its caption belongs to, ``(img[owner[m]],
+        negatives[m])``. The loss is ``loss_weight`` times the mean of two means, over the
+        positives and over the negatives: a batch holds two to four times as many negatives as
+        positives, and with one mean over all pairs the head settled on calling every pair a
+        negative (on the scenes benchmark, 80 % "accuracy" for 100 steps). Gradients reach the
+        embeddings too (pass detached embeddings to train the head alone).
+
+        Args:
+            img, txt: the batch's row-aligned embeddings (``B`` rows each).
+            scores: ``[B, B]`` scores of the model's pooler (row = image, column = caption),
+                positives on the diagonal; read only to choose the negatives.
+            negatives: ``M`` structural negative captions, or None.
+            owner: ``[M]`` the batch row whose caption each negative was made from.
+            image_ids: ``[B]`` image id of each row (same id = same image), or None.
+
+        Returns:
+            ``loss`` and detached logs: ``verifier_loss`` (the weighted loss), the mean
+            cross-entropy of each term (``verifier_positive``, ``verifier_image_negative``,
+            ``verifier_text_negative``, ``verifier_structural`` when there are structural
+            negatives) and ``verifier_accuracy`` (share of pairs on the right side of 0).
+
+        Example:
+            >>> v = CrossAttentionVerifier(dim=32)
+            >>> e = Embeddings(F.normalize(torch.randn(4, 5, 32), dim=-1), torch.ones(4, 5, dtype=torch.bool))
+            >>> sorted(v.training_loss(e, e, torch.randn(4, 4)).logs)
+            ['verifier_accuracy', 'verifier_image_negative', 'verifier_loss', 'verifier_positive', 'verifier_text_negative']
+        """
+        if len(img) != len(txt):
+            raise ValueError(f"training_loss takes a batch of pairs: got {len(img)} images and {len(txt)} captions.")
+        if (negatives is None) != (owner is None):
+            raise ValueError("training_loss: give the structural negatives and their owner rows together (or neither).")
+        if negatives is not None and len(negatives) != len(owner):
+            raise ValueError(f"training_loss: {len(negatives)} negative captions but {len(owner)} owner rows.")
+        pairs = training_pairs(scores, image_ids=image_ids, owner=owner, batch=len(img))
+        texts = txt if negatives is None else Embeddings.cat([_tokens_only(txt), _tokens_only(negatives)])
+        device = img.tokens.device
+        logits = self(img[pairs.image.to(device)], texts[pairs.text.to(texts.tokens.device)])
+        label = pairs.label.to(logits.device)
+        bce = F.binary_cross_entropy_with_logits(logits.float(), label, reduction="none")
+        positive = label > 0.5
+        loss = self.loss_weight * (bce[positive].mean() + bce[~positive].mean()) / 2
+        logs: dict[str, torch.Tensor | float] = {"verifier_loss": loss.detach()}
+        term = pairs.term.to(logits.device)
+        for k, name in enumerate(TERMS):
+            chosen = term == k
+            if k < 3 or bool(chosen.any()):
+                logs[f"verifier_{name}"] = bce.detach()[chosen].mean()
+        logs["verifier_accuracy"] = ((logits.detach() > 0) == (label > 0.5)).float().mean()
+        return LossOutput(loss, logs)
+
+
+
+class CrossAttentionVerifier(PairVerifier):
     """Word tokens self-attend and cross-attend to the regions; a linear head on a [CLS] token
     gives the match logit.
 
@@ -146,70 +221,6 @@ class CrossAttentionVerifier(Verifier):
         for layer in self.layers:
             x = layer(x, memory, tgt_key_padding_mask=padding, memory_key_padding_mask=memory_padding)
         return self.head(self.norm(x[:, 0])).squeeze(-1)
-
-    def training_loss(
-        self,
-        img: Embeddings,
-        txt: Embeddings,
-        scores: torch.Tensor,
-        negatives: Embeddings | None = None,
-        owner: torch.Tensor | None = None,
-        image_ids: torch.Tensor | None = None,
-    ) -> LossOutput:
-        """Binary cross-entropy of the verifier on a training batch's positives and hard negatives.
-
-        The pairs (:func:`training_pairs`): every positive ``(img[k], txt[k])``; for every
-        caption its hardest in-batch image and for every image its hardest in-batch caption by
-        ``scores`` (pairs of the same image id are never negatives); and every structural
-        negative caption with the image its caption belongs to, ``(img[owner[m]],
-        negatives[m])``. The loss is ``loss_weight`` times the mean of two means, over the
-        positives and over the negatives: a batch holds two to four times as many negatives as
-        positives, and with one mean over all pairs the head settled on calling every pair a
-        negative (on the scenes benchmark, 80 % "accuracy" for 100 steps). Gradients reach the
-        embeddings too (pass detached embeddings to train the head alone).
-
-        Args:
-            img, txt: the batch's row-aligned embeddings (``B`` rows each).
-            scores: ``[B, B]`` scores of the model's pooler (row = image, column = caption),
-                positives on the diagonal; read only to choose the negatives.
-            negatives: ``M`` structural negative captions, or None.
-            owner: ``[M]`` the batch row whose caption each negative was made from.
-            image_ids: ``[B]`` image id of each row (same id = same image), or None.
-
-        Returns:
-            ``loss`` and detached logs: ``verifier_loss`` (the weighted loss), the mean
-            cross-entropy of each term (``verifier_positive``, ``verifier_image_negative``,
-            ``verifier_text_negative``, ``verifier_structural`` when there are structural
-            negatives) and ``verifier_accuracy`` (share of pairs on the right side of 0).
-
-        Example:
-            >>> v = CrossAttentionVerifier(dim=32)
-            >>> e = Embeddings(F.normalize(torch.randn(4, 5, 32), dim=-1), torch.ones(4, 5, dtype=torch.bool))
-            >>> sorted(v.training_loss(e, e, torch.randn(4, 4)).logs)
-            ['verifier_accuracy', 'verifier_image_negative', 'verifier_loss', 'verifier_positive', 'verifier_text_negative']
-        """
-        if len(img) != len(txt):
-            raise ValueError(f"training_loss takes a batch of pairs: got {len(img)} images and {len(txt)} captions.")
-        if (negatives is None) != (owner is None):
-            raise ValueError("training_loss: give the structural negatives and their owner rows together (or neither).")
-        if negatives is not None and len(negatives) != len(owner):
-            raise ValueError(f"training_loss: {len(negatives)} negative captions but {len(owner)} owner rows.")
-        pairs = training_pairs(scores, image_ids=image_ids, owner=owner, batch=len(img))
-        texts = txt if negatives is None else Embeddings.cat([_tokens_only(txt), _tokens_only(negatives)])
-        device = img.tokens.device
-        logits = self(img[pairs.image.to(device)], texts[pairs.text.to(texts.tokens.device)])
-        label = pairs.label.to(logits.device)
-        bce = F.binary_cross_entropy_with_logits(logits.float(), label, reduction="none")
-        positive = label > 0.5
-        loss = self.loss_weight * (bce[positive].mean() + bce[~positive].mean()) / 2
-        logs: dict[str, torch.Tensor | float] = {"verifier_loss": loss.detach()}
-        term = pairs.term.to(logits.device)
-        for k, name in enumerate(TERMS):
-            chosen = term == k
-            if k < 3 or bool(chosen.any()):
-                logs[f"verifier_{name}"] = bce.detach()[chosen].mean()
-        logs["verifier_accuracy"] = ((logits.detach() > 0) == (label > 0.5)).float().mean()
-        return LossOutput(loss, logs)
 
 
 @dataclass

@@ -64,6 +64,7 @@ BUILTINS: dict[str, dict[str, str]] = {
     },
     "verifiers": {
         "cross-attention": "xmatch.components.verifier:CrossAttentionVerifier",
+        "grounded": "xmatch.components.verifier_grounded:GroundedVerifier",
     },
 }
 

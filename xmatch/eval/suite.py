@@ -220,6 +220,47 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def reranked_name(name: str, k: int) -> str:
+    """The label of a model's re-ranked figures in tables and reports.
+
+    Example:
+        >>> reranked_name("teran-mrsw-hn-scenes", 20)
+        'teran-mrsw-hn-scenes + verifier@20'
+    """
+    return f"{name} + verifier@{k}"
+
+
+def with_reranked(records: Sequence[RunRecord]) -> list[RunRecord]:
+    """``records`` with, after each record evaluated with ``--rerank K``, a record of its
+    re-ranked figures (``extras["rerank"]``: Recall@K and the groups) named
+    :func:`reranked_name`, so comparison tables and reports show the two-stage model as a row
+    of its own beside the pooler's. A record of that name already present (a report's
+    ``results.json`` read back) is not added again.
+
+    Example:
+        >>> [r.name for r in with_reranked(load_records("out/results.json"))]  # needs a results file  # doctest: +SKIP
+        ['teran-mrsw-scenes', 'teran-mrsw-hn-scenes', 'teran-mrsw-hn-scenes + verifier@20']
+    """
+    names = {r.name for r in records}
+    out: list[RunRecord] = []
+    for record in records:
+        out.append(record)
+        figures = record.extras.get(RERANK)
+        if not figures or reranked_name(record.name, figures["k"]) in names:
+            continue
+        recall = figures.get("recall")
+        if recall:
+            result = EvalResult(protocol=str(recall["protocol"]), i2t=dict(recall["i2t"]), t2i=dict(recall["t2i"]),
+                                rsum=float(recall["rsum"]), folds=list(recall.get("folds", [])))
+        else:  # groups only: no Recall@K of its own
+            result = EvalResult(protocol="none", i2t={}, t2i={}, rsum=float("nan"))
+        extras = {"groups": figures["groups"]} if figures.get("groups") else {}
+        provenance = {**record.provenance, "reranked": {"k": figures["k"], "verifier": figures["verifier"],
+                                                      "timings": figures["timings"]}}
+        out.append(RunRecord(reranked_name(record.name, figures["k"]), result, extras, provenance))
+    return out
+
+
 def save_records(records: Sequence[RunRecord], path: str | os.PathLike, with_queries: bool = False) -> None:
     """One record as it is (the format of a single ``--json``), several as ``{"runs": [...]}``."""
     if len(records) == 1:

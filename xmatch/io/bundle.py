@@ -226,8 +226,13 @@ def _leaves_bundle(path: str) -> bool:
     )
 
 
-def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
+def load_weights(model: torch.nn.Module, path: str | os.PathLike, fresh: tuple[str, ...] = ()) -> None:
     """Load safetensors weights strictly: missing, unexpected or mis-shaped tensors are errors.
+
+    ``fresh`` names parts the caller added to a model whose weights predate them (key
+    prefixes such as ``"verifier."``): the file may lack their tensors, which keep their
+    initialisation, as transformers does for a newly added head. Anything else missing is
+    still an error.
 
     Raises:
         FileNotFoundError: no such file.
@@ -246,6 +251,8 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
         raise BundleError(f"{path} is not a readable safetensors file ({exc}); it may be truncated.") from exc
     expected = set(model.state_dict())
     missing, unexpected = _diff_keys(model, expected, keys)
+    added = {k for k in missing if k.startswith(fresh)} if fresh else set()
+    missing -= added
     names = upstream_names(model, keys) if missing or unexpected else {}
     if names:
         _load_upstream(model, path, names, expected)
@@ -260,7 +267,7 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
         )
     try:
         # the keys were compared above; a loss-less model leaves the file's loss tensors unread
-        strict = getattr(model, "loss", False) is not None
+        strict = getattr(model, "loss", False) is not None and not added
         load_model(model, str(path), strict=strict, device=str(next(model.parameters()).device))
     except (RuntimeError, SafetensorError) as exc:
         raise BundleError(f"{path} does not fit this model: {exc}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +21,8 @@ from xmatch.model.sizes import check_model_size
 LOCAL_DIR = "local-dir:"
 HF_HUB = "hf-hub:"
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".tar")
+
+logger = logging.getLogger(__name__)
 
 
 def model_from_spec(spec: Mapping[str, Any]) -> MatchingModel:
@@ -126,6 +129,7 @@ def build(
         device = resolve_device(device)
     _check_weights_arguments(pretrained, checkpoint)
     spec, bundle_weights, entry, label = _read_model(model)
+    fresh = _added_heads(spec, overrides)
     spec = merge(spec, overrides)
     try:
         if checkpoint is not None:
@@ -135,13 +139,29 @@ def build(
             weights = _entry_weights(entry, label, bundle_weights) if pretrained else None
             net = model_from_spec(spec)
             if weights is not None:
-                _bundle.load_weights(net, weights)
+                _bundle.load_weights(net, weights, fresh=fresh)
+                if fresh:
+                    logger.warning(
+                        "%s: %s newly initialised (the weights have none); train it before use, e.g. "
+                        "xmatch train with a recipe that trains it (docs/training.md, \"A verifier on a trained model\").",
+                        label, ", ".join(p.rstrip(".") for p in fresh),
+                    )
     except SpecError as exc:
         if not is_bundle_name(model) or label in str(exc):
             raise
         # a bundle's spec and assets come from its folder: the message names it
         raise SpecError(f"{label}: {exc}") from exc
     return net.to(device=device, dtype=dtype) if device is not None or dtype is not None else net
+
+
+#: optional heads an override may add to weights that predate them (``build(bundle, pretrained=True, verifier=...)``)
+ADDABLE_HEADS = ("verifier",)
+
+
+def _added_heads(spec: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[str, ...]:
+    """Key prefixes of the optional heads that ``overrides`` adds to a spec without them: their
+    weights are not in the model's file and start from their initialisation."""
+    return tuple(f"{head}." for head in ADDABLE_HEADS if overrides.get(head) and not spec.get(head))
 
 
 def is_bundle_name(model: object) -> bool:
