@@ -15,10 +15,11 @@ from test_search import DIM, TEXTS, regions
 
 pytest.importorskip("faiss")
 
-@pytest.fixture(scope="module")
-def model() -> xmatch.MatchingModel:
-    """A random model with a verifier head (its logits order the pairs unlike the pooler)."""
-    return scoring_model("MrSw", DIM, verifier="cross-attention")
+@pytest.fixture(scope="module", params=["cross-attention", "grounded"])
+def model(request) -> xmatch.MatchingModel:
+    """A random model with a verifier head (its logits order the pairs unlike the pooler), each
+    built-in head in turn."""
+    return scoring_model("MrSw", DIM, verifier=request.param)
 
 
 @pytest.fixture()

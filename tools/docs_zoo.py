@@ -50,14 +50,47 @@ def zoo_markdown(entries: list[ZooEntry]) -> str:
         values = [figures.get(f"{d}_r{k}") for k in (1, 5, 10)]
         return "/".join("–" if v is None else f"{v}" for v in values)
 
+    groups = []
     for e in sorted(entries, key=lambda e: e.name):
         params = "–" if e.params is None else format_params(e.params, e.spec, note=" †")
         head = f"| `{e.name}` | {e.dataset} | {e.spec['pooler']['name']} | {e.spec['text_encoder']['name']} | {params}"
-        if not e.metrics:
+        recall = {bench: figures for bench, figures in e.metrics.items() if not _is_groups(figures)}
+        if not recall:
             lines.append(f"{head} | – | – | – | – |")
-        for bench, figures in e.metrics.items():
+        for bench, figures in recall.items():
             lines.append(f"{head} | {bench} | {triple(figures, 'i2t')} | {triple(figures, 't2i')} | {figures.get('source', '')} |")
-    return "\n".join(lines + CLIP_SECTION) + "\n"
+        groups += [(e.name, bench, figures) for bench, figures in e.metrics.items() if _is_groups(figures)]
+    return "\n".join(lines + _groups_section(groups) + CLIP_SECTION) + "\n"
+
+
+#: the hard-negative kinds a groups benchmark's figures are given for, in the card's order
+GROUP_KINDS = ("relation", "colour", "size", "all")
+
+
+def _is_groups(figures: dict[str, Any]) -> bool:
+    """Figures of the hard-negative groups protocol (``relation_t2i``, ...) rather than Recall@K."""
+    return any(f"{kind}_t2i" in figures for kind in GROUP_KINDS)
+
+
+def _groups_section(rows: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
+    """The entries' figures on hard-negative groups (t2i accuracy and Winoground group score)."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Relations and bindings",
+        "",
+        "Figures of the hard-negative groups protocol (`docs/evaluation.md`, \"Hard-negative groups\"): t2i is",
+        "the share of captions whose own image beats its twin (chance 50), group the Winoground group score",
+        "(chance 16.7), percent, per kind of twin.",
+        "",
+        "| entry | benchmark | " + " | ".join(f"{k} t2i / group" for k in GROUP_KINDS) + " | source |",
+        "|---|---|" + "---|" * len(GROUP_KINDS) + "---|",
+    ]
+    for name, bench, figures in rows:
+        cells = [f"{figures.get(f'{k}_t2i', '–')} / {figures.get(f'{k}_group', '–')}" for k in GROUP_KINDS]
+        lines.append(f"| `{name}` | {bench} | " + " | ".join(cells) + f" | {figures.get('source', '')} |")
+    return lines
 
 
 #: how to use the CLIP / SigLIP entries (zoo/clip.toml), after the table

@@ -324,7 +324,8 @@ class Verifier(nn.Module):
     (``model.verify``, ``model.similarity(..., rerank=K)``).
 
     ``training_loss(img, txt, scores, negatives=None, owner=None, image_ids=None)`` returns
-    its :class:`LossOutput` for a training batch (see the built-in ``cross-attention``).
+    its :class:`LossOutput` for a training batch (see the built-in ``cross-attention`` and
+    ``grounded``, which share it through ``xmatch.components.verifier.PairVerifier``).
     """
 
     def forward(self, img: Embeddings, txt: Embeddings) -> torch.Tensor:  # pragma: no cover - interface
