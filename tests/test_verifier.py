@@ -401,7 +401,8 @@ def test_eval_rerank_is_reported_apart_and_k1_keeps_the_poolers_figures(bundles,
     text = capsys.readouterr().out
     assert code == 0, text
     assert f"Re-ranked: {bundles['verifier']}'s verifier re-scores each query's top 1" in text
-    assert "hard-negative groups, re-ranked:" in text and "s without re-ranking (encode" in text
+    assert "hard-negative groups, each caption's top 1 over the split re-ranked:" in text and "s without re-ranking (encode" in text
+    assert "hard-negative groups, the verifier deciding within each group" in text
     (record,) = load_records(tmp_path / "r.json")  # the re-ranked figures round-trip through the result file
     rerank = record.extras["rerank"]
     # re-ranking a list of one changes no order: every figure is the pooler's own
@@ -435,6 +436,10 @@ def test_rerank_of_every_candidate_is_the_verifiers_own_ranking(bundles, train_s
     assert figures["recall"]["i2t"] == pytest.approx(expected.i2t) and figures["recall"]["t2i"] == pytest.approx(expected.t2i)
     own = score_groups(logits, groups)
     assert all(figures["groups"]["overall"][f] == pytest.approx(own.overall[f]) for f in ("t2i", "i2t", "text", "image", "group"))
+    # deciding within each group reads the same logits of the group's own pairs
+    within = figures["groups_within"]
+    assert all(within["overall"][f] == pytest.approx(own.overall[f]) for f in ("t2i", "i2t", "text", "image", "group"))
+    assert within["pairs"] == sum(len(i) * len(c) for i, c in groups.blocks(groups_per_block=1))
     assert figures["pairs"] == n * m  # every pair verified once, though it is in both directions' lists
     # without a Recall@K protocol (a split of groups only) the groups are still re-ranked
     assert rerank_figures(model, train_split, 1000, recall=None, groups=groups, progress=False)["recall"] is None
@@ -453,8 +458,10 @@ def test_a_comparison_shows_the_reranked_model_as_a_row_and_keeps_plain_models(b
     records = load_records(tmp_path / "r.json")  # the file keeps the evaluated models only
     assert [r.name for r in records] == [bundles["verifier"], bundles["plain"]]
     shown = with_reranked(records)
-    assert [r.name for r in shown] == [bundles["verifier"], f"{bundles['verifier']} + verifier@3", bundles["plain"]]
+    assert [r.name for r in shown] == [bundles["verifier"], f"{bundles['verifier']} + verifier@3",
+                                       f"{bundles['verifier']} + verifier, within groups", bundles["plain"]]
     rerank = records[0].extras["rerank"]
+    assert shown[2].extras["groups"]["pairs"] == rerank["groups_within"]["pairs"]
     assert shown[1].result.t2i == rerank["recall"]["t2i"] and shown[1].extras["groups"] == rerank["groups"]
     assert shown[1].provenance["reranked"]["k"] == 3
     assert [r.name for r in with_reranked(shown)] == [r.name for r in shown]  # a results.json read back: no second row

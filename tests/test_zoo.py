@@ -31,7 +31,8 @@ def load_tool(name: str) -> ModuleType:
     return module
 
 
-BENCHMARKS = {"coco-1k", "coco-5k", "f30k-1k", "scenes-test"}
+BENCHMARKS = {"coco-1k", "coco-5k", "f30k-1k", "scenes-test", "scenes-test-large", "scenes-test-large-rerank20",
+              "scenes-groups", "scenes-groups-rerank20"}
 #: web-scale pre-training sets (CLIP's WIT-400M, SigLIP's WebLI): their entries' figures are zero-shot, on any benchmark
 ZERO_SHOT_DATASETS = {"wit-400m", "webli"}
 METRIC_KEYS = {f"{d}_{m}" for d in ("i2t", "t2i") for m in ("r1", "r5", "r10", "ndcg_rougel", "ndcg_spice")}
@@ -43,7 +44,8 @@ def test_all_paper_variants_are_listed():
         for variant in ("mrsw", "mwsr", "symm", "mravgw", "mrsw-sharedw", "mrsw-stopwords", "bigru", "bilstm"):
             assert f"teran-{variant}-{ds}" in names
     assert {"tern-coco", "tern-align-coco"} <= names
-    assert xmatch.list_models("teran-mrsw-*") == ["teran-mrsw-coco", "teran-mrsw-f30k", "teran-mrsw-grid-scenes", "teran-mrsw-scenes",
+    assert xmatch.list_models("teran-mrsw-*") == ["teran-mrsw-coco", "teran-mrsw-f30k", "teran-mrsw-grid-scenes", "teran-mrsw-hn-scenes",
+                                                  "teran-mrsw-scenes",
                                                   "teran-mrsw-sharedw-coco", "teran-mrsw-sharedw-f30k",
                                                   "teran-mrsw-stopwords-coco", "teran-mrsw-stopwords-f30k"]
 

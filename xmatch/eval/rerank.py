@@ -7,10 +7,13 @@ the verifier re-scoring each caption's top K images and each image's top K capti
 
 - Recall@K: image-to-text figures from the ``i2t`` re-ranked scores, text-to-image figures from
   the ``t2i`` ones (each direction re-ranks its own queries' lists).
-- Hard-negative groups: a caption's group members that are among its top K over the whole split
-  are ordered by the verifier, above the members that are not (which keep the pooler's order);
-  the image-to-text comparisons (``i2t``, Winoground ``text``) read the ``i2t`` re-ranked
-  scores, the text-to-image ones (``t2i``, ``image``) the ``t2i`` ones, ``group`` both.
+- Hard-negative groups, two ways: ``groups``, where a caption's group members that are among its
+  top K over the whole split are ordered by the verifier, above the members that are not (which
+  keep the pooler's order; the image-to-text comparisons, ``i2t`` and Winoground ``text``, read
+  the ``i2t`` re-ranked scores, the text-to-image ones, ``t2i`` and ``image``, the ``t2i`` ones,
+  ``group`` both), so the first stage must also find both members; and ``groups_within``, the
+  verifier's logits of every pair inside each group, the candidates the groups protocol gives
+  the pooler (a caption against its own group's images; a group is smaller than any useful K).
 
 Example:
     >>> figures = rerank_figures(model, test, 20, recall="full", groups=dataset_groups(test))  # evaluates a model with a verifier on a split (minutes)  # doctest: +SKIP
@@ -97,7 +100,9 @@ def rerank_figures(
     Returns:
         Plain data: ``k``, ``verifier`` (:func:`verifier_fingerprint`), ``recall`` (``protocol``, ``i2t``, ``t2i``, ``rsum``; None without
         Recall@K), ``groups`` (a :meth:`~xmatch.eval.groups.GroupResult.as_dict`, with
-        ``groups``), ``pairs`` (pairs the verifier scored) and ``timings``: ``encode_s``,
+        ``groups``: each caption's top ``k`` over the split re-ranked), ``groups_within`` (the
+        same, from the verifier deciding within each group, plus its ``pairs`` and
+        ``seconds``), ``pairs`` (pairs the verifier re-ranked) and ``timings``: ``encode_s``,
         ``similarity_s``, ``rerank_s``, ``without_s`` (encode + similarity: the evaluation
         without re-ranking), ``with_s`` (+ re-ranking) and ``ratio`` (with / without).
     """
@@ -131,6 +136,11 @@ def rerank_figures(
                 reranked[direction].append(scores.numpy())
             bar.update(1)
     rerank_s = time.perf_counter() - start
+    within = None
+    if groups is not None:
+        start = time.perf_counter()
+        within = _verify_within_groups(model, encoded, groups, verify_batch)
+        within_s = time.perf_counter() - start
     encode_s = encoded.seconds
     del encoded
 
@@ -153,7 +163,27 @@ def rerank_figures(
         from xmatch.eval.groups import score_groups
 
         figures["groups"] = score_groups(reranked["t2i"][0], groups, i2t_scores=reranked["i2t"][0]).as_dict()
+        scores, within_pairs = within
+        figures["groups_within"] = {**score_groups(scores, groups).as_dict(), "pairs": within_pairs, "seconds": within_s}
     return figures
+
+
+def _verify_within_groups(model: MatchingModel, encoded: Any, groups: Any, verify_batch: int) -> tuple[Any, int]:
+    """The verifier's logits of every (image, caption) pair inside each group, as the groups
+    protocol scores the pooler (a caption against its own group's images only), and how many
+    pairs that is."""
+    from xmatch.eval.groups import PairScores
+
+    blocks = groups.blocks(groups_per_block=1)
+    rows = torch.from_numpy(np.concatenate([np.repeat(i, len(c)) for i, c in blocks]))
+    cols = torch.from_numpy(np.concatenate([np.tile(c, len(i)) for i, c in blocks]))
+    with torch.inference_mode():
+        logits = model.verify(RowGatherer(encoded.images)(rows), RowGatherer(encoded.captions)(cols),
+                              batch_size=verify_batch).float().cpu().numpy()
+    sizes = np.cumsum([len(i) * len(c) for i, c in blocks])[:-1]
+    values = [v.reshape(len(i), len(c)) for v, (i, c) in zip(np.split(logits, sizes), blocks)]
+    shape = (len(encoded.images), len(encoded.captions))
+    return PairScores(blocks, values, shape), len(rows)
 
 
 def verifier_fingerprint(model: MatchingModel) -> str:
@@ -212,7 +242,13 @@ def rerank_table(figures: Mapping[str, Any], name: str) -> str:
     if recall:
         lines.append(EvalResult(recall["protocol"], recall["i2t"], recall["t2i"], recall["rsum"]).table())
     if figures.get("groups"):
-        lines += ["hard-negative groups, re-ranked:", GroupResult.from_dict(figures["groups"]).table()]
+        lines += [f"hard-negative groups, each caption's top {figures['k']} over the split re-ranked:",
+                  GroupResult.from_dict(figures["groups"]).table()]
+    if figures.get("groups_within"):
+        within = figures["groups_within"]
+        lines += [f"hard-negative groups, the verifier deciding within each group (as the groups protocol scores the "
+                  f"pooler; {within['pairs']:,} pairs, {within['seconds']:.1f} s):",
+                  GroupResult.from_dict(within).table()]
     t = figures["timings"]
     lines.append(
         f"evaluation time: {t['without_s']:.1f} s without re-ranking (encode {t['encode_s']:.1f} s, pooler "

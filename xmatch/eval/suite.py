@@ -230,12 +230,23 @@ def reranked_name(name: str, k: int) -> str:
     return f"{name} + verifier@{k}"
 
 
+def within_groups_name(name: str) -> str:
+    """The label of a model's verifier deciding within each hard-negative group.
+
+    Example:
+        >>> within_groups_name("teran-mrsw-hn-scenes")
+        'teran-mrsw-hn-scenes + verifier, within groups'
+    """
+    return f"{name} + verifier, within groups"
+
+
 def with_reranked(records: Sequence[RunRecord]) -> list[RunRecord]:
     """``records`` with, after each record evaluated with ``--rerank K``, a record of its
     re-ranked figures (``extras["rerank"]``: Recall@K and the groups) named
-    :func:`reranked_name`, so comparison tables and reports show the two-stage model as a row
-    of its own beside the pooler's. A record of that name already present (a report's
-    ``results.json`` read back) is not added again.
+    :func:`reranked_name`, and with groups a record of the verifier deciding within each group
+    named :func:`within_groups_name`, so comparison tables and reports show the two-stage model
+    as rows of their own beside the pooler's. A record of such a name already present (a
+    report's ``results.json`` read back) is not added again.
 
     Example:
         >>> [r.name for r in with_reranked(load_records("out/results.json"))]  # needs a results file  # doctest: +SKIP
@@ -258,6 +269,10 @@ def with_reranked(records: Sequence[RunRecord]) -> list[RunRecord]:
         provenance = {**record.provenance, "reranked": {"k": figures["k"], "verifier": figures["verifier"],
                                                       "timings": figures["timings"]}}
         out.append(RunRecord(reranked_name(record.name, figures["k"]), result, extras, provenance))
+        within = figures.get("groups_within")
+        if within and within_groups_name(record.name) not in names:
+            groups_only = EvalResult(protocol="none", i2t={}, t2i={}, rsum=float("nan"))
+            out.append(RunRecord(within_groups_name(record.name), groups_only, {"groups": within}, provenance))
     return out
 
 
