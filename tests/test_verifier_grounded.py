@@ -5,6 +5,7 @@ bag-of-words matching cannot see, adding it to a trained model, and its recipe."
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,3 +126,25 @@ def test_the_model_scores_and_reranks_with_a_grounded_head():
         reranked = model.similarity(img, txt, rerank=2)
     assert reranked.shape == plain.shape == (3, 3)
     assert torch.isfinite(reranked).all()
+
+
+def test_rerank_coverage_counts_the_own_image_and_both_twins_in_the_top_k():
+    import importlib.util
+
+    import numpy as np
+
+    from xmatch.eval.groups import Group, GroupSet
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "rerank_coverage.py"
+    spec = importlib.util.spec_from_file_location("rerank_coverage", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # 4 images (two twin pairs), one caption each; columns: caption 0 ranks images 0, 1, 2, 3; caption 1
+    # ranks 1, 2, 3, 0; caption 2 ranks 3, 1, 0, 2; caption 3 ranks 3, 1, 0, 2
+    scores = np.array([[0.9, 0.1, 0.5, 0.2], [0.8, 0.9, 0.6, 0.3], [0.7, 0.3, 0.1, 0.1], [0.1, 0.2, 0.9, 0.8]])
+    groups = GroupSet([Group((0, 1), "relation"), Group((2, 3), "colour")], caption_image=np.arange(4))
+    figures = module.coverage(scores, np.arange(4), groups, [1, 2, 4])
+    assert figures[1]["relation"] == {"own": 1.0, "both": 0.0}
+    assert figures[2]["relation"] == {"own": 1.0, "both": 0.5}  # caption 1's top 2 misses its twin, image 0
+    assert figures[2]["colour"] == {"own": 0.5, "both": 0.0}    # caption 2 ranks its own image last
+    assert figures[4]["colour"] == {"own": 1.0, "both": 1.0}

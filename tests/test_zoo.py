@@ -32,7 +32,7 @@ def load_tool(name: str) -> ModuleType:
 
 
 BENCHMARKS = {"coco-1k", "coco-5k", "f30k-1k", "scenes-test", "scenes-test-large", "scenes-test-large-rerank20",
-              "scenes-groups", "scenes-groups-rerank20"}
+              "scenes-groups", "scenes-groups-verifier", "scenes-groups-rerank20"}
 #: web-scale pre-training sets (CLIP's WIT-400M, SigLIP's WebLI): their entries' figures are zero-shot, on any benchmark
 ZERO_SHOT_DATASETS = {"wit-400m", "webli"}
 METRIC_KEYS = {f"{d}_{m}" for d in ("i2t", "t2i") for m in ("r1", "r5", "r10", "ndcg_rougel", "ndcg_spice")}
