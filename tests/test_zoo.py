@@ -36,6 +36,8 @@ BENCHMARKS = {"coco-1k", "coco-5k", "f30k-1k", "scenes-test", "scenes-test-large
 #: web-scale pre-training sets (CLIP's WIT-400M, SigLIP's WebLI): their entries' figures are zero-shot, on any benchmark
 ZERO_SHOT_DATASETS = {"wit-400m", "webli"}
 METRIC_KEYS = {f"{d}_{m}" for d in ("i2t", "t2i") for m in ("r1", "r5", "r10", "ndcg_rougel", "ndcg_spice")}
+#: figures of the hard-negative groups protocol (percent, per kind of twin)
+GROUP_KEYS = {f"{k}_{f}" for k in ("relation", "colour", "size", "all") for f in ("t2i", "group")}
 
 
 def test_all_paper_variants_are_listed():
@@ -61,7 +63,7 @@ def test_entry_schema(name):
         assert bench in BENCHMARKS and (bench.startswith(entry.dataset) or entry.dataset in ZERO_SHOT_DATASETS)
         assert figures["source"]
         values = {k: v for k, v in figures.items() if k != "source"}
-        assert values and set(values) <= METRIC_KEYS
+        assert values and (set(values) <= METRIC_KEYS or (bench.startswith("scenes-groups") and set(values) <= GROUP_KEYS))
         for key, value in values.items():
             assert (0 < value <= 1) if "ndcg" in key else (0 < value <= 100)
         for d in ("i2t", "t2i"):
