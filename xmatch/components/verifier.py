@@ -50,10 +50,27 @@ class PairVerifier(Verifier):
     """A verifier whose ``forward`` gives one match logit per row-aligned pair, trained by a
     balanced binary cross-entropy on the batch's positives and hard negatives
     (:meth:`training_loss`). The built-in heads (``cross-attention``, ``grounded``) share it;
-    a subclass sets ``loss_weight`` and implements ``forward``.
+    a subclass sets ``dim`` and ``loss_weight`` and implements ``forward`` (which refuses bad
+    input with :meth:`check_pairs`).
     """
 
     loss_weight: float = 1.0
+    dim: int
+
+    def check_pairs(self, img: Embeddings, txt: Embeddings) -> None:
+        """Refuse what ``forward`` cannot score: sides of different lengths, or embeddings of
+        another width than the verifier's (``dim``)."""
+        if len(img) != len(txt):
+            raise ValueError(
+                f"the verifier scores row-aligned pairs (img[k], txt[k]): got {len(img)} images and {len(txt)} "
+                "captions; repeat or index the rows so both sides have one row per pair."
+            )
+        for side, e in (("image", img), ("caption", txt)):
+            if e.dim != self.dim:
+                raise ValueError(
+                    f"the verifier is {self.dim} wide but the {side} embeddings are {e.dim} wide; "
+                    "score embeddings of the model the verifier belongs to."
+                )
 
     def training_loss(
         self,
@@ -194,17 +211,7 @@ class CrossAttentionVerifier(PairVerifier):
             ValueError: ``img`` and ``txt`` hold different numbers of rows, or a width other
                 than the verifier's.
         """
-        if len(img) != len(txt):
-            raise ValueError(
-                f"the verifier scores row-aligned pairs (img[k], txt[k]): got {len(img)} images and {len(txt)} "
-                "captions; repeat or index the rows so both sides have one row per pair."
-            )
-        for side, e in (("image", img), ("caption", txt)):
-            if e.dim != self.dim:
-                raise ValueError(
-                    f"the verifier is {self.dim} wide but the {side} embeddings are {e.dim} wide; "
-                    "score embeddings of the model the verifier belongs to."
-                )
+        self.check_pairs(img, txt)
         dtype = self.head.weight.dtype
         n = len(img)
         scale = self.dim**0.5  # unit-norm tokens: elements of about 1 / sqrt(dim)

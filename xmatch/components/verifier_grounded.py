@@ -132,17 +132,7 @@ class GroundedVerifier(PairVerifier):
             ValueError: ``img`` and ``txt`` hold different numbers of rows, or a width other
                 than the verifier's.
         """
-        if len(img) != len(txt):
-            raise ValueError(
-                f"the verifier scores row-aligned pairs (img[k], txt[k]): got {len(img)} images and {len(txt)} "
-                "captions; repeat or index the rows so both sides have one row per pair."
-            )
-        for side, e in (("image", img), ("caption", txt)):
-            if e.dim != self.dim:
-                raise ValueError(
-                    f"the verifier is {self.dim} wide but the {side} embeddings are {e.dim} wide; "
-                    "score embeddings of the model the verifier belongs to."
-                )
+        self.check_pairs(img, txt)
         longest = max(int(txt.mask.sum(1).max()), 1) if len(txt) else 1
         txt = Embeddings(txt.tokens[:, :longest], txt.mask[:, :longest])  # padding beyond every caption reads nothing
         dtype = self.head.weight.dtype
