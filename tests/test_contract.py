@@ -257,5 +257,11 @@ def test_every_zoo_entry_trains_in_miniature(entry, fixture_bert):
         batch = PairBatch(RegionInputs(regions, boxes, mask), CAPTIONS)
     out = model(batch)
     assert out.loss.dim() == 0 and torch.isfinite(out.loss)
-    out.loss.backward()
+    loss = out.loss
+    if model.verifier is not None:  # the trainer adds the verifier's loss on the same batch (TrainStep)
+        img, txt = model.encode_batch(batch)
+        checked = model.verifier.training_loss(img, txt, model.batch_scores(img, txt)["main"].detach())
+        assert torch.isfinite(checked.loss)
+        loss = loss + checked.loss
+    loss.backward()
     assert_all_grads(model)
