@@ -424,7 +424,8 @@ def test_shipped_bundle_matches_its_entry(name):
 
 def test_shipped_bundles_fit_in_the_package_budget():
     total = sum(p.stat().st_size for p in (ZOO / "weights").rglob("*") if p.is_file())
-    assert total <= 20_000_000
+    # four float16 demo bundles (21.7 MB on 2026-11-27); raised from 20 MB for teran-mrsw-hn-scenes
+    assert total <= 25_000_000
 
 
 @pytest.mark.parametrize("name", DEMO_ENTRIES)
