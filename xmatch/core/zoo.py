@@ -267,7 +267,7 @@ def list_models(pattern: str | None = None, *, pretrained: bool = False) -> list
         >>> xmatch.list_models("teran-symm-*")
         ['teran-symm-coco', 'teran-symm-f30k']
         >>> xmatch.list_models(pretrained=True)
-        ['siglip-base-patch16-224', 'teran-mrsw-grid-scenes', 'teran-mrsw-scenes', 'tern-scenes']
+        ['siglip-base-patch16-224', 'teran-mrsw-grid-scenes', 'teran-mrsw-hn-scenes', 'teran-mrsw-scenes', 'tern-scenes']
     """
     names = match(models.names(), pattern)
     return [name for name in names if info(name).weights] if pretrained else names
