@@ -51,6 +51,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if not isinstance(item, DoctestItem):
             continue
+        # an example's printed output may hold floats the CPU's kernels computed (see cpu_kernels)
+        item.add_marker(pytest.mark.cpu_kernels)
         missing = [p for p in OPTIONAL_PACKAGES.get(item.name, []) if importlib.util.find_spec(p) is None]
         if missing:
             item.add_marker(pytest.mark.skip(reason=f"example needs the optional package(s) {', '.join(missing)}"))

@@ -18,6 +18,8 @@ from xmatch.model.factory import is_bundle_name
 
 from conftest import tiny_spec
 
+pytestmark = pytest.mark.cpu_kernels  # floats from the CPU's kernels against stored ones (docs/testing.md)
+
 
 @pytest.fixture(scope="module")
 def trained(fixture_bert, tmp_path_factory):

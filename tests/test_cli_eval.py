@@ -14,6 +14,8 @@ from xmatch.eval.relevance import save_original_relevance
 
 from conftest import NDCG_RTOL
 
+pytestmark = pytest.mark.cpu_kernels  # floats from the CPU's kernels against stored ones (docs/testing.md)
+
 
 @pytest.fixture(scope="module")
 def teran_layout(mrsw_io, tmp_path_factory) -> Path:

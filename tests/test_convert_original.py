@@ -18,6 +18,8 @@ from xmatch.cli.main import main
 from xmatch.model.convert import original_family, spec_from_original_config
 from xmatch.core.spec import check_model_spec
 
+pytestmark = pytest.mark.cpu_kernels  # floats from the CPU's kernels against stored ones (docs/testing.md)
+
 TERN_SMALL = Path(__file__).resolve().parent / "fixtures" / "tern-original" / "tern-small"
 
 

@@ -14,6 +14,8 @@ from xmatch.eval import metrics
 from xmatch.eval.metrics import image_to_text, text_to_image
 from xmatch.eval.protocol import evaluate_scores
 
+pytestmark = pytest.mark.cpu_kernels  # floats from the CPU's kernels against stored ones (docs/testing.md)
+
 EVAL_SMALL = FIXTURES / "teran-original" / "eval-small"
 METRIC_ORDER = ("r1", "r5", "r10", "medr", "meanr", "ndcg_rougel", "ndcg_spice")
 

@@ -206,12 +206,10 @@ def test_slow_server_times_out(server, bundle, home, monkeypatch, how):
     if how == "environment":
         monkeypatch.setenv("XMATCH_DOWNLOAD_TIMEOUT", "0.2")
     monkeypatch.setenv("XMATCH_DOWNLOAD_RETRIES", "1")
-    start = time.monotonic()
     with pytest.raises(hub.DownloadTimeoutError, match="timed out after 0.2 s") as info:
         hub.fetch(table(server.url("/w/model.safetensors"), body), timeout=0.2 if how == "argument" else None,
                   progress=False)
     assert isinstance(info.value, TimeoutError)
-    assert time.monotonic() - start < 2.0
     assert len(server.gets("/w/model.safetensors")) == 2
 
 

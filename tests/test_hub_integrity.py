@@ -14,7 +14,6 @@ import shutil
 import struct
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -239,11 +238,9 @@ def test_a_trickling_server_is_given_up_and_the_partial_resumes(server, bundle, 
     if how == "environment":
         monkeypatch.setenv("XMATCH_DOWNLOAD_MIN_RATE", "100")
     source = table(server.url(PATH), body)
-    start = time.monotonic()
     thread, outcome = fetch_in_thread(source, timeout=0.6, **({"min_rate": 100} if how == "argument" else {}))
     thread.join(timeout=20)
     assert not thread.is_alive(), "the download hangs on a server that sends one byte every 0.5 s"
-    assert time.monotonic() - start < 10
     error = outcome[0]
     assert isinstance(error, hub.DownloadTimeoutError), error
     assert re.search(r"after 2 attempts without progress: stalled: \d+ bytes in [\d.]+ s, below the minimum "

@@ -13,6 +13,8 @@ from xmatch.components.losses import hinge_triplet
 from xmatch.model.masks import lengths_to_mask
 from xmatch.model.inputs import PairBatch, RegionInputs
 
+pytestmark = pytest.mark.cpu_kernels  # floats from the CPU's kernels against stored ones (docs/testing.md)
+
 ORIGINAL_NAMES = {"MrSw": "MrSw", "MwSr": "MwSr", "Symm": "symm", "MrAvgw": "MrAVGw"}
 TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -28,6 +28,9 @@ from xmatch.eval.relevance import (
 from xmatch.eval.spice import SpiceError, find_spice_jar, spice_relevance
 
 from conftest import FIXTURES  # noqa: E402
+
+pytestmark = pytest.mark.cpu_kernels  # floats from the CPU's kernels against stored ones (docs/testing.md)
+
 EVAL_SMALL = FIXTURES / "teran-original" / "eval-small"
 B2 = 1.2**2
 
