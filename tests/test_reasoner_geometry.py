@@ -259,6 +259,7 @@ def spatial_task(g: torch.Generator, n: int, markers: torch.Tensor) -> tuple[tor
     return x, boxes, a, (centre[rows, a] < centre[rows, b]).float()
 
 
+@pytest.mark.cpu_kernels  # a training run's outcome depends on the CPU's kernels (docs/testing.md)
 @pytest.mark.parametrize("geometry", ["none", "relative"])
 def test_geometry_learns_left_of(geometry, one_torch_thread):  # noqa: F811
     torch.manual_seed(0)

@@ -53,6 +53,7 @@ def splits(root: Path, **options):
 # --- learning ---------------------------------------------------------------------------------
 
 
+@pytest.mark.cpu_kernels  # a training run's outcome depends on the CPU's kernels (docs/testing.md)
 def test_short_run_lowers_the_loss_and_lifts_recall_far_above_chance(fixture_bert, data_root, tmp_path):
     train, val = splits(data_root)
     model = learnable_model(fixture_bert)

@@ -62,6 +62,7 @@ def train_and_score(steps: int = 250) -> float:
         return (head(image, caption) > head(twin, caption)).float().mean().item()
 
 
+@pytest.mark.cpu_kernels  # a training run's outcome depends on the CPU's kernels (docs/testing.md)
 def test_it_learns_which_side_an_object_is_on():
     # the twins hold the same regions and words (without boxes their logits are equal): only
     # where the words' referents lie tells them apart; 500 fresh captions, ties count as wrong

@@ -26,6 +26,7 @@ def synthetic(feature_dim: int, seed: int = 0) -> tuple[torch.Tensor, list[str]]
     return regions, captions
 
 
+@pytest.mark.cpu_kernels  # a training run's outcome depends on the CPU's kernels (docs/testing.md)
 @pytest.mark.parametrize("sampling", ["hardest", "all"])
 def test_training_lifts_recall_far_above_chance(sampling):
     torch.manual_seed(0)
