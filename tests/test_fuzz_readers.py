@@ -166,13 +166,15 @@ def case(base: Path) -> Iterator[Case]:
 
 
 def attempt(reader: str, c: Case, call: Callable[[], Any], *, reads: list[Path] | None = None,
-            names: list[str] | None = None) -> Any:
+            names: list[str] | None = None, writes_in: Path | None = None) -> Any:
     """Run one reader call under the guards; its result, or None when it refused the input
     with an ``XmatchError`` that names the file.
 
     Args:
         reads: the folders the reader may read (default: the case's root).
         names: strings one of which the error message must hold (default: the root's path).
+        writes_in: the one folder the reader may change: a Qdrant Edge shard, whose opening
+            replays its journals and takes its lock (nothing outside it).
     """
     allowed = [os.path.realpath(p) for p in (reads or [c.root])]
     before = tree(c.parent)
@@ -185,13 +187,16 @@ def attempt(reader: str, c: Case, call: Callable[[], Any], *, reads: list[Path] 
             error = exc
     assert not c.marker.exists(), f"{reader}: a pickle payload ran (it created {c.marker})"
     after = tree(c.parent)
-    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    own = [] if writes_in is None else [os.path.relpath(writes_in, c.parent)]
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k) and not _under(k, own))
     assert not changed, f"{reader}: wrote {changed} (a reader writes nothing)"
     parent = os.path.realpath(c.parent)
     outside = sorted({p for p, _ in opened if _under(os.path.realpath(p), [parent])
                       and not _under(os.path.realpath(p), allowed)})
     assert not outside, f"{reader}: read {outside}, outside {allowed}"
-    writes = sorted({p for p, w in opened if w and _under(os.path.realpath(p), [parent])})
+    mine = [] if writes_in is None else [os.path.realpath(writes_in)]
+    writes = sorted({p for p, w in opened if w and _under(os.path.realpath(p), [parent])
+                     and not _under(os.path.realpath(p), mine)})
     assert not writes, f"{reader}: opened {writes} for writing"
     if error is None:
         return value
@@ -910,6 +915,107 @@ def test_index_defects_the_fuzzing_found_stay_fixed(base, index_seed, edit):
         assert attempt("xmatch.index.open", c, lambda: load_index(target, model)) is None
         with pytest.raises(DamagedIndexError):
             xmatch.index.open(target, model)
+
+
+# -- Qdrant Edge shards: segment files, payloads, offsets (xmatch.index.qdrant) --------------------
+
+
+@pytest.fixture(scope="module")
+def edge_seed(tmp_path_factory) -> tuple[Path, Any]:
+    """An Edge index of 6 images with boxes, appended in two batches, closed."""
+    pytest.importorskip("qdrant_edge")
+    from xmatch.index.synthetic import scoring_model
+
+    model = scoring_model("MrSw", 16)
+    root = tmp_path_factory.mktemp("edge") / "idx"
+    index = xmatch.index.create(root, model, dtype="float32", engine="qdrant")
+    g = torch.Generator().manual_seed(0)
+    for start in (0, 3):
+        feats = torch.randn(3, 4, 16, generator=g)
+        boxes = torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(3, 4, 4)
+        index.add(xmatch.RegionInputs(feats, boxes), ids=[f"img{start + k}" for k in range(3)])
+    index.close()
+    return root, model
+
+
+#: the files of an Edge shard by what they hold (the counter's names); the path of each, below the shard
+EDGE_KINDS = {
+    "vectors": r"vector_storage-\w+/vectors/", "offsets": r"/offsets/", "payload": r"payload_storage/",
+    "payload index": r"payload_index/", "id tracker": r"mutable_id_tracker", "state": r"/(deleted|flags)?.*status\.dat$",
+    "segment config": r"segments/[^/]+/(segment\.json|version\.info)$", "log": r"^wal/", "shard config": r"^edge_config",
+}
+
+
+def edge_files(shard: Path) -> dict[str, list[str]]:
+    """The shard's files (relative names) grouped as in :data:`EDGE_KINDS` (a file in its first group)."""
+    files = sorted(str(p.relative_to(shard)) for p in shard.rglob("*") if p.is_file() and p.name != "xmatch.lock")
+    groups: dict[str, list[str]] = {kind: [] for kind in EDGE_KINDS}
+    for name in files:
+        kind = next((k for k, pattern in EDGE_KINDS.items() if re.search(pattern, name)), None)
+        if kind is not None:
+            groups[kind].append(name)
+    return groups
+
+
+def spoil_edge_file(path: Path, draw: Callable[[Any], Any]) -> str:
+    """One file of a shard spoilt in place (its holes kept: they are 32 MiB): cut short, bytes
+    flipped where the data is, random bytes, deleted, or a JSON document mutated."""
+    size = path.stat().st_size
+    if path.suffix == ".json" and draw(st.booleans()):
+        path.write_bytes(draw(json_file(json.loads(path.read_text()))).replace(b"@OUTSIDE@", b"/nonexistent"))
+        return "json"
+    how = draw(st.sampled_from(("truncated", "flipped", "flipped", "random", "deleted")))
+    if how == "deleted":
+        path.unlink()
+    elif how == "truncated":
+        with open(path, "r+b") as f:
+            f.truncate(draw(st.sampled_from([0, 1, size // 2, max(0, size - 1), draw(st.integers(0, min(size, 1 << 16)))])))
+    elif how == "flipped":
+        with open(path, "r+b") as f:
+            for _ in range(draw(st.integers(1, 8))):
+                at = draw(st.integers(0, max(0, min(size, 1 << 14) - 1)))
+                f.seek(at)
+                old = f.read(1) or b"\0"
+                f.seek(at)
+                f.write(bytes([old[0] ^ draw(st.integers(1, 255))]))
+    else:
+        path.write_bytes(draw(st.binary(max_size=256)))
+    return how
+
+
+def use_edge_index(target: Path, model: Any) -> tuple[int, list[str], Any, list[Any]]:
+    """Open an Edge index and use all of it: verify (every vector), ids, token sets, a search."""
+    import xmatch.index
+
+    with xmatch.index.open(target, model) as index:
+        index.verify()
+        rows = torch.arange(len(index))
+        gathered = index.store.gather(rows)
+        found = index.search(gathered[:1], k=min(3, len(index)), exact=True)
+        return len(index), index.ids, gathered, found
+
+
+@pytest.mark.parametrize("kind", sorted(EDGE_KINDS))
+@settings(max_examples=max(2, settings.default.max_examples // 8))  # per kind: 2 by default, 18 in CI
+@given(data=st.data())
+def test_edge_shard(base, fuzz_cases, edge_seed, kind, data):
+    from xmatch.index.qdrant import copy_index_folder
+
+    seed, model = edge_seed
+    with case(base) as c:
+        target = c.root / "idx"
+        copy_index_folder(seed, target)
+        shard = target / "qdrant"
+        files = edge_files(shard)[kind]
+        name = data.draw(st.sampled_from(files))
+        how = spoil_edge_file(shard / name, data.draw)
+        fuzz_cases[f"Qdrant Edge {kind}"] += 1
+        loaded = attempt("xmatch.index.open (Qdrant Edge)", c, lambda: use_edge_index(target, model), writes_in=shard,
+                         names=[str(shard)])
+        if loaded:
+            n, ids, gathered, found = loaded
+            assert n == 6 and len(ids) == 6 and all(isinstance(i, str) for i in ids), (name, how)
+            assert bool(torch.isfinite(gathered.tokens).all()) and len(found) == 1, (name, how)
 
 
 @pytest.mark.parametrize(("metadata", "message"), [

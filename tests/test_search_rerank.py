@@ -180,8 +180,8 @@ def test_each_stage_time_is_recorded_and_printed(index):
 def test_a_plain_search_keeps_its_fields(index):
     """Without rerank the result is what it was, plus the stage, the timings and the work."""
     record = index.search_texts(TEXTS[:1], k=2)[0].as_dict()
-    assert set(record) == {"hits", "query", "scored", "total", "exact", "stage1", "reranked", "timings", "work",
-                           "work_exhaustive"}
+    assert set(record) == {"hits", "query", "scored", "total", "exact", "exactness", "stage1", "reranked", "timings",
+                           "work", "work_exhaustive"}
     assert set(record["hits"][0]) == {"id", "score", "row", "stage"} and record["reranked"] == 0
 
 

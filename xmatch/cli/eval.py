@@ -49,7 +49,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--allow-unknown-words", action="store_true",
                         help="evaluate even when over 20%% of the caption tokens are unknown to a model's text side")
     parser.add_argument("--report", type=Path, metavar="DIR",
-                        help="write the comparison's plots (PNG), results.json and index.html into DIR")
+                        help="write the comparison's plots (PNG), results.json and index.html into DIR (never over "
+                        "files of those names that a report did not write, unless --overwrite)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="with --report: write over files of the report's names in DIR that a report did not "
+                        "write (files of other names are left as they are)")
     parser.add_argument("--groups", type=Path, metavar="FILE",
                         help="groups protocol: a JSON file listing hard-negative groups (default: the dataset's own, "
                         "e.g. the scenes twins)")
@@ -80,12 +84,13 @@ def run(args: argparse.Namespace) -> int:
     from xmatch.model.factory import build_reference
     from xmatch.cli.options import open_data
     from xmatch.data.vocab import EVAL_FIX, check_captions
-    from xmatch.eval.report import check_plotting, comparison_tables, write_report
+    from xmatch.eval.report import check_plotting, check_report_folder, comparison_tables, shown_name, write_report
     from xmatch.eval.rerank import RERANK, check_rerank_request, rerank_table
     from xmatch.eval.suite import load_records, parse_protocols, run_protocols, save_records, with_reranked
 
     if args.report:
         check_plotting()  # a missing matplotlib fails before the evaluation, not after it
+        check_report_folder(args.report, args.overwrite)  # and so does a folder holding someone else's files
 
     # result files (from --json or a report's results.json) join the comparison as they are;
     # read first, so a bad file fails before any model is evaluated
@@ -121,15 +126,16 @@ def run(args: argparse.Namespace) -> int:
     if len(records) == 1 and not records[0].extras:
         record = records[0]
         where = record.provenance.get("dataset", {}).get("name", args.dataset), record.provenance.get("split", args.split)
-        print(f"\n{record.name} on {where[0]}:{where[1]}\n{record.result.table()}")
+        print(f"\n{shown_name(record.name)} on {shown_name(str(where[0]))}:{shown_name(str(where[1]))}\n"
+              f"{record.result.table()}")
     else:
         print("\n" + comparison_tables(with_reranked(records)))
     for record in records:
         if RERANK in record.extras:
-            print("\n" + rerank_table(record.extras[RERANK], record.name))
+            print("\n" + rerank_table(record.extras[RERANK], shown_name(record.name)))
     for record in records:
         if record.result.folds:
-            print(f"({record.name}, COCO 1K: mean of {len(record.result.folds)} folds; the original evalrank would "
+            print(f"({shown_name(record.name)}, COCO 1K: mean of {len(record.result.folds)} folds; the original evalrank would "
                   f"print rsum {record.result.printed_rsum:.2f})")
     if args.json:
         save_records(records, args.json)
@@ -139,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.queries} (per-query ranks, top-50, NDCG)")
     if args.report:
         argv = getattr(args, "argv", None)
-        written = write_report(with_reranked(records), args.report, command=shlex.join(["xmatch", *argv]) if argv else None)
+        written = write_report(with_reranked(records), args.report, command=shlex.join(["xmatch", *argv]) if argv else None,
+                               overwrite=args.overwrite)
         print(f"wrote {', '.join(p.name for p in written.values())} in {args.report}/ (open {written['html']})")
     return 0
 

@@ -37,12 +37,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "stage-1 files, saved model and Qdrant Edge storage; other files stay) and build it anew")
     parser.add_argument("--from-index", type=Path, metavar="INDEX", help="copy the token sets of another index instead of encoding "
                         "(e.g. to move an embedded index into Qdrant)")
+    parser.add_argument("--copy", type=Path, metavar="INDEX", help="copy the index INDEX to --out at its real size (a "
+                        "Qdrant Edge shard's files are sparse: shutil.copytree, tar or scp write hundreds of MB), under "
+                        "its locks")
     parser.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="stored precision (default: float16)")
     parser.add_argument("--engine", choices=("faiss", "qdrant"), default="faiss", help="faiss (embedded, default) or qdrant")
     parser.add_argument("--qdrant", metavar="URL_OR_NAME", help="Qdrant server URL, or the name of the Qdrant Edge shard's "
                         "folder inside the index (default: qdrant)")
     parser.add_argument("--collection", help="Qdrant collection name, server only (default: xmatch-<index folder name>)")
     parser.add_argument("--stage1", help="stage-1 structure to build now: tokens, pooled, fde (default: the pooler's)")
+    parser.add_argument("--max-pixels", type=int, metavar="N", help="with --images: pictures whose header declares more "
+                        "pixels (width x height) are skipped, not decoded (default: 50,000,000)")
     parser.add_argument("--batch-size", type=int, default=64, help="images encoded at once (captions: 4x)")
     parser.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default="float32",
                         help="bfloat16: encode under bfloat16 autocast, about 1.8x faster on a CPU with AVX512-BF16 or "
@@ -65,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     if args.append and args.overwrite:
         print("xmatch index: --append adds to the index, --overwrite replaces it: give one of them.", file=sys.stderr)
         return 2
+    if args.copy is not None:
+        return _copy(args)
     exists = (args.out / MANIFEST).is_file()
     if exists and args.overwrite:
         others = foreign_files(args.out)
@@ -84,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
     if args.images is not None and (args.data is not None or args.dataset or args.from_index or args.side != "images"):
         print("xmatch index: --images DIR indexes a folder of pictures; it goes without --data, --dataset, --from-index "
               "and --side texts.", file=sys.stderr)
+        return 2
+    if args.max_pixels is not None and args.images is None:
+        print("xmatch index: --max-pixels is the picture budget of --images DIR; a dataset's pictures have their own "
+              "(--data-option max_pixels=N where its layout reads pictures).", file=sys.stderr)
         return 2
     if args.dataset is None and args.data is None:
         args.dataset = "scenes"
@@ -106,11 +117,34 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(added, tuple):  # a picture folder: (added, skipped pictures)
         added, skipped = added
         for name, why in skipped[:20]:
-            print(f"skipped {name}: {why}", file=sys.stderr)
+            print(f"skipped {_shown_name(name)}: {why}", file=sys.stderr)
+        if len(skipped) > 20:
+            print(f"... and {len(skipped) - 20} more.", file=sys.stderr)
         if skipped:
-            print(f"xmatch index: {len(skipped)} pictures could not be read and are not in the index.", file=sys.stderr)
+            print(f"xmatch index: {len(skipped)} pictures were skipped and are not in the index.", file=sys.stderr)
     print(f"indexed {added} {what} into {args.out} ({len(index)} in all, engine {index.engine}); "
           f"search it with: xmatch search {args.out} --{'text' if what == 'images' else 'image'} ...")
+    return 0
+
+
+def _shown_name(name: str) -> str:
+    """A skipped picture's name as printed: as it is, or quoted and escaped when it holds a
+    newline or another control character (it would split or garble the line), cut when long."""
+    from xmatch.data._io import shown, unsafe_characters
+
+    return shown(name) if unsafe_characters(name) or len(name) > 200 else name
+
+
+def _copy(args: argparse.Namespace) -> int:
+    """``--copy INDEX --out DST``: the index copied whole, sparse files kept sparse."""
+    from xmatch.index.qdrant import copy_index_folder
+
+    if args.model or args.append or args.overwrite or args.from_index or args.images:
+        print("xmatch index: --copy INDEX --out DST copies an index as it is; it goes without a MODEL, --append, "
+              "--overwrite, --from-index and --images.", file=sys.stderr)
+        return 2
+    allocated = copy_index_folder(args.copy, args.out)
+    print(f"copied the index {args.copy} to {args.out} ({allocated / 2**20:.1f} MiB on disk)")
     return 0
 
 
@@ -155,8 +189,9 @@ def _fill(args: argparse.Namespace, exists: bool, made: list[Any]) -> tuple[Any,
         if dataset is None:
             from xmatch.index.photos import index_images
 
+            budget = {} if args.max_pixels is None else {"max_pixels": args.max_pixels}
             added = index_images(index, args.images, batch_size=args.batch_size, shard_size=args.shard_size,
-                                 resume=args.append, progress=progress, compute_dtype=args.compute_dtype)
+                                 resume=args.append, progress=progress, compute_dtype=args.compute_dtype, **budget)
         else:
             added = index_dataset(index, dataset, batch_size=args.batch_size, shard_size=args.shard_size,
                                   resume=args.append, progress=progress, compute_dtype=args.compute_dtype)

@@ -21,7 +21,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("index", type=Path, help="index folder made by xmatch index")
     parser.add_argument("--text", action="append", metavar="CAPTION", help="a text query (repeatable)")
     parser.add_argument("--image", action="append", type=Path, metavar="PATH", help="an image query, for models that read pixels (repeatable)")
-    parser.add_argument("-k", "--top-k", dest="k", type=int, default=10, help="results per query (default: 10)")
+    parser.add_argument("--max-pixels", type=int, metavar="N", help="largest --image query decoded, width x height from "
+                        "its header (default: 50,000,000); a larger one is refused before it is decoded")
+    parser.add_argument("-k", "--top-k", dest="k", type=int, default=10, help="results per query (default: 10; past the index's size: every item)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--exact", action="store_true", help="score every item (no stage 1)")
     parser.add_argument("--effort", type=float,
@@ -89,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         if args.text:
             _warn_unknown_words(index, args.text)
         results = searcher.search_texts(args.text, k=args.k, **verifier, **options) if args.text else \
-            _search_image_files(searcher, index, args.image, args.k, options, verifier)
+            _search_image_files(searcher, index, args.image, args.k, options, verifier, args.max_pixels)
     finally:
         index.close()
     if args.json:
@@ -100,9 +102,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _search_image_files(searcher: Any, index: Any, paths: list[Path], k: int, options: dict[str, Any],
-                        verifier: dict[str, Any]) -> list:
-    from PIL import Image
-
+                        verifier: dict[str, Any], max_pixels: int | None = None) -> list:
+    """Search with the pictures ``paths``, read as ``xmatch index --images`` reads the indexed
+    ones (upright, RGB), each within the pixel budget from its header before it is decoded."""
+    from xmatch.index.photos import load_picture
+    from xmatch.io.pictures import MAX_PIXELS
     from xmatch.model.inputs import PixelInputs, input_type_of
 
     if input_type_of(index.model.image_encoder) is not PixelInputs:
@@ -113,7 +117,8 @@ def _search_image_files(searcher: Any, index: Any, paths: list[Path], k: int, op
     for path in paths:
         if not path.is_file():
             raise FileNotFoundError(f"image file {path} does not exist.")
-    images = PixelInputs([Image.open(path).convert("RGB") for path in paths])
+    budget = MAX_PIXELS if max_pixels is None else max_pixels
+    images = PixelInputs([load_picture(path, budget, option="xmatch search --max-pixels {}") for path in paths])
     if hasattr(searcher, "first"):  # a cascade
         results = searcher.search_images(images, k=k, **verifier)
     else:

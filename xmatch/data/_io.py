@@ -219,6 +219,8 @@ def check_normalized(boxes: np.ndarray, where: str, context: str) -> np.ndarray:
 
 #: a file name's limit on common file systems (bytes of UTF-8)
 MAX_NAME_BYTES = 255
+#: a path's limit on Linux (``PATH_MAX``, bytes of UTF-8): the longest id an index takes
+MAX_PATH_BYTES = 4096
 #: what allows paths outside the declared folder, for the messages
 OUTSIDE_OPTION = "allow_outside_root=True (xmatch extract --allow-outside-root)"
 
@@ -242,11 +244,11 @@ def check_text_name(value: Any, where: str, what: str, error: type[Exception] = 
         xmatch.data.errors.DataError: captions.csv:3: the image path 'a\\nb.png' holds the control character '\\n'; ...
     """
     if not isinstance(value, str) or not value:
-        raise error(f"{where}: the {what} must be a non-empty string, got {value!r}.")
+        raise error(f"{where}: the {what} must be a non-empty string, got {shown(value)}.")
     bad = unsafe_characters(value)
     if bad:
         raise error(
-            f"{where}: the {what} {value!r} holds the control character {bad[0]!r}; a name with a newline or "
+            f"{where}: the {what} {shown(value)} holds the control character {bad[0]!r}; a name with a newline or "
             "another control character would shift or break the files it is written to. Rename it."
         )
     return value
@@ -269,15 +271,72 @@ def plain_name(value: Any, where: str, what: str, error: type[Exception] = DataE
         xmatch.data.errors.DataError: captions.csv:2: the split '../../x' is not a plain name ...
     """
     check_text_name(value, where, what, error)
-    anchored = PurePosixPath(value).anchor or PureWindowsPath(value).anchor
-    if "/" in value or "\\" in value or value in (".", "..") or anchored:
+    if "/" in value or _not_plain(value):
         raise error(
-            f"{where}: the {what} {value!r} is not a plain name (it would become a path outside its folder: "
+            f"{where}: the {what} {shown(value)} is not a plain name (it would become a path outside its folder: "
             "no '/', '\\', '..' or drive); use a plain name such as 'train'."
         )
     if len(value.encode("utf-8")) > MAX_NAME_BYTES:
-        raise error(f"{where}: the {what} {value[:40]!r}... is longer than a file name can be ({MAX_NAME_BYTES} bytes).")
+        raise error(f"{where}: the {what} {shown(value)} is longer than a file name can be ({MAX_NAME_BYTES} bytes).")
     return value
+
+
+def _not_plain(part: str) -> bool:
+    """Whether one ``/``-free part of a name could leave its folder: ``.``, ``..``, a ``\\``
+    (a separator on Windows) or a drive (``C:``)."""
+    return "\\" in part or part in (".", "..") or bool(PurePosixPath(part).anchor or PureWindowsPath(part).anchor)
+
+
+def plain_path(value: Any, where: str, what: str, error: type[Exception] = DataError) -> str:
+    """``value`` as a relative path of plain names joined by ``/`` (a picture's path in its
+    folder, an index id): every part a :func:`plain_name` (none empty, ``.`` or ``..``, no
+    ``\\`` or drive, at most 255 bytes), no control character, at most 4096 bytes in all. It
+    is the one rule for every id xmatch stores or prints: whatever a folder or a caller holds,
+    such a name stays one line of a file, one line of a terminal, and a path inside its folder.
+
+    Raises:
+        error: naming ``where``, the value (cut short when long), the part at fault and the rule.
+
+    Example:
+        >>> plain_path("trip/beach.jpg", "photos", "id")
+        'trip/beach.jpg'
+        >>> plain_path("trip/../secret.jpg", "photos", "id")
+        Traceback (most recent call last):
+        ...
+        xmatch.data.errors.DataError: photos: the id 'trip/../secret.jpg' is not a plain relative name: its part '..' ...
+    """
+    check_text_name(value, where, what, error)
+    rule = (
+        f"a {what} is plain names joined by '/', such as 'trip/beach.jpg': no empty part, '.', '..', '\\', drive or "
+        f"control character, each part at most {MAX_NAME_BYTES} bytes and all at most {MAX_PATH_BYTES} bytes. Rename it."
+    )
+    if len(value.encode("utf-8")) > MAX_PATH_BYTES:
+        raise error(f"{where}: the {what} {shown(value)} is longer than a path can be ({MAX_PATH_BYTES} bytes); {rule}")
+    for part in value.split("/"):
+        if not part:
+            why = "it starts with '/' (an absolute path)" if value.startswith("/") else "it has an empty part ('//' or a final '/')"
+        elif _not_plain(part):
+            why = f"its part {shown(part)} would lead out of the folder"
+        elif len(part.encode("utf-8")) > MAX_NAME_BYTES:
+            why = f"its part {shown(part)} is longer than a file name can be"
+        else:
+            continue
+        raise error(f"{where}: the {what} {shown(value)} is not a plain relative name: {why}; {rule}")
+    return value
+
+
+def shown(value: Any, limit: int = 100) -> str:
+    """``repr(value)``, a string cut to its first ``limit`` characters: a 10,000-character name
+    keeps a message one readable line.
+
+    Example:
+        >>> shown("x" * 1000, limit=8)
+        "'xxxxxxxx'..."
+    """
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}..."
+    text = repr(value)
+    return text if len(text) <= 2 * limit else f"{text[: 2 * limit]}..."
 
 
 def integer_id(value: Any, where: str, error: type[Exception] = DataError) -> int:

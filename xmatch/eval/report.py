@@ -9,6 +9,12 @@ can be traced to how it was made; each PNG also carries them in its metadata
 
 Plots need matplotlib (``pip install 'xmatch-zoo[report]'``), imported only here.
 
+A report folder is the report's own: :func:`write_report` records what it wrote in
+``xmatch-report.json`` (:data:`REPORT_MARKER`, each file's sha256) and refuses to write over a
+file of one of its names that it did not write, or that changed since (``overwrite=True``,
+``--overwrite``, writes anyway); files of other names are never touched. Names (models, kinds,
+probes, splits) are printed at most :data:`MAX_NAME_CHARS` long (:func:`shown_name`).
+
 Example:
     >>> records = [run_protocols(m, test, "full,groups", name=n) for n, m in models.items()]  # evaluates models on the scenes benchmark (minutes)  # doctest: +SKIP
     >>> print(comparison_tables(records))  # doctest: +SKIP
@@ -19,6 +25,8 @@ Example:
 from __future__ import annotations
 
 import base64
+import dataclasses
+import hashlib
 import html
 import json
 import logging
@@ -32,8 +40,10 @@ from typing import Any
 
 import numpy as np
 
+from xmatch.core.errors import XmatchError
 from xmatch.eval.groups import FIGURES as GROUP_FIGURES
 from xmatch.eval.suite import NO_RECALL, RunRecord, save_records
+from xmatch.io.safe_load import load_json
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +52,67 @@ MAX_K = 100
 #: ground-truth rank bins of the rank-distribution plot (1-based, inclusive)
 RANK_BINS = ((1, 1), (2, 2), (3, 5), (6, 10), (11, 20), (21, 50), (51, 100), (101, None))
 PROBE_FIGURE = "r1"
+#: the longest name (model, kind, probe, split, dataset) a table, plot or page prints
+MAX_NAME_CHARS = 240
+#: the file in which a report lists the files it wrote, with their sha256
+REPORT_MARKER = "xmatch-report.json"
+REPORT_FORMAT = "xmatch-report/1"
+
+
+class ReportFolderError(XmatchError, ValueError):
+    """The report's folder holds files of the report's names that a report did not write (the
+    message names them and the way out: another folder, or ``--overwrite``)."""
+
+
+# -- names ---------------------------------------------------------------------------------
+
+
+def shown_name(name: str, limit: int = MAX_NAME_CHARS) -> str:
+    """``name`` as a report prints it: whole when it is at most ``limit`` characters, else its
+    start and end around ``…`` followed by 8 hex digits of its sha256, so that two long names
+    that differ anywhere stay apart (drawing every character of a 100,000-character name took
+    matplotlib most of an hour).
+
+    Example:
+        >>> shown_name("teran-mrsw-scenes")
+        'teran-mrsw-scenes'
+        >>> shown_name("m" * 1000 + "-one") != shown_name("m" * 1000 + "-two"), len(shown_name("m" * 1000))
+        (True, 240)
+    """
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    tail = (limit - 12) // 3  # the end often tells names apart (a checkpoint step, a variant)
+    return f"{name[: limit - 12 - tail]}…{name[-tail:]} ({digest})"
+
+
+def _bounded(value: Any) -> Any:
+    """``value`` (plain data) with every string, keys included, passed through :func:`shown_name`."""
+    if isinstance(value, str):
+        return shown_name(value)
+    if isinstance(value, Mapping):
+        return {shown_name(k) if isinstance(k, str) else k: _bounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_bounded(v) for v in value]
+    return value
+
+
+def shown_records(records: Sequence[RunRecord]) -> list[RunRecord]:
+    """Copies of ``records`` as tables and plots print them: names, protocol, provenance and
+    the extras' names (kinds, probes) bounded by :func:`shown_name`; figures and ranks as they are.
+
+    Example:
+        >>> from xmatch.eval import evaluate_scores
+        >>> [len(r.name) for r in shown_records([RunRecord("m" * 10_000, evaluate_scores(np.eye(3).repeat(5, axis=1)))])]
+        [240]
+    """
+    return [
+        dataclasses.replace(
+            r, name=shown_name(r.name), result=dataclasses.replace(r.result, protocol=shown_name(str(r.result.protocol))),
+            extras=_bounded(r.extras), provenance=_bounded(r.provenance),
+        )
+        for r in records
+    ]
 
 
 # -- how figures are written -------------------------------------------------------------
@@ -355,7 +426,8 @@ def cxc_table(records: Sequence[RunRecord]) -> Table | None:
 
 
 def tables(records: Sequence[RunRecord]) -> list[Table]:
-    """Every table that applies to these records."""
+    """Every table that applies to these records (names bounded, :func:`shown_records`)."""
+    records = shown_records(records)
     found = [recall_table(records), group_table(records), probe_table(records), eccv_table(records),
              cxc_table(records), provenance_table(records)]
     return [t for t in found if t is not None]
@@ -460,7 +532,7 @@ def _colours(n: int) -> list[Any]:
 def plot_recall_curves(records: Sequence[RunRecord], path: str | os.PathLike) -> Path | None:
     """Recall@K for K = 1 ... 100 in both directions, one line per model (log K axis)."""
     plt = _pyplot()
-    usable = [r for r in records if r.ranks("i2t") is not None and r.ranks("t2i") is not None]
+    usable = [r for r in shown_records(records) if r.ranks("i2t") is not None and r.ranks("t2i") is not None]
     if not usable:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8 + 0.25 * len(usable)))
@@ -517,7 +589,7 @@ def _bars(ax: Any, labels: Sequence[str], series: Sequence[tuple[str, Sequence[A
 def plot_rank_distribution(records: Sequence[RunRecord], path: str | os.PathLike) -> Path | None:
     """Share of queries per ground-truth rank bin, both directions."""
     plt = _pyplot()
-    usable = [r for r in records if r.ranks("i2t") is not None and r.ranks("t2i") is not None]
+    usable = [r for r in shown_records(records) if r.ranks("i2t") is not None and r.ranks("t2i") is not None]
     if not usable:
         return None
     labels = [f"{lo}" if lo == hi else (f"{lo}–{hi}" if hi else f">{lo - 1}") for lo, hi in RANK_BINS]
@@ -571,7 +643,7 @@ def group_kinds_figure(records: Sequence[RunRecord]) -> Any:
         >>> fig.savefig("kinds.png")  # doctest: +SKIP
     """
     plt = _pyplot()
-    usable = [r for r in records if "groups" in r.extras]
+    usable = [r for r in shown_records(records) if "groups" in r.extras]
     if not usable:
         return None
     kinds = sorted({k for r in usable for k in r.extras["groups"]["by_kind"]}) + ["all"]
@@ -669,7 +741,7 @@ def plot_group_kinds(records: Sequence[RunRecord], path: str | os.PathLike) -> P
 def plot_probe_costs(records: Sequence[RunRecord], path: str | os.PathLike) -> Path | None:
     """R@1 cost of each perturbation, both directions."""
     plt = _pyplot()
-    usable = [r for r in records if "probes" in r.extras]
+    usable = [r for r in shown_records(records) if "probes" in r.extras]
     if not usable:
         return None
     names = list(dict.fromkeys(n for r in usable for n in r.extras["probes"]["probes"]))
@@ -721,7 +793,7 @@ figure{margin:1.5em 0}figcaption{color:#444;font-size:0.9em;margin-top:0.3em}cod
 
 
 def _html_page(records: Sequence[RunRecord], figures: dict[str, Path], command: str | None) -> str:
-    names = ", ".join(r.name for r in records)
+    names = ", ".join(shown_name(r.name) for r in records)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>xmatch eval: {html.escape(names)}</title>",
              f"<style>{_CSS}</style></head><body><h1>xmatch eval: {html.escape(names)}</h1>"]
     if command:
@@ -742,17 +814,107 @@ def _html_page(records: Sequence[RunRecord], figures: dict[str, Path], command: 
     return "\n".join(parts)
 
 
-def write_report(records: Sequence[RunRecord], out: str | os.PathLike, *, command: str | None = None) -> dict[str, Path]:
+def check_report_folder(out: str | os.PathLike, overwrite: bool = False) -> None:
+    """Refuse a report folder that holds a file of one of the report's names (its plots,
+    ``results.json``, ``index.html``) that a report did not write there, or that changed since
+    (a report lists what it wrote, with each file's sha256, in :data:`REPORT_MARKER`). Files of
+    other names never block: a report does not touch them. ``xmatch eval`` checks this before
+    it evaluates anything.
+
+    Args:
+        out: the report folder (it need not exist).
+        overwrite: accept such files; the report writes over them.
+
+    Raises:
+        ReportFolderError: such files are there (named), and not ``overwrite``; or ``out`` is a file.
+
+    Example:
+        >>> _ = Path("out").mkdir(), Path("out/index.html").write_text("<h1>mine</h1>")
+        >>> check_report_folder("out")
+        Traceback (most recent call last):
+        ...
+        xmatch.eval.report.ReportFolderError: the report folder out holds index.html, which a report did not write ...
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ReportFolderError(f"the report folder {out} is a file; choose a folder for --report.")
+    if overwrite or not out.is_dir():
+        return
+    owned = _owned_files(out)
+    foreign = [name for name in _report_names() if os.path.lexists(out / name) and not _is_owned(out / name, owned)]
+    if foreign:
+        them = ", ".join(foreign)
+        raise ReportFolderError(
+            f"the report folder {out} holds {them}, which a report did not write (or which changed since); a report "
+            f"would write over {'them' if len(foreign) > 1 else 'it'}. Choose another folder, or pass --overwrite "
+            "(write_report(..., overwrite=True)) to replace them; files of other names are left as they are."
+        )
+
+
+def _report_names() -> list[str]:
+    """Every file name a report may write besides its marker."""
+    return [*(f"{key}.png" for key in PLOTS), "results.json", "index.html"]
+
+
+def _owned_files(out: Path) -> dict[str, str | None]:
+    """``{name: sha256}`` of the files the marker lists (None: being written when the report
+    stopped); empty when there is no marker or it cannot be read."""
+    marker = out / REPORT_MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return {}
+    try:
+        data = load_json(marker.read_text(encoding="utf-8"), marker)
+    except (OSError, ValueError):
+        return {}
+    files = data.get("files") if isinstance(data, dict) and data.get("format") == REPORT_FORMAT else None
+    if not isinstance(files, dict):
+        return {}
+    names = set(_report_names())
+    return {k: v for k, v in files.items() if k in names and (v is None or isinstance(v, str))}
+
+
+def _is_owned(path: Path, owned: dict[str, str | None]) -> bool:
+    """Whether ``path`` is a file a report wrote and nobody changed since (a link never is)."""
+    if path.name not in owned or path.is_symlink() or not path.is_file():
+        return False
+    recorded = owned[path.name]
+    return recorded is None or _sha256(path) == recorded
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_marker(out: Path, files: dict[str, str | None]) -> None:
+    tmp = out / f".{REPORT_MARKER}.partial"
+    tmp.unlink(missing_ok=True)
+    tmp.write_text(json.dumps({"format": REPORT_FORMAT, "files": files}, indent=1), encoding="utf-8")
+    os.replace(tmp, out / REPORT_MARKER)
+
+
+def write_report(records: Sequence[RunRecord], out: str | os.PathLike, *, command: str | None = None,
+                 overwrite: bool = False) -> dict[str, Path]:
     """Write the plots (PNG), ``results.json`` (every record: ``xmatch eval out/results.json``
-    redraws the report) and ``index.html`` (tables and plots in one file) into ``out``.
+    redraws the report) and ``index.html`` (tables and plots in one file) into ``out``, and
+    list them in :data:`REPORT_MARKER`.
+
+    The folder is checked first (:func:`check_report_folder`): a file of the report's names
+    that a report did not write is not written over unless ``overwrite``. A report folder
+    written before is rewritten, and its files this report does not draw (a plot of a protocol
+    no longer asked for) are removed. Each file is written under a temporary name and renamed
+    into place, so a link in its place is replaced, never written through.
 
     Args:
         records: the evaluated models.
         out: the folder (created).
         command: the command line, shown on the page.
+        overwrite: write over files of the report's names that a report did not write.
 
     Returns:
         ``{name: path}`` of every file written.
+
+    Raises:
+        ReportFolderError: ``out`` holds such files and not ``overwrite``.
 
     Example:
         >>> write_report(records, "out")["html"]  # draws its plots with matplotlib (seconds)  # doctest: +SKIP
@@ -761,28 +923,48 @@ def write_report(records: Sequence[RunRecord], out: str | os.PathLike, *, comman
     if not records:
         raise ValueError("a report needs at least one evaluated model or result file.")
     out = Path(out)
+    check_report_folder(out, overwrite)
     out.mkdir(parents=True, exist_ok=True)
+    before = _owned_files(out)
+    stale = {name for name in before if _is_owned(out / name, before)}
+    # listed before they are written (a report stopped half-way still owns what it wrote), but
+    # never a file of another's that --overwrite is about to replace
+    _write_marker(out, {name: None for name in _report_names() if name in stale or not os.path.lexists(out / name)})
     written: dict[str, Path] = {}
     for key, (plot, _) in PLOTS.items():
-        path = plot(records, out / f"{key}.png")
-        if path is not None:
-            written[key] = path
-    missing = [r.name for r in records if r.ranks("t2i") is None and r.result.protocol != NO_RECALL]
+        tmp = out / f".{key}.partial.png"  # matplotlib picks the format from the suffix
+        tmp.unlink(missing_ok=True)
+        if plot(records, tmp) is not None:
+            written[key] = _into_place(tmp, out / f"{key}.png")
+    missing = [shown_name(r.name) for r in records if r.ranks("t2i") is None and r.result.protocol != NO_RECALL]
     if missing:
         logger.warning("no per-query ranks for %s (result files written without them): no curves drawn for them",
                        ", ".join(missing))
-    save_records(records, out / "results.json")
-    written["results"] = out / "results.json"
-    (out / "index.html").write_text(_html_page(records, {k: v for k, v in written.items() if k in PLOTS}, command),
-                                    encoding="utf-8")
-    written["html"] = out / "index.html"
+    tmp = out / ".results.partial.json"
+    tmp.unlink(missing_ok=True)
+    save_records(records, tmp)
+    written["results"] = _into_place(tmp, out / "results.json")
+    tmp = out / ".index.partial.html"
+    tmp.unlink(missing_ok=True)
+    tmp.write_text(_html_page(records, {k: v for k, v in written.items() if k in PLOTS}, command), encoding="utf-8")
+    written["html"] = _into_place(tmp, out / "index.html")
+    for name in stale - {p.name for p in written.values()}:
+        (out / name).unlink(missing_ok=True)  # an earlier report's file this one does not draw
+    _write_marker(out, {p.name: _sha256(p) for p in written.values()})
     return written
 
 
+def _into_place(tmp: Path, path: Path) -> Path:
+    os.replace(tmp, path)
+    return path
+
+
 __all__ = [
-    "LEGEND", "NOT_COMPUTED", "NotApplicable", "Table", "WithInterval", "check_plotting", "comparison_tables",
+    "LEGEND", "MAX_NAME_CHARS", "NOT_COMPUTED", "REPORT_MARKER", "NotApplicable", "ReportFolderError", "Table",
+    "WithInterval", "check_plotting", "check_report_folder", "comparison_tables",
     "cxc_table", "eccv_table", "format_figure", "group_cell", "group_figure", "group_interval", "group_kinds_figure",
     "group_table", "interval_note", "legend_lines",
     "plot_group_kinds", "plot_probe_costs", "plot_rank_distribution", "plot_recall_curves", "probe_table",
-    "provenance_table", "rank_histogram", "recall_curve", "recall_table", "tables", "write_report",
+    "provenance_table", "rank_histogram", "recall_curve", "recall_table", "shown_name", "shown_records", "tables",
+    "write_report",
 ]

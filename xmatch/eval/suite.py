@@ -22,6 +22,7 @@ import datetime as _dt
 import hashlib
 import json
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from xmatch.core.errors import XmatchError
+from xmatch.io.safe_load import MAX_JSON_DEPTH, JsonDepthError, load_json
 from xmatch.model.buckets import BucketedEmbeddings
 from xmatch.eval.evaluate import Encoded, RetrievalSet, ensemble_blocks, score_blocks
 from xmatch.eval.protocol import PROTOCOLS, EvalResult, evaluate_blocks, fold_layout
@@ -178,12 +180,16 @@ def load_records(path: str | os.PathLike) -> list[RunRecord]:
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_json(path.read_text(encoding="utf-8"), f"result file {path}")
     except FileNotFoundError:
         raise FileNotFoundError(f"result file {path} does not exist.") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        raise ResultFileError(f"result file {path} is not UTF-8 JSON ({reason}); expected {RESULT_FILE}.") from None
+    except JsonDepthError:
+        raise ResultFileError(
+            f"result file {path} is not UTF-8 JSON that xmatch reads: it is nested more than {MAX_JSON_DEPTH} levels "
+            f"deep; expected {RESULT_FILE}."
+        ) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ResultFileError(f"result file {path} is not UTF-8 JSON ({exc}); expected {RESULT_FILE}.") from None
     if isinstance(data, Mapping) and isinstance(data.get("runs"), list):
         return [RunRecord.from_dict(d, f"{path}[{k}]") for k, d in enumerate(data["runs"])]
     return [RunRecord.from_dict(data, str(path))]
@@ -214,10 +220,32 @@ def _check_record(data: Any, source: str) -> None:
     for where, ranks in rank_lists:
         if not isinstance(ranks, list) or not all(_is_number(r) for r in ranks):
             raise refuse(f"'{where}' is not a list of ranks (numbers)")
+    lengths = {d: len(r) for d, r in (data.get("ranks") or {}).items() if isinstance(r, list)}
+    for where, ranks in rank_lists:
+        # a rank is 0-based and below the gallery's size: the other direction's query count
+        # (t2i has one query per caption, i2t one per image), else the sizes the provenance records
+        direction = where.split("-> ")[-1].removesuffix("_ranks")
+        gallery = lengths.get("t2i" if direction == "i2t" else "i2t") or _gallery_size(data, direction)
+        for k, rank in enumerate(ranks):
+            if not (isinstance(rank, int) or math.isfinite(rank) and rank.is_integer()) or not 0 <= rank < gallery:
+                raise refuse(f"'{where}' [{k}] is {rank!r}, not a rank: ranks are whole numbers from 0 (the first "
+                             f"place) to {gallery - 1}")
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+#: the largest gallery a rank may index when a result file records no size
+MAX_GALLERY = 2**31
+
+
+def _gallery_size(data: Mapping[str, Any], direction: str) -> int:
+    """How many items a query of ``direction`` ranks, as the record's provenance gives it
+    (captions for i2t, images for t2i), else :data:`MAX_GALLERY`."""
+    dataset = (data.get("provenance") or {}).get("dataset")
+    size = dataset.get("captions" if direction == "i2t" else "images") if isinstance(dataset, Mapping) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and 0 < size <= MAX_GALLERY else MAX_GALLERY
 
 
 def reranked_name(name: str, k: int) -> str:

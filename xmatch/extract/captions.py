@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from xmatch.core.errors import XmatchError
-from xmatch.data._io import check_text_name, inside_root, plain_id, plain_name
+from xmatch.data._io import check_text_name, inside_root, plain_id, plain_name, plain_path, shown
 from xmatch.data.errors import DataFileNotFoundError
 from xmatch.data.image_captions import read_caption_rows
 from xmatch.regions.images import find_images
@@ -91,7 +91,9 @@ def read_records(
             exist (listed).
         CaptionsError: a malformed captions file, duplicate ids, empty captions, an image
             path outside ``images``, a split or id that is not a plain name, a name with a
-            control character, an id that is not an integer or a plain name.
+            control character, an id that is not an integer or a plain name, an image of a
+            folder without captions whose path is not plain names joined by ``/``
+            (:func:`xmatch.data._io.plain_path`, as index ids).
 
     Example:
         >>> records, source = read_records("my_photos", "my_photos/captions.csv")  # needs the user's photos and captions  # doctest: +SKIP
@@ -115,8 +117,9 @@ def read_records(
                 f"no images in {root} (looked recursively for {', '.join(IMAGE_SUFFIXES)}); is it the right folder?"
             )
         for n in names:
-            where = f"{root}: image {n!r}"
-            inside_root(root / check_text_name(n, where, "file name", CaptionsError), root, where,
+            where = f"{root}: image {shown(n)}"
+            # the names become the images' ids (<split>_images.txt, then index ids): the index's name rule
+            inside_root(root / plain_path(n, where, "file name", CaptionsError), root, where,
                         allow_outside=allow_outside_root, error=CaptionsError)
         records = [ImageRecord(str(k), n, root / n, default_split) for k, n in enumerate(names)]
         return records, "none (every image in the folder, no captions)"

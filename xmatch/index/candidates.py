@@ -22,7 +22,9 @@ looked up), so that a result can say what it cost against scoring every item.
 
 Stage-1 files live in ``INDEX/ann`` with the number of items they cover; items appended since
 are added when the generator is next used; a corpus that outgrows an exact scan gets the
-approximate structure. Every file is derived from the shards: deleting one rebuilds it.
+approximate structure. Every file is derived from the shards: deleting one rebuilds it. A stored
+vector holding NaN or infinity (damaged values) is left out of them: it would poison FAISS's
+training and rank first; stage 2 leaves its item out too (:mod:`xmatch.index.rerank`).
 """
 
 from __future__ import annotations
@@ -196,7 +198,7 @@ class TokenGenerator(FaissGenerator):
     def item_vectors(self, start: int, e: Embeddings) -> tuple[np.ndarray, np.ndarray]:
         if e.tokens.shape[1] > SLOTS:
             raise ValueError(f"the token index keeps at most {SLOTS} tokens per item, an item has {e.tokens.shape[1]}.")
-        item, slot = e.mask.nonzero(as_tuple=True)
+        item, slot = (e.mask & torch.isfinite(e.tokens).all(dim=-1)).nonzero(as_tuple=True)
         ids = (item + start) * SLOTS + slot
         return e.tokens[item, slot].float().numpy(), ids.numpy()
 
@@ -450,7 +452,7 @@ class PooledGenerator(FaissGenerator):
         return F.normalize(summed, dim=-1)
 
     def item_vectors(self, start: int, e: Embeddings) -> tuple[np.ndarray, np.ndarray]:
-        return self.vectors_of(e).numpy(), np.arange(start, start + len(e))
+        return _finite_rows(self.vectors_of(e), start)
 
     def propose(self, query: Embeddings, n: int) -> Candidates:
         self.sync()
@@ -497,10 +499,17 @@ class FdeGenerator(FaissGenerator):
         return torch.cat(parts, dim=1)
 
     def item_vectors(self, start: int, e: Embeddings) -> tuple[np.ndarray, np.ndarray]:
-        return self._encode(e, self.side == "images").numpy(), np.arange(start, start + len(e))
+        return _finite_rows(self._encode(e, self.side == "images"), start)
 
     def propose(self, query: Embeddings, n: int) -> Candidates:
         self.sync()
         _, ids = self.index.search(self._encode(query, self.side != "images").numpy(), n)
         ids = torch.from_numpy(ids)
         return Candidates([r[r >= 0] for r in ids], work=self._scan_work(len(query)))
+
+
+def _finite_rows(vectors: torch.Tensor, start: int) -> tuple[np.ndarray, np.ndarray]:
+    """One vector per item of a block starting at row ``start``, and the items' rows, without
+    the vectors that hold NaN or infinity."""
+    keep = torch.isfinite(vectors).all(dim=1)
+    return vectors[keep].float().numpy(), (torch.arange(start, start + len(vectors))[keep]).numpy()

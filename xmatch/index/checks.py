@@ -4,14 +4,15 @@ global (pooled) vectors do not match what the index's model makes.
 A NaN token would rank first for every query (a NaN score compares above everything in a
 descending sort); a batch without pooled vectors in an index of a model that has them commits,
 and every later search that reads them fails. Both are refused at ``add``, before anything is
-written; :meth:`SearchIndex.verify` finds non-finite values already on disk.
+written; :meth:`SearchIndex.verify` finds non-finite values already on disk, and a search
+leaves out (and reports) any item that scores NaN or infinity (:func:`finite_scores`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from xmatch.index.errors import SearchIndexError
+from xmatch.index.errors import DamagedIndexError, SearchIndexError
 from xmatch.model.embeddings import Embeddings
 
 
@@ -28,6 +29,39 @@ def non_finite_items(tokens: torch.Tensor, mask: torch.Tensor, pooled: torch.Ten
     if pooled is not None:
         rows |= (~torch.isfinite(pooled)).any(dim=-1)
     return rows
+
+
+def finite_scores(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` with every NaN or infinite value made ``-inf``: such an item ranks below every
+    real score (a NaN would rank first in a descending sort, +inf too), and the hits built
+    from the scores leave it out.
+
+    Example:
+        >>> finite_scores(torch.tensor([0.5, float("nan"), float("inf"), -1.0])).tolist()
+        [0.5, -inf, -inf, -1.0]
+    """
+    return scores.masked_fill(~torch.isfinite(scores), -torch.inf)
+
+
+def verify_finite(store: object, root: object) -> None:
+    """Walk every stored token set of ``store`` (any engine: what its ``blocks()`` reads) for
+    NaN and infinity.
+
+    Raises:
+        DamagedIndexError: naming the first such item, how many there are and the fix.
+    """
+    bad, first = 0, None
+    for start, block in store.blocks():  # type: ignore[attr-defined]
+        rows = non_finite_items(block.tokens, block.mask, block.pooled)
+        if first is None and bool(rows.any()):
+            first = store.ids_of([start + int(rows.nonzero()[0])])[0]  # type: ignore[attr-defined]
+        bad += int(rows.sum())
+    if first is not None:
+        raise DamagedIndexError(
+            f"item {first!r} of the index {root} (and {bad - 1} more) holds NaN or infinite values: the stored "
+            "vectors are damaged. Searches leave such items out; rebuild the index (xmatch index ... --overwrite) "
+            "or restore it from a copy."
+        )
 
 
 def check_finite(embeddings: Embeddings, ids: list[str]) -> None:

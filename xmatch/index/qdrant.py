@@ -13,7 +13,10 @@ row, caption and region boxes. Two places hold the points:
   files (JSON configuration, memory-mapped float32 vectors; no pickle). xmatch never runs Edge's
   optimizer, so the segments stay plain, and every MaxSim search asks for an exact scan
   (``SearchParams(exact=True)``): stage 1 is exhaustive MaxSim and proves its top-k. The shard
-  is locked by the process that opened it (another process gets a clear error).
+  is locked by the process that opened it, before Edge reads any of it (another process gets a
+  clear error naming the holder, and touches nothing). Every failure of Edge (a damaged segment
+  file: Edge raises a bare ``Exception``, or panics) is a :class:`DamagedIndexError` naming the
+  shard and the fix.
 - **Server** (``qdrant=http://host:6333``, through ``qdrant-client``): the collection can be
   sharded and replicated over a cluster; MaxSim candidates come from Qdrant's HNSW graph
   (approximate: no bounds), and stage 2 stays exact (the candidates' token sets are fetched and
@@ -26,6 +29,7 @@ manifest was written (``row >= items``) are invisible to searches and removed by
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterator
@@ -39,9 +43,10 @@ import torch
 from xmatch.index.candidates import Candidates
 from xmatch.index.errors import DamagedIndexError, SearchIndexError
 from xmatch.index.interaction import Interaction
-from xmatch.index.qdrant_location import is_url
+from xmatch.index.checks import non_finite_items
+from xmatch.index.qdrant_location import LOCK_FILE, ShardLock, is_url
 from xmatch.index.shards import STORED_DTYPES
-from xmatch.index.store import write_manifest
+from xmatch.index.store import MANIFEST, read_manifest, write_manifest
 from xmatch.model.embeddings import Embeddings
 from xmatch.model.masks import pad_stack
 
@@ -72,6 +77,15 @@ class Point:
     payload: dict[str, Any]
 
 
+@dataclass
+class Record:
+    """A point as the embedded engine returns it (what qdrant-client's records hold)."""
+
+    id: int
+    vector: dict[str, Any]
+    payload: dict[str, Any]
+
+
 class EdgeShard:
     """The embedded engine: one Qdrant Edge shard in ``INDEX/<name>``, opened by this process
     alone (an example: :class:`QdrantStore`)."""
@@ -85,11 +99,17 @@ class EdgeShard:
         _check_inside(root, self.folder)
         self.shard: Any = None
         self.closed = False
+        # before Edge reads a byte: loading replays (and deletes) the segments' tracker journals,
+        # which a refused second opener did before Edge's own lock stopped it
+        self.lock = ShardLock(self.folder) if self.folder.is_dir() else None
         if (self.folder / "edge_config.json").is_file():
             try:
-                self.shard = edge().EdgeShard.load(str(self.folder))
-            except Exception as exc:  # noqa: BLE001 - Edge raises a bare Exception for every failure
-                raise _edge_error(self.folder, exc) from None
+                _check_segment_files(self.folder)
+                with _edge_calls(self.folder, "opened"):
+                    self.shard = edge().EdgeShard.load(str(self.folder))
+            except BaseException:
+                self.close()
+                raise
 
     def exists(self) -> bool:
         return self.shard is not None
@@ -121,12 +141,14 @@ class EdgeShard:
             multivector_config=qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim))}
         if pooled:
             vectors["pooled"] = qe.EdgeVectorParams(size=dim, distance=qe.Distance.Dot, datatype=datatype)
-        try:
+        if self.lock is None:
+            self.folder.mkdir(exist_ok=True)
+            _check_inside(self.folder.parent, self.folder)
+            self.lock = ShardLock(self.folder)
+        with _edge_calls(self.folder, "created"):
             self.shard = qe.EdgeShard.create(str(self.folder), qe.EdgeConfig(vectors=vectors))
             # the committed-rows filter of every search reads this index, not each point's payload
             self.shard.update(qe.UpdateOperation.create_field_index("row", qe.PayloadSchemaType.Integer))
-        except Exception as exc:  # noqa: BLE001
-            raise _edge_error(self.folder, exc) from None
         _check_inside(self.folder.parent, self.folder)
 
     def _below(self, items: int, at_least: bool = False) -> Any:
@@ -135,21 +157,34 @@ class EdgeShard:
         return qe.Filter(must=[qe.FieldCondition(key="row", range=bound)])
 
     def delete_from(self, row: int) -> None:
-        self.live.update(edge().UpdateOperation.delete_points_by_filter(self._below(row, at_least=True)))
+        operation = edge().UpdateOperation.delete_points_by_filter(self._below(row, at_least=True))
+        with _edge_calls(self.folder, "written"):
+            self.live.update(operation)
 
     def upsert(self, points: list[Point]) -> None:
         qe = edge()
-        self.live.update(qe.UpdateOperation.upsert_points(
-            [qe.Point(p.row, p.vectors, p.payload) for p in points]))
+        operation = qe.UpdateOperation.upsert_points([qe.Point(p.row, p.vectors, p.payload) for p in points])
+        with _edge_calls(self.folder, "written"):
+            self.live.update(operation)
 
     def flush(self) -> None:
-        self.live.flush()
+        with _edge_calls(self.folder, "written"):
+            self.live.flush()
 
     def retrieve(self, rows: list[int], payload: bool | list[str], vectors: list[str]) -> dict[int, Any]:
         if not rows:
             return {}
-        found = self.live.retrieve(rows, with_payload=payload, with_vector=vectors or False)
-        return {int(p.id): p for p in found}
+        with _edge_calls(self.folder, "read"):
+            found = self.live.retrieve(rows, with_payload=payload, with_vector=vectors or False)
+            # Edge converts a record's vectors on each access: read them here, where a failure is named
+            records = {int(p.id): Record(int(p.id), p.vector if vectors else {}, p.payload if payload else {})
+                       for p in found}
+        for record in records.values():
+            lacking = [name for name in vectors if name not in (record.vector or {})]
+            if lacking:
+                raise DamagedIndexError(f"the Qdrant shard {self.folder} lost the {lacking[0]!r} vectors of row "
+                                        f"{record.id}; restore the index folder from a copy, or rebuild the index.")
+        return records
 
     def query(self, vectors: list[Any], using: str, limit: int, items: int) -> list[list[tuple[int, float]]]:
         qe = edge()
@@ -157,15 +192,23 @@ class EdgeShard:
         batch = qe.QueryBatchRequest([
             qe.QueryRequest(limit=limit, query=qe.Query.Nearest(v, using=using), filter=self._below(items),
                             params=exact, with_payload=False, with_vector=False) for v in vectors])
-        return [[(int(p.id), float(p.score)) for p in found] for found in self.live.query_batch(batch)]
+        with _edge_calls(self.folder, "searched"):
+            return [[(int(p.id), float(p.score)) for p in found] for found in self.live.query_batch(batch)]
 
     def count(self, items: int) -> int:
-        return int(self.live.count(edge().CountRequest(exact=True, filter=self._below(items))))
+        with _edge_calls(self.folder, "read"):
+            return int(self.live.count(edge().CountRequest(exact=True, filter=self._below(items))))
 
     def close(self) -> None:
-        if self.shard is not None:
-            self.shard.close()
-        self.shard, self.closed = None, True
+        try:
+            if self.shard is not None:
+                with _edge_calls(self.folder, "closed"):
+                    self.shard.close()
+        finally:
+            self.shard, self.closed = None, True
+            if self.lock is not None:  # after Edge let go of its files: the next opener may load them
+                self.lock.release()
+                self.lock = None
 
 
 def _check_inside(root: Path, folder: Path) -> None:
@@ -182,12 +225,113 @@ def _check_inside(root: Path, folder: Path) -> None:
                         "would follow it out of the index folder. Remove it and rebuild the index.")
 
 
-def _edge_error(folder: Path, exc: Exception) -> SearchIndexError:
-    if "WouldBlock" in str(exc):
-        return SearchIndexError(f"the Qdrant shard {folder} is open in another process or index object ({exc}); "
+@contextlib.contextmanager
+def _edge_calls(folder: Path, done: str) -> Iterator[None]:
+    """Every failure inside Edge as a :class:`SearchIndexError` naming the shard: Edge raises a
+    bare ``Exception`` for every failure, and a Rust panic arrives as pyo3's ``PanicException``,
+    a ``BaseException`` (an interrupt, an exit and a lack of memory pass through as they are)."""
+    try:
+        yield
+    except (SearchIndexError, KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - see above
+        raise _edge_error(folder, exc, done) from None
+
+
+def _edge_error(folder: Path, exc: BaseException, done: str = "opened") -> SearchIndexError:
+    said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+    if "WouldBlock" in said:
+        return SearchIndexError(f"the Qdrant shard {folder} is open in another process or index object ({said}); "
                                 "close that one (index.close()) first.")
-    return DamagedIndexError(f"the Qdrant shard {folder} cannot be opened ({exc}); restore the index folder from a "
-                             "copy, or rebuild the index.")
+    return DamagedIndexError(f"the Qdrant shard {folder} cannot be {done}: a file of it is damaged ({said}); restore "
+                             "the index folder from a copy, or rebuild the index.")
+
+
+#: the fixed size of the small state files of Edge's storages: a count (chunked vectors), or a
+#: count and a flag (the bit flags of deleted points and of the null index)
+_STATUS_BYTES = {"chunks": 8, "flags": 16}
+
+
+def _check_segment_files(folder: Path) -> None:
+    """Refuse, before Edge loads them, segment files whose damage Edge would only meet later (a
+    bare error at the first search) or that make it panic: a state file of the wrong size, a
+    vector or payload file missing or shorter than the chunk or page Edge preallocates."""
+    segments = folder / "segments"
+    for segment in sorted(segments.iterdir()) if segments.is_dir() else []:
+        if not segment.is_dir():
+            continue
+        for storage in sorted(segment.glob("vector_storage-*")):
+            for part in ("vectors", "deleted", *(["offsets"] if (storage / "offsets").exists() else [])):
+                if not (storage / part / "status.dat").is_file():
+                    _damaged(storage / part / "status.dat", "is missing")
+        for status in sorted(segment.rglob("status.dat")):
+            kind = "flags" if (status.parent / "flags_a.dat").exists() else "chunks"
+            if status.stat().st_size != _STATUS_BYTES[kind]:
+                _damaged(status, f"holds {status.stat().st_size} bytes, not {_STATUS_BYTES[kind]}")
+            if kind == "chunks":
+                _check_chunks(status.parent)
+        _check_id_mappings(segment)
+        payload = segment / "payload_storage"
+        if payload.is_dir():
+            page = _config_number(payload / "config.json", "page_size_bytes")
+            for path in sorted(payload.glob("page_*.dat")):
+                if path.stat().st_size != page:
+                    _damaged(path, f"holds {path.stat().st_size} bytes where Edge writes pages of {page}")
+
+
+#: the id tracker's log entries: tag -> (bytes after the tag, where the internal id is, or None)
+_MAPPING_ENTRIES = {1: (12, 8), 2: (20, 16), 3: (8, None), 4: (16, None)}
+
+
+def _check_id_mappings(segment: Path) -> None:
+    """The id tracker's log (``mutable_id_tracker.mappings``: entries of a tag, the point id and
+    the internal id) maps points to internal ids, and Edge sizes a table by the largest: one
+    flipped byte in an internal id made it allocate 58 GB (a process abort, not an error).
+    Every internal id must be below the vector slots the segment has (with room to spare)."""
+    path = segment / "mutable_id_tracker.mappings"
+    counts = [int.from_bytes(status.read_bytes()[:8], "little")
+              for status in segment.glob("vector_storage-*/*/status.dat") if status.parent.name in ("offsets", "vectors")
+              and not (status.parent.name == "vectors" and (status.parent.parent / "offsets").exists())]
+    if not path.is_file() or not counts:
+        return
+    limit = 2 * max(counts) + 65536  # far below what a flipped high byte claims
+    data = path.read_bytes()
+    at = 0
+    while at < len(data) and data[at] in _MAPPING_ENTRIES:
+        size, internal = _MAPPING_ENTRIES[data[at]]
+        if at + 1 + size > len(data):
+            break  # a torn last entry: Edge drops it
+        if internal is not None and int.from_bytes(data[at + 1 + internal:at + 1 + size], "little") >= limit:
+            _damaged(path, f"maps a point to internal id {int.from_bytes(data[at + 1 + internal:at + 1 + size], 'little')}, "
+                     f"past the {max(counts)} vector slots of its segment")
+        at += 1 + size
+
+
+def _check_chunks(part: Path) -> None:
+    """The chunk files of one vector storage: as many as its count needs, each of the chunk size."""
+    size = _config_number(part / "config.json", "chunk_size_bytes")
+    per_chunk = _config_number(part / "config.json", "chunk_size_vectors")
+    stored = int.from_bytes((part / "status.dat").read_bytes()[:8], "little")
+    for k in range(-(-stored // max(per_chunk, 1))):
+        chunk = part / f"chunk_{k}.mmap"
+        if not chunk.is_file() or chunk.stat().st_size != size:
+            found = f"holds {chunk.stat().st_size} bytes" if chunk.is_file() else "is missing"
+            _damaged(chunk, f"{found} where {stored} stored vectors need a chunk of {size} bytes")
+
+
+def _config_number(path: Path, key: str) -> int:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))[key]
+    except (OSError, ValueError, KeyError, TypeError):
+        value = None
+    if type(value) is not int or value <= 0:
+        _damaged(path, f"does not record {key!r}")
+    return value
+
+
+def _damaged(path: Path, problem: str) -> None:
+    raise DamagedIndexError(f"{path} {problem}: the index's Qdrant shard is damaged. Restore the index folder from "
+                            "a copy, or rebuild the index (xmatch index ... --out NEW_INDEX).")
 
 
 class Server:
@@ -340,12 +484,20 @@ class QdrantStore:
     @property
     def ids(self) -> list[str]:
         if self._ids is None or len(self._ids) != len(self):
-            self._ids = [p.payload["id"] for start in range(0, len(self), ID_PAGE)
+            self._ids = [self._id(p) for start in range(0, len(self), ID_PAGE)
                          for p in self._records(list(range(start, min(start + ID_PAGE, len(self)))), ["id"])]
         return self._ids
 
     def ids_of(self, rows: list[int]) -> list[str]:
-        return [p.payload["id"] for p in self._records(rows, ["id"])]
+        return [self._id(p) for p in self._records(rows, ["id"])]
+
+    def _id(self, point: Any) -> str:
+        """The item id in a point's payload (a payload without one is damage, named)."""
+        item = (point.payload or {}).get("id")
+        if not isinstance(item, str):
+            raise DamagedIndexError(f"the point of row {point.id} in Qdrant at {self.engine.label} has no item id in "
+                                    f"its payload; restore the index folder {self.root} from a copy, or rebuild it.")
+        return item
 
     def lengths(self) -> torch.Tensor | None:
         """Real tokens of every item ``[N]``, from the points' payload (read once, then kept);
@@ -437,15 +589,28 @@ class QdrantStore:
             yield start, self.gather(torch.arange(start, min(start + size, len(self))))
 
     def verify(self) -> None:
-        """Check that Qdrant holds every committed row.
+        """Check that Qdrant holds every committed row, and that every stored value is finite
+        (reads every point's vectors once).
 
         Raises:
-            DamagedIndexError: rows are missing.
+            DamagedIndexError: rows are missing, or hold NaN or infinite values (naming the
+                shard or collection, the first such item and the fix).
         """
         count = self.engine.count(len(self)) if self.engine.exists() else 0
         if count != len(self):
             raise DamagedIndexError(f"Qdrant at {self.engine.label} holds {count} of the {len(self)} committed items "
                                     f"of the index {self.root}; restore the index folder from a copy, or rebuild it.")
+        bad, first = 0, None
+        for start, block in self.blocks():
+            rows = non_finite_items(block.tokens, block.mask, block.pooled)
+            if first is None and bool(rows.any()):
+                first = self.ids_of([start + int(rows.nonzero()[0])])[0]
+            bad += int(rows.sum())
+        if first is not None:
+            raise DamagedIndexError(
+                f"Qdrant at {self.engine.label} holds NaN or infinite values in {bad} items of the index {self.root} "
+                f"(the first: {first!r}): its stored vectors are damaged. Restore the index folder from a copy, or "
+                "rebuild the index (xmatch index ... --overwrite).")
 
 
 class QdrantGenerator:
@@ -509,3 +674,136 @@ class QdrantGenerator:
             return torch.full((len(query),), len(self.store), dtype=torch.long)
         lengths = self.store.lengths()
         return None if lengths is None else query.lengths.long() * int(lengths.sum())
+
+
+#: bytes copied at once by :func:`copy_index_folder`
+COPY_BLOCK = 1 << 20
+
+
+def copy_index_folder(source: str | os.PathLike, target: str | os.PathLike) -> int:
+    """Copy the index folder ``source`` to the new folder ``target`` at its real size.
+
+    Qdrant Edge preallocates its files in whole chunks and pages (32 MiB each) and writes
+    only what it stores, so a shard of a few hundred kilobytes on disk has hundreds of
+    megabytes of *apparent* size, which a copy that does not look for holes
+    (``shutil.copytree``, ``tar`` without ``-S``, ``scp``) writes out in full. This copy writes only the data (the
+    holes stay holes) and keeps every file's apparent size, which Edge checks. It holds the
+    index's writer lock (no append commits meanwhile) and its Edge shard's lock (no process
+    has the shard open), so the copy is of one committed state.
+
+    Args:
+        source: an index folder.
+        target: a folder that does not exist yet, or is empty.
+
+    Returns:
+        The bytes the copy allocates on disk (as ``du`` counts them).
+
+    Raises:
+        FileNotFoundError: no index at ``source``.
+        SearchIndexError: ``target`` holds files, the source's shard is open in another
+            process (named), or the source holds a symbolic link.
+
+    Example:
+        >>> from xmatch.index.synthetic import PlantedCorpus, scoring_model
+        >>> index = xmatch.index.create("idx", scoring_model("MrSw", 16), engine="qdrant")
+        >>> ids, items = next(PlantedCorpus(images=40, regions=4, dim=16, concepts=8, groups=2).batches())
+        >>> index.add(items, ids); index.close()
+        40
+        >>> copy_index_folder("idx", "idx-copy") < 10 * 2**20  # on disk: not the shard's 200 MB apparent size
+        True
+        >>> copy = xmatch.index.open("idx-copy")
+        >>> len(copy), copy.search(items[:1], k=1)[0].ids == ids[:1]
+        (40, True)
+        >>> copy.close()
+    """
+    from filelock import FileLock
+
+    source, target = Path(source), Path(target)
+    manifest = read_manifest(source)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise SearchIndexError(f"{target} exists and is not an empty folder; copy the index {source} to a new folder.")
+    engine = manifest["engine"]
+    shard = source / engine["location"] if engine["name"] == "qdrant" and not is_url(engine["location"]) else None
+    with FileLock(str(source / ".lock")):
+        lock = ShardLock(shard) if shard is not None and shard.is_dir() and not shard.is_symlink() else None
+        made = not target.exists()
+        try:
+            allocated = _copy_tree(source, target)
+        except BaseException:
+            if made:
+                import shutil
+
+                shutil.rmtree(target, ignore_errors=True)
+            raise
+        finally:
+            if lock is not None:
+                lock.release()
+    return allocated
+
+
+def _copy_tree(source: Path, target: Path) -> int:
+    """Copy every folder and file of ``source`` (the manifest last, so a copy cut short is no
+    index), sparse; the bytes allocated."""
+    target.mkdir(parents=True, exist_ok=True)
+    allocated = 0
+    for parent, dirs, files in os.walk(source):
+        here = Path(parent)
+        out = target / here.relative_to(source)
+        for name in sorted(dirs + files):
+            if (here / name).is_symlink():
+                raise SearchIndexError(f"{here / name} is a symbolic link; an index holds none. Remove it, or rebuild the "
+                                       f"index {source}.")
+        for name in sorted(dirs):
+            (out / name).mkdir()
+        for name in sorted(files):
+            if name in (LOCK_FILE, ".lock") or (here == source and name in (MANIFEST, MANIFEST + ".partial")):
+                continue  # the locks are the source's; the manifest goes last
+            allocated += _copy_sparse(here / name, out / name)
+    allocated += _copy_sparse(source / MANIFEST, target / MANIFEST)
+    return allocated
+
+
+def _copy_sparse(source: Path, target: Path) -> int:
+    """Copy one file writing only its data (the extents the file system reports, and within
+    them no all-zero block), at its apparent size; the bytes the copy allocates."""
+    with open(source, "rb") as fin, open(target, "xb") as fout:
+        size = os.fstat(fin.fileno()).st_size
+        for start, end in _data_ranges(fin.fileno(), size):
+            fin.seek(start)
+            while start < end:
+                block = fin.read(min(COPY_BLOCK, end - start))
+                if not block:
+                    break
+                for k in range(0, len(block), 4096):  # the file system's page: a zero one stays a hole
+                    piece = block[k:k + 4096]
+                    if piece.count(0) != len(piece):
+                        fout.seek(start + k)
+                        fout.write(piece)
+                start += len(block)
+        fout.truncate(size)
+        fout.flush()
+        os.fsync(fout.fileno())
+        allocated = os.fstat(fout.fileno()).st_blocks * 512
+    import shutil
+
+    shutil.copymode(source, target)
+    return allocated
+
+
+def _data_ranges(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """The ``(start, end)`` extents of a file that hold data (the whole file where the system
+    does not report holes)."""
+    if not hasattr(os, "SEEK_DATA"):
+        yield 0, size
+        return
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO and offset == 0:  # the file system reports no holes: all of it
+                yield 0, size
+            return  # ENXIO: only a hole is left
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        yield start, end
+        offset = end

@@ -14,13 +14,25 @@ Example:
     {'location': 'http://db:6333', 'collection': 'xmatch-idx'}
     >>> engine_problem({"location": "qdrant"}) is None, engine_problem({"location": "../elsewhere"}) is None
     (True, False)
+
+The embedded shard is opened by one process at a time. xmatch takes its own lock
+(:data:`LOCK_FILE` in the shard's folder) *before* Qdrant Edge reads a byte of the shard:
+Edge's own lock (on its write-ahead log) comes after it has loaded the segments, and loading
+replays and deletes their tracker journals, so a refused second opener used to break the
+holder's next flush. The same lock keeps ``xmatch index --overwrite`` and
+:func:`xmatch.index.store.remove_index` from deleting a shard another process has open.
 """
 
 from __future__ import annotations
 
+import io
+import os
 import re
+import socket
 from pathlib import Path
 from typing import Any
+
+from xmatch.index.errors import SearchIndexError
 
 #: the embedded shard's folder in a new index
 DEFAULT_FOLDER = "qdrant"
@@ -28,6 +40,8 @@ DEFAULT_FOLDER = "qdrant"
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 #: what the index folder itself holds (xmatch.index.store, .ranking, .search): not for the shard
 RESERVED = ("index.json", "index.json.partial", "shards", "ann", "model")
+#: the file in the shard's folder that the process holding the shard keeps locked (it names the holder)
+LOCK_FILE = "xmatch.lock"
 
 
 def is_url(location: str) -> bool:
@@ -84,3 +98,74 @@ def engine_problem(engine: dict[str, Any]) -> str | None:
         return (f"the Qdrant location {location!r} is not a folder name inside the index (letters, digits, '_', '-', "
                 f"'.'; not {', '.join(RESERVED)}) nor a server URL")
     return None
+
+
+class ShardLock:
+    """The exclusive lock of an embedded shard's folder, held by this process until
+    :meth:`release` (or until the object is collected, which closes its descriptor).
+
+    Example:
+        >>> folder = Path("idx-lock") / "qdrant"
+        >>> folder.mkdir(parents=True)
+        >>> held = ShardLock(folder)
+        >>> ShardLock(folder)  # a second holder, in this process or another, is refused
+        Traceback (most recent call last):
+        ...
+        xmatch.index.errors.SearchIndexError: the Qdrant shard idx-lock/qdrant is open in another process or index object (process ... on ...); close that one (index.close()) first.
+        >>> held.release()
+        >>> ShardLock(folder).release()
+    """
+
+    def __init__(self, folder: Path) -> None:
+        import fcntl
+
+        self.folder = folder
+        self._file: io.FileIO | None = None
+        # O_NOFOLLOW: a lock file planted as a link is not followed out of the index
+        try:
+            fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as exc:
+            raise SearchIndexError(f"the Qdrant shard {folder} cannot be locked ({exc.strerror}: {folder / LOCK_FILE}); "
+                                   "Qdrant Edge writes in its shard even to search, so the index folder must be "
+                                   "writable (copy a read-only index to a writable disk first: cp -r --sparse=always).") from None
+        self._file = io.FileIO(fd, "r+")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self._file.read(200).decode("utf-8", "replace").strip() or "a process that did not say which"
+            self.release()
+            raise SearchIndexError(f"the Qdrant shard {folder} is open in another process or index object ({holder}); "
+                                   "close that one (index.close()) first.") from None
+        except BaseException:
+            self.release()
+            raise
+        self._file.truncate(0)
+        self._file.write(f"process {os.getpid()} on {socket.gethostname()}".encode())
+        self._file.flush()
+
+    def release(self) -> None:
+        """Let another process open the shard (closing the descriptor releases the lock)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def claim_for_removal(root: Path) -> ShardLock | None:
+    """The lock of the index's default embedded shard (``root/qdrant``), taken before anything of
+    the index is removed, so that an index whose shard another process has open is refused
+    whole rather than left without its manifest; None where there is no such folder.
+
+    Raises:
+        SearchIndexError: the shard is open in another process (named), with what to do.
+    """
+    folder = root / DEFAULT_FOLDER
+    if folder.is_symlink() or not folder.is_dir():
+        return None
+    try:
+        return ShardLock(folder)
+    except SearchIndexError as exc:
+        raise SearchIndexError(f"{exc} The index {root} is not removed while its shard is open: close the index "
+                               "there, then run this again.") from None

@@ -95,13 +95,13 @@ class Ranking:
             spent = None if proposed.work is None else int(proposed.work[q])
             if proposed.bounds is None:
                 scores = self._score(queries[q], rows)
-                if len(scores) < k:
-                    redo.append(q)  # stage 1 found fewer than k items: score everything
+                if int(torch.isfinite(scores).sum()) < k and len(rows) < n:
+                    redo.append(q)  # stage 1 found fewer than k items (that score): score everything
                     continue
                 top = scores.topk(k)
                 work = _work(spent, queries[q], rows, widths)
                 results[q] = self._result(top.values, rows[top.indices], labels[q], len(rows), False, generator.name,
-                                          work)
+                                          work, _skipped(scores))
                 continue
             # a provable order needs no margin: start at 2 k, the bound says when to stop
             first = candidates if candidates is not None else 2 * k
@@ -109,10 +109,10 @@ class Ranking:
             if found is None:
                 redo.append(q)
             else:
-                top, scored = found
+                top, scored, skipped = found
                 work = _work(spent, queries[q], rows[:scored], widths)
                 results[q] = self._result(top.values, rows[top.indices], labels[q], scored, True, generator.name,
-                                          work)
+                                          work, skipped)
         if redo:
             again = self._exhaustive(queries[torch.tensor(redo)], k, [labels[q] for q in redo], generator.name, widths)
             for q, result in zip(redo, again):
@@ -131,8 +131,8 @@ class Ranking:
         for q in range(len(queries)):
             top, scored, work, extra = self._widened(generator, queries[q], k, effort, seconds)
             result = self._result(top.values, top.indices, labels[q], len(scored), len(scored) == len(self),
-                                  generator.name, _work(work, queries[q], scored, widths))
-            result.extra = extra
+                                  generator.name, _work(work, queries[q], scored, widths), extra.pop("non_finite"))
+            result.extra.update(extra)
             results.append(result)
         for result in results:
             result.timings.update({stage: 1000 * s / len(results) for stage, s in seconds.items()})
@@ -184,7 +184,8 @@ class Ranking:
             settled = budget == n
             if not settled:
                 error = scores[scored] - approx[scored]
-                slack = error.max() + (error.std() if len(error) > 1 else 0)
+                error = error[torch.isfinite(error)]  # an item left out (a non-finite score) tells nothing
+                slack = (error.max() + (error.std() if len(error) > 1 else 0)) if len(error) else torch.tensor(torch.inf)
                 settled = _below(approx.masked_fill(scored, -torch.inf).max() + slack, top.values[-1])
             if settled or (nprobe == widest_nprobe and budget == widest):
                 break
@@ -199,14 +200,17 @@ class Ranking:
                 top, settled = scores.topk(k), True
                 break
             nprobe, budget = min(widest_nprobe, 2 * nprobe), min(widest, 2 * budget)
-        return top, scored.nonzero()[:, 0], work, {"nprobe": nprobe, "candidates": budget, "settled": settled}
+        skipped = int((scored & (scores == -torch.inf)).sum())
+        return top, scored.nonzero()[:, 0], work, {"nprobe": nprobe, "candidates": budget, "settled": settled,
+                                                   "non_finite": skipped}
 
     def _proven_top(self, query: Embeddings, rows: torch.Tensor, bounds: torch.Tensor, floor: float, k: int,
-                    first: int) -> tuple[Any, int] | None:
+                    first: int) -> tuple[Any, int, int] | None:
         """Score rows in decreasing order of their bound, doubling the batch, until no bound left
         (nor ``floor``, the bound of every row not listed) can beat the k-th exact score: the
-        threshold algorithm. Returns ``(top-k, rows scored)``, or None when the unlisted rows
-        would have to be scored too."""
+        threshold algorithm. Returns ``(top-k, rows scored, rows that scored NaN or infinity)``,
+        or None when the unlisted rows would have to be scored too (a top-k holding a left-out
+        item is never proven: its k-th score is ``-inf``)."""
         done = min(first, len(rows))
         scores = self._score(query, rows[:done])
         while True:
@@ -214,7 +218,7 @@ class Ranking:
             if len(top.values) == k:
                 left = max(float(bounds[done]) if done < len(rows) else -torch.inf, floor)
                 if _below(torch.tensor(left), top.values[-1]):
-                    return top, done
+                    return top, done, _skipped(scores)
             if done == len(rows):
                 return None
             more = rows[done : 2 * done]
@@ -222,7 +226,8 @@ class Ranking:
             done += len(more)
 
     def _score(self, query: Embeddings, rows: torch.Tensor) -> torch.Tensor:
-        """Exact scores ``[len(rows)]`` of one query against the stored ``rows`` (stage 2)."""
+        """Exact scores ``[len(rows)]`` of one query against the stored ``rows`` (stage 2); a
+        non-finite score is ``-inf`` (:func:`~xmatch.index.checks.finite_scores`)."""
         return rerank.score_rows(self.model, self.side, self.store, rows, query)
 
     def _item_widths(self) -> Widths | None:
@@ -236,18 +241,25 @@ class Ranking:
 
     def _exhaustive(self, queries: Embeddings, k: int, labels: list, stage1: str,
                     widths: Widths | None) -> list[SearchResult]:
-        scores, rows = rerank.exhaustive_top(self.model, self.side, self.store, queries, k)
+        scores, rows, skipped = rerank.exhaustive_top(self.model, self.side, self.store, queries, k)
         every = torch.arange(len(self))
-        return [self._result(s, r, label, len(self), True, stage1, _work(0, queries[q], every, widths))
-                for q, (s, r, label) in enumerate(zip(scores, rows, labels))]
+        return [self._result(s, r, label, len(self), True, stage1, _work(0, queries[q], every, widths), int(left))
+                for q, (s, r, label, left) in enumerate(zip(scores, rows, labels, skipped))]
 
     def _result(self, scores: torch.Tensor, rows: torch.Tensor, label: str | None, scored: int, exact: bool,
-                stage1: str, work: tuple[int, int] | None = None) -> SearchResult:
+                stage1: str, work: tuple[int, int] | None = None, non_finite: int = 0) -> SearchResult:
+        """The hits of ``rows`` with their ``scores``, leaving out every ``-inf`` score (an item
+        whose stored values are not finite, :func:`~xmatch.index.checks.finite_scores`);
+        ``non_finite``: how many scored items were left out (reported in ``extra``)."""
+        real = scores > -torch.inf
+        scores, rows = scores[real], rows[real]
         rows_list = rows.tolist()
         ids, texts = self.store.ids_of(rows_list), self.store.texts(rows_list)
         hits = [Hit(i, float(s), r, t) for i, s, r, t in zip(ids, scores.tolist(), rows_list, texts)]
         spent, whole = work if work is not None else (None, None)
-        return SearchResult(hits, label, scored, len(self), exact, stage1, work=spent, work_exhaustive=whole)
+        extra = {"non_finite": non_finite} if non_finite else {}
+        return SearchResult(hits, label, scored, len(self), exact, stage1, extra=extra, work=spent,
+                            work_exhaustive=whole)
 
     def generator(self, name: str | None, queries: Embeddings | None = None, *, nprobe: int | None = None) -> Any:
         """The stage-1 generator ``name`` (default: the pooler's), built or loaded on first use."""
@@ -319,6 +331,11 @@ def _timed(results: list[SearchResult], **seconds: float) -> list[SearchResult]:
     return results
 
 
+
+
+def _skipped(scores: torch.Tensor) -> int:
+    """How many of ``scores`` were left out as not finite (``-inf``, :meth:`Ranking._score`)."""
+    return int((scores == -torch.inf).sum())
 
 
 def _below(bound: torch.Tensor, kth: torch.Tensor) -> bool:

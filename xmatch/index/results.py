@@ -16,10 +16,13 @@ class Hit:
 
     Attributes:
         id: the item's id (an image name, or a caption id for caption indexes).
-        score: the model's exact score (its pooler's), whichever stage placed the hit.
+        score: the pooler's exact score (stage 2), whichever stage placed the hit: with
+            ``rerank`` the re-scored hits are ordered by ``verifier``, not by ``score``, so
+            ``score`` need not descend through them.
         row: the item's position in the index (append order).
         text: the caption, for caption indexes.
-        verifier: the verifier head's match logit, for the hits it re-scored (``rerank``).
+        verifier: the verifier head's match logit (stage 3), beside ``score``, for the hits it
+            re-scored (``rerank``); None for the others.
         stage: what placed the hit: ``"verifier"`` (ranked by ``verifier``) or ``"pooler"``
             (ranked by ``score``).
     """
@@ -48,7 +51,9 @@ class SearchResult:
         extra: what else the search reports: with centroid lists, the widths it ended at
             (``nprobe``: lists per query token, ``candidates``: items it ranked exactly) and
             ``settled`` (False where it reached its widest widths before its stopping test
-            passed: a higher ``effort`` may find more); a cascade's ``shortlist_scored``.
+            passed: a higher ``effort`` may find more); a cascade's ``shortlist_scored``;
+            ``non_finite``: stored items that scored NaN or infinity and were left out (their
+            stored values are damaged: ``index.verify()`` names them).
         reranked: hits the verifier re-scored (0 without ``rerank``).
         timings: milliseconds per query of each stage that ran: ``encode`` (the queries),
             ``stage1``, ``stage2``, ``verifier``; a cascade's ``shortlist`` (the first index's
@@ -81,6 +86,29 @@ class SearchResult:
         return [h.id for h in self.hits]
 
     @property
+    def exactness(self) -> str:
+        """What backs the top-k (``exact`` says only whether it is proven):
+
+        - ``"exhaustive"``: every item was scored;
+        - ``"proven"``: the stage-1 bound rules out every item not scored;
+        - ``"estimated"``: a widened search's stop test passed (``extra["settled"]``): an
+          estimate, not a proof; it may miss items (a higher ``effort`` checks further);
+        - ``"unsettled"``: the widened search reached its widest widths before the test passed;
+        - ``"unchecked"``: a fixed number of candidates, nothing tested (``candidates``, the
+          ``pooled`` or ``fde`` generators, Qdrant's HNSW graph, a cascade).
+
+        Example:
+            >>> SearchResult([], exact=False, extra={"settled": True}).exactness
+            'estimated'
+        """
+        if self.exact:
+            return "exhaustive" if self.scored == self.total else "proven"
+        settled = self.extra.get("settled")
+        if settled is None:
+            return "unchecked"
+        return "estimated" if settled else "unsettled"
+
+    @property
     def scored_share(self) -> float:
         """The share of the corpus scored exactly."""
         return self.scored / self.total if self.total else 0.0
@@ -102,6 +130,7 @@ class SearchResult:
         out["hits"] = [{k: v for k, v in h.items() if v is not None} for h in out["hits"]]
         if not out["extra"]:
             out.pop("extra")
+        out["exactness"] = self.exactness
         return out
 
     def text(self) -> str:
@@ -110,14 +139,20 @@ class SearchResult:
         label = f"query: {self.query}\n" if self.query else ""
         lines = [f"{k:3d}. {h.score:9.4f}  " + (self._logit(h) if self.reranked else "") + h.id
                  + (f"  {h.text}" if h.text else "") for k, h in enumerate(self.hits, 1)]
-        how = "exact (every item scored)" if self.exact and self.scored == self.total else (
-            "exact (proven by the stage-1 bound)" if self.exact else "two-stage")
+        how = {"exhaustive": "exact (every item scored)", "proven": "exact (proven by the stage-1 bound)",
+               "estimated": "exact: estimated (the widened search's stop test passed; not proven, it may miss items)",
+               }.get(self.exactness, "two-stage")
         notes = f"  [{how}; {self.scored} of {self.total} items scored exactly"
         share = self.work_share
         notes += f"; work {100 * share:.3g} % of scoring every item]" if share is not None else "]"
         if self.extra.get("settled") is False:
             notes += ("\n  [not settled: the search reached its widest widths before it could tell the top-k is "
                       "complete; it may miss items (--effort 2 or more widens further)]")
+        left_out = self.extra.get("non_finite")
+        if left_out:
+            notes += (f"\n  [{left_out} stored item{'' if left_out == 1 else 's'} scored NaN or infinity and "
+                      f"{'was' if left_out == 1 else 'were'} left out: damaged stored values (xmatch search --verify "
+                      "names them; rebuild the index with xmatch index ... --overwrite)]")
         if self.reranked:
             notes += (f"\n  [the verifier re-ranked the pooler's top {self.reranked}: first column the pooler's "
                       "score, second the verifier's logit]")

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from xmatch.data._io import plain_path
 from xmatch.model.embeddings import Embeddings
 from xmatch.model.inputs import ImageInputs, PixelInputs, RegionInputs, input_type_of
 from xmatch.index import checks, qdrant_location, verifier
@@ -32,7 +33,15 @@ from xmatch.model.fingerprint import embedding_spec, model_fingerprint, short
 from xmatch.index.ranking import Ranking
 from xmatch.index.results import SearchResult
 from xmatch.index.shards import STORED_DTYPES
-from xmatch.index.store import FORMAT, MANIFEST, ShardStore, check_side, read_manifest, write_manifest
+from xmatch.index.store import (
+    FORMAT,
+    MANIFEST,
+    ShardStore,
+    check_side,
+    manifest_signature,
+    read_manifest,
+    write_manifest,
+)
 from xmatch.model.model import MatchingModel
 
 ENGINES = ("faiss", "qdrant")
@@ -94,7 +103,7 @@ class SearchIndex(Ranking):
         self.model.eval()
         self.store = _open_store(root, manifest, in_memory)
         self._generators: dict[str, Any] = {}
-        self._manifest_signature: tuple[int, int, int] | None = None
+        self._manifest_signature: tuple[int, int, int, bytes] | None = None
 
     # --- what the index holds --------------------------------------------------------------
 
@@ -123,16 +132,34 @@ class SearchIndex(Ranking):
         return f"SearchIndex({str(self.root)!r}: {len(self)} {self.side}, {ref}, engine {self.engine})"
 
     def get(self, ids: Sequence[str]) -> Embeddings:
-        """The stored token sets of ``ids`` (float32)."""
-        return self.store.gather(torch.tensor(self.store.row_of([str(i) for i in ids]), dtype=torch.long))
+        """The stored token sets of ``ids`` (float32), with their region boxes where the index
+        keeps them (``boxes``; None for caption indexes and grids without boxes): what the
+        verifier reads, so ``model.verify(index.get(hit_ids), queries)`` gives the logits of
+        ``search(..., rerank=K)``.
+
+        Example:
+            >>> index = xmatch.index.create("idx", xmatch.build("teran-mrsw-scenes", pretrained=True), model_ref="teran-mrsw-scenes")
+            >>> index.add(xmatch.RegionInputs(torch.rand(2, 36, 1280), torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(2, 36, 4)), ids=["a", "b"])
+            2
+            >>> got = index.get(["b"])
+            >>> got.tokens.shape[0], got.boxes[0, 0].tolist()  # the boxes as stored (float16)
+            (1, [0.0999755859375, 0.0999755859375, 0.5, 0.5])
+        """
+        self._reload_if_changed()
+        return verifier.stored(self.store, torch.tensor(self.store.row_of([str(i) for i in ids]), dtype=torch.long))
 
     def verify(self) -> None:
-        """Check every stored file against its checksum (reads the whole corpus).
+        """Check every stored file against its checksum and every stored value for NaN and
+        infinity (reads the whole corpus).
 
         Raises:
-            DamagedIndexError: naming the damaged file.
+            DamagedIndexError: naming the damaged file (or, for engines that keep no files of
+                their own, the first item holding a non-finite value) and the fix.
         """
+        self._reload_if_changed()
         self.store.verify()
+        if not getattr(self.store, "checks_values", False):
+            checks.verify_finite(self.store, self.root)
 
     # --- appending ---------------------------------------------------------------------------
 
@@ -155,7 +182,9 @@ class SearchIndex(Ranking):
           their :class:`~xmatch.Embeddings` (region boxes from ``Embeddings.boxes``).
 
         Embeddings must be made by this index's model. ``ids`` default to the next row numbers;
-        an id already in the index is refused.
+        an id already in the index is refused, and so is one that is not plain names joined by
+        ``/`` (``trip/beach.jpg``; no newline, ``..`` or absolute path, at most 4096 bytes): the
+        batch is then refused whole, nothing written.
 
         Args:
             items: what to add, as above.
@@ -286,6 +315,8 @@ class SearchIndex(Ranking):
     def _check_new_ids(self, ids: list[str], n: int) -> None:
         if len(ids) != n:
             raise ValueError(f"{len(ids)} ids for {n} items.")
+        for k, i in enumerate(ids):  # ids are printed, written a line each and named as paths: one rule for all
+            plain_path(i, f"{self.root}: item {k} of the batch", "id", SearchIndexError)
         if len(set(ids)) != n:
             dup = next(i for i in ids if ids.count(i) > 1)
             raise SearchIndexError(f"id {dup!r} appears twice in the batch; ids must be unique.")
@@ -295,23 +326,63 @@ class SearchIndex(Ranking):
             raise SearchIndexError(f"id {clash!r} is already in the index {self.root}; ids must be unique.")
 
     def _reload_if_changed(self) -> None:
-        """Another process may have appended since this index was opened: read its manifest
-        when the file changed (a commit replaces it, so its inode and time change: one ``stat``
-        per call otherwise)."""
+        """Take in what any process committed since this index last looked: each call reads the
+        manifest's signature (:func:`~xmatch.index.store.manifest_signature`: its first bytes,
+        which hold the generation id, and its inode, time and size), and where that changed,
+        the manifest. Any other manifest (a new generation) reloads: after appends only the new
+        shards are opened and the stage-1 structures extended; otherwise (an overwrite) the
+        store is opened anew and the stage-1 structures are read again.
+
+        Raises:
+            DamagedIndexError: the manifest is gone.
+            ModelMismatchError: the index was rebuilt with another model or for the other side.
+            SearchIndexError: the change could not be taken in (the cause named); the next call
+                tries again, and nothing is answered from the state before the change.
+        """
         try:
-            stat = os.stat(self.root / MANIFEST)
+            signature = manifest_signature(self.root)
+            if signature == self._manifest_signature:
+                return
+            current = read_manifest(self.root)
         except FileNotFoundError:
             raise DamagedIndexError(f"{self.root / MANIFEST} is gone: the index was removed or moved.") from None
-        signature = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-        if signature == self._manifest_signature:
-            return
-        current = read_manifest(self.root)
-        self._manifest_signature = signature
-        if current.get("items") != self.manifest.get("items"):
+        except SearchIndexError as exc:
+            raise self._not_reloaded(exc) from None
+        if current != self.manifest:
+            self._check_rebuilt(current)
+            follow = getattr(self.store, "follow", None)
+            try:
+                if follow is None or not follow(current):
+                    self.close()  # the old store's engine lock and connections go before the new one opens
+                    self.store = _open_store(self.root, current, self.in_memory)
+                    self._generators.clear()
+            except Exception as exc:  # whatever the engine raised: named in the message
+                raise self._not_reloaded(exc) from None
             self.manifest = current
-            self.close()  # the old store's engine lock and connections go before the new one opens
-            self.store = _open_store(self.root, current, self.in_memory)
-            self._generators.clear()
+        self._manifest_signature = signature  # only once the state it names is the one held
+
+    def _check_rebuilt(self, current: dict[str, Any]) -> None:
+        """Refuse a manifest of an index rebuilt since it was opened with another model (the
+        queries would be encoded in another space) or for the other side."""
+        was, now = self.manifest["model"]["fingerprint"], current["model"]["fingerprint"]
+        if now != was:
+            raise ModelMismatchError(
+                f"the index {self.root} was rebuilt with another model (fingerprint {short(now)}, was {short(was)}) "
+                "since it was opened: its items live in another space. Open it again (xmatch.index.open) to search "
+                "it with its new model."
+            )
+        if current["side"] != self.side:
+            raise WrongSideError(
+                f"the index {self.root} was rebuilt to hold {current['side']} since it was opened; open it again "
+                "(xmatch.index.open)."
+            )
+
+    def _not_reloaded(self, cause: Exception) -> SearchIndexError:
+        return SearchIndexError(
+            f"the index {self.root} changed on disk since it was last read (another process appended to it or "
+            f"rebuilt it) and could not be reloaded ({cause}); nothing was answered from the old state. Search "
+            "again once the writer has finished, or open the index again (xmatch.index.open)."
+        )
 
     # --- searching ---------------------------------------------------------------------------
 
@@ -394,7 +465,9 @@ class SearchIndex(Ranking):
 
         Args:
             queries: the queries' token sets (texts for an image index, images for a caption index).
-            k: results per query (at most the number of items).
+            k: results per query; past the number of items, every item (as FAISS and Qdrant
+                answer). Items whose stored values are not finite are left out of the hits
+                (``result.extra["non_finite"]`` counts them).
             effort: how much work to spend for recall (default 1; a number > 0, 2 spends about
                 twice as much at most, 0.5 half). Past the exact token scan, the token stage 1
                 widens per query (centroid lists visited, candidates scored) until the k-th
@@ -420,8 +493,10 @@ class SearchIndex(Ranking):
 
         Raises:
             EmptyIndexError: the index holds nothing yet.
-            ValueError: ``k`` is not between 1 and the number of items, ``rerank`` is below 1,
-                ``effort`` is not a number > 0 or comes with ``candidates`` / ``nprobe``.
+            ValueError: ``k`` is not a whole number >= 1, ``rerank`` is below 1, ``effort`` is
+                not a number > 0 or comes with ``candidates`` / ``nprobe``.
+            SearchIndexError: a query holds NaN or infinite values; the index changed on disk
+                and could not be reloaded.
             NoVerifierError: ``rerank`` with a model that has no verifier head.
 
         Example:
@@ -437,10 +512,16 @@ class SearchIndex(Ranking):
         k = _count_option("k", k)
         candidates = _count_option("candidates", candidates, none=True)
         nprobe = _count_option("nprobe", nprobe, none=True)
-        if not 1 <= k <= n:
-            raise ValueError(f"k={k} but the index {self.root} holds {n} items; ask for 1 to {n} results.")
+        k = min(k, n)  # past the corpus: all of it
         if queries.dim != self.manifest["dim"]:
             raise SearchIndexError(f"queries are {queries.dim}-d but the index holds {self.manifest['dim']}-d tokens.")
+        bad = checks.non_finite_items(queries.tokens, queries.mask, queries.pooled)
+        if bool(bad.any()):
+            raise SearchIndexError(
+                f"query {int(bad.nonzero()[0])} has NaN or infinite values in its embeddings; nothing was searched in "
+                f"{self.root}. Check the query model's weights and inputs (a model with non-finite weights encodes "
+                "every query so)."
+            )
         labels = list(labels) if labels is not None else [None] * len(queries)
         if rerank is None:
             return self._ranked(queries, k, labels, candidates, exact, stage1, nprobe, effort)
@@ -526,6 +607,10 @@ def create(
         raise ValueError(f"dtype must be one of {', '.join(STORED_DTYPES)}, got {dtype!r}.")
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; engines: {', '.join(ENGINES)}.")
+    if model_ref is not None:  # open() rebuilds the model from it: a reference without weights is refused now
+        from xmatch.model.factory import check_reference
+
+        check_reference(model_ref, "model_ref")
     if (root / MANIFEST).exists():
         raise SearchIndexError(f"{root} already holds an index; append to it (xmatch index ... --append) or choose another --out.")
     if root.exists() and any(root.iterdir()):
@@ -593,6 +678,7 @@ def open(  # noqa: A001 - the public name is xmatch.index.open, as the issue ask
     """
     root = Path(path)
     manifest = read_manifest(root)
+    recorded = model is None
     if model is None or isinstance(model, str):
         model = _load_model(root, manifest, model, device)
     elif device is not None:
@@ -600,6 +686,14 @@ def open(  # noqa: A001 - the public name is xmatch.index.open, as the issue ask
     found = model_fingerprint(model)
     if found != manifest["model"]["fingerprint"]:
         ref = manifest["model"].get("ref") or f"the model saved in {root / MODEL_FOLDER}"
+        if recorded:  # opened without a model: the recorded reference itself no longer gives the index's model
+            raise ModelMismatchError(
+                f"the index {root} records the model {ref}, but that model's fingerprint is {short(found)}, not the "
+                f"{short(manifest['model']['fingerprint'])} the index was built with: the reference in {root / MANIFEST} "
+                "was changed, or the weights it names were replaced since. Pass the model the index was built with, "
+                "xmatch.index.open(path, model=...) (xmatch search --model MODEL), or re-index with this one "
+                "(xmatch index ... --out NEW_INDEX)."
+            )
         raise ModelMismatchError(
             f"the query model (fingerprint {short(found)}) is not the model the index {root} was built with "
             f"({ref}, fingerprint {short(manifest['model']['fingerprint'])}): its embeddings live in another space. "
@@ -632,6 +726,7 @@ def _image_inputs(items: Any, method: str) -> ImageInputs:
 
 
 def _load_model(root: Path, manifest: dict[str, Any], name: str | None, device: Any) -> MatchingModel:
+    from xmatch.core.spec import SpecError
     from xmatch.model.factory import build, build_reference
 
     ref = name or manifest["model"].get("ref")
@@ -640,4 +735,12 @@ def _load_model(root: Path, manifest: dict[str, Any], name: str | None, device: 
         if not bundle.is_dir():
             raise SearchIndexError(f"{root} records no model and has no {MODEL_FOLDER}/ bundle; pass model=... to open().")
         return build(f"local-dir:{bundle}", pretrained=True, device=device)
-    return build_reference(ref, device=device)
+    if name is not None:
+        return build_reference(ref, device=device)
+    try:
+        return build_reference(ref, device=device)
+    except SpecError as exc:  # the manifest's reference: the message names the index and what to pass instead
+        raise SearchIndexError(
+            f"{root} records the model {ref!r}, which cannot be built: {exc} Pass the model the index was built "
+            "with: xmatch.index.open(path, model=...) (xmatch search --model MODEL)."
+        ) from None

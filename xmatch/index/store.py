@@ -9,7 +9,9 @@ Layout::
       ann/                    stage-1 structures (FAISS files), derived from the shards
 
 An append writes its shard file first, then replaces ``index.json`` atomically; the manifest
-is the commit point. A crash or kill at any moment leaves the previous manifest, which lists
+is the commit point. Every manifest written (a commit of any engine, the creation that an
+overwrite ends with) carries a new ``generation`` id, written first in the file: an open index
+compares it before each search and reloads on any change (:func:`manifest_signature`). A crash or kill at any moment leaves the previous manifest, which lists
 only complete shards: the index reopens at its last complete append, and a half-written shard
 (``*.partial``) or an uncommitted one is removed by the next append. Writers take a file lock;
 readers need none.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,15 +47,46 @@ OWN_SHARD_FILE = re.compile(r"[0-9]{8,}\.safetensors(\.partial)?")
 SHARD_RECORD = {"file": str, "count": int, "width": int, "bytes": int, "sha256": str}
 
 
+#: how many bytes of the manifest :func:`manifest_signature` reads: the generation id is in them
+SIGNATURE_BYTES = 128
+
+
 def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
-    """Replace ``root/index.json`` atomically (temporary file, fsync, rename, fsync folder)."""
+    """Replace ``root/index.json`` atomically (temporary file, fsync, rename, fsync folder),
+    under a new ``generation`` id (set in ``manifest`` too, so the writer's own view is the
+    committed one).
+
+    Example:
+        >>> Path("idx").mkdir(); manifest = {"format": FORMAT}
+        >>> write_manifest(Path("idx"), manifest); first = manifest["generation"]
+        >>> write_manifest(Path("idx"), manifest); manifest["generation"] != first
+        True
+        >>> json.loads(Path("idx/index.json").read_text())["generation"] == manifest["generation"]
+        True
+    """
+    manifest["generation"] = uuid.uuid4().hex
     tmp = root / (MANIFEST + ".partial")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1)
+        # the generation first: manifest_signature reads it from the file's first bytes
+        json.dump({"generation": manifest["generation"]} | manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, root / MANIFEST)
     fsync_dir(root)
+
+
+def manifest_signature(root: Path) -> tuple[int, int, int, bytes]:
+    """What identifies the committed state of the index at ``root`` without parsing its
+    manifest: the file's inode, modification time and size, and its first bytes, which hold the
+    generation id (a new one per commit, so two commits never share a signature, even within
+    the file system's timestamp resolution and with the inode number reused).
+
+    Raises:
+        FileNotFoundError: there is no manifest.
+    """
+    with open(root / MANIFEST, "rb") as f:
+        stat = os.fstat(f.fileno())
+        return stat.st_ino, stat.st_mtime_ns, stat.st_size, f.read(SIGNATURE_BYTES)
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
@@ -94,6 +128,9 @@ def read_manifest(root: Path) -> dict[str, Any]:
 
 def _manifest_problem(manifest: dict[str, Any]) -> str | None:
     """What is wrong with a manifest's entries, or None."""
+    generation = manifest.get("generation")  # absent from manifests written before it was recorded
+    if generation is not None and not (isinstance(generation, str) and re.fullmatch(r"[0-9a-f]{32}", generation)):
+        return f"'generation' is {str(generation)[:40]!r}, not the 32 hex digits of a generation id"
     if manifest.get("side") not in SIDES:
         return f"'side' is {manifest.get('side')!r}, not one of {', '.join(SIDES)}"
     if not _count(manifest.get("dim")) or manifest["dim"] == 0:
@@ -154,6 +191,32 @@ class ShardStore:
         self.starts = counts.cumsum(0)
         self._row_of: dict[str, int] | None = None
         self._lengths: list[torch.Tensor] = []
+
+    #: :meth:`verify` checks the stored values too (SearchIndex.verify does not walk them again)
+    checks_values = True
+
+    def follow(self, manifest: dict[str, Any]) -> bool:
+        """Take in ``manifest``, committed since this store was opened, where it only appends
+        (its shard records begin with this store's, the rest of it unchanged): open the new
+        shards alone and return True. Otherwise (an overwrite, another layout) change nothing
+        and return False: the caller opens a new store.
+
+        Raises:
+            DamagedIndexError: a new shard is missing or damaged (this store is left as it was).
+        """
+        old, new = self.manifest.get("shards", []), manifest.get("shards", [])
+        layout = ("format", "side", "dim", "dtype", "model", "engine")
+        if any(manifest.get(key) != self.manifest.get(key) for key in layout) or new[: len(old)] != old:
+            return False
+        added = [Shard(_inside(self.root, s["file"]), ShardInfo(**s), self.in_memory) for s in new[len(old) :]]
+        counts = torch.tensor([len(s) for s in added], dtype=torch.long)
+        first = len(self)
+        self.shards += added
+        self.starts = torch.cat([self.starts, self.starts[-1] + counts.cumsum(0)])
+        self.manifest = manifest
+        if self._row_of is not None:
+            self._row_of.update({item: first + k for k, item in enumerate(i for s in added for i in s.ids)})
+        return True
 
     @property
     def dtype(self) -> torch.dtype:
@@ -316,6 +379,7 @@ def remove_index(root: Path) -> None:
     """
     import shutil
 
+    held = qdrant_location.claim_for_removal(root)  # refused whole while another process has the Edge shard open
     for name in (MANIFEST, MANIFEST + ".partial", ".lock"):
         (root / name).unlink(missing_ok=True)
     for name in OWN_FOLDERS:
@@ -335,6 +399,8 @@ def remove_index(root: Path) -> None:
             shards.rmdir()
     if root.is_dir() and not root.is_symlink() and not any(root.iterdir()):
         root.rmdir()
+    if held is not None:
+        held.release()
 
 
 def own_folder(root: Path, name: str, *, create: bool = True) -> Path:

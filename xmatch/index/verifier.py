@@ -18,6 +18,7 @@ import torch
 
 from xmatch.model.embeddings import Embeddings
 from xmatch.model.model import MatchingModel
+from xmatch.index.checks import finite_scores
 from xmatch.index.errors import NoVerifierError
 from xmatch.index.rerank import TokenSource
 from xmatch.index.results import VERIFIER, SearchResult
@@ -114,7 +115,8 @@ def rerank_results(
         top = result.hits[: len(logit)]
         for hit, value in zip(top, logit.tolist()):
             hit.verifier, hit.stage = value, VERIFIER
-        order = torch.sort(logit, descending=True, stable=True).indices.tolist()
+        # a non-finite logit sorts last, never first (a NaN would lead a descending sort)
+        order = torch.sort(finite_scores(logit), descending=True, stable=True).indices.tolist()
         result.hits = ([top[i] for i in order] + result.hits[len(logit):])[:k]
         result.reranked = len(logit)
         result.timings["verifier"] = per_query

@@ -13,16 +13,24 @@ import torch
 
 from xmatch.core.sources import WEIGHTS_FILE
 from xmatch.io.files import move_into_place
+from xmatch.io.safe_load import load_json
 from xmatch.core.errors import XmatchError
 from xmatch.core.spec import COMPONENTS, OPTIONAL_COMPONENTS, merge
 
 FORMAT = "xmatch.model/1"
+#: set to 1 to load weights that hold NaN or infinite values (research on a diverged run)
+ENV_ALLOW_NONFINITE = "XMATCH_ALLOW_NONFINITE_WEIGHTS"
 
 
 class BundleError(XmatchError, ValueError):
     """A bundle's ``model.safetensors`` (or any safetensors weights file) cannot be used:
     unreadable, malformed metadata, an asset path that leaves the bundle, or tensors that do
     not fit the model. The message names the file."""
+
+
+class NonFiniteWeightsError(BundleError):
+    """Weights that hold NaN or infinite values (a diverged run, a damaged file); the message
+    names the file and the tensor."""
 
 
 _RESAVE = "The bundle is damaged or was not written by xmatch.save_pretrained; save or download it again."
@@ -174,8 +182,8 @@ def read_bundle_spec(directory: str | os.PathLike) -> tuple[dict[str, Any], Path
 def _metadata_json(meta: dict[str, str], key: str, weights: Path, default: str | None = None) -> Any:
     text = meta.get(key, default)
     try:
-        return json.loads(text)
-    except (TypeError, ValueError, RecursionError) as exc:
+        return load_json(text, f"the '{key}' entry")
+    except (TypeError, ValueError) as exc:  # JsonDepthError is a ValueError too
         raise BundleError(
             f"{weights}: the '{key}' entry of its metadata is not valid JSON ({exc}). {_RESAVE}"
         ) from None
@@ -226,17 +234,25 @@ def _leaves_bundle(path: str) -> bool:
     )
 
 
-def load_weights(model: torch.nn.Module, path: str | os.PathLike, fresh: tuple[str, ...] = ()) -> None:
-    """Load safetensors weights strictly: missing, unexpected or mis-shaped tensors are errors.
+def load_weights(
+    model: torch.nn.Module, path: str | os.PathLike, fresh: tuple[str, ...] = (), *, allow_nonfinite: bool | None = None
+) -> None:
+    """Load safetensors weights strictly: missing, unexpected or mis-shaped tensors are errors,
+    and so are NaN or infinite values (:func:`check_finite_weights`).
 
     ``fresh`` names parts the caller added to a model whose weights predate them (key
     prefixes such as ``"verifier."``): the file may lack their tensors, which keep their
     initialisation, as transformers does for a newly added head. Anything else missing is
     still an error.
 
+    ``allow_nonfinite=True`` loads weights with NaN or infinite values (research on a diverged
+    run); the default None reads ``XMATCH_ALLOW_NONFINITE_WEIGHTS=1`` from the environment, the
+    switch that reaches every loader (``xmatch.build``, the command line, a resumed run).
+
     Raises:
         FileNotFoundError: no such file.
         BundleError: the file is not readable safetensors or does not fit ``model`` (named).
+        NonFiniteWeightsError: a tensor holds NaN or infinite values (named).
     """
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_model
@@ -256,6 +272,7 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike, fresh: tuple[s
     names = upstream_names(model, keys) if missing or unexpected else {}
     if names:
         _load_upstream(model, path, names, expected)
+        check_finite_weights(model, path, allow_nonfinite)
         return
     if getattr(model, "loss", False) is None:  # an inference build: a training build's loss state is not read
         unexpected = {k for k in unexpected if not k.startswith("loss.")}
@@ -271,6 +288,87 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike, fresh: tuple[s
         load_model(model, str(path), strict=strict, device=str(next(model.parameters()).device))
     except (RuntimeError, SafetensorError) as exc:
         raise BundleError(f"{path} does not fit this model: {exc}") from exc
+    check_finite_weights(model, path, allow_nonfinite)
+
+
+def nonfinite_allowed(allow: bool | None = None) -> bool:
+    """Whether weights with NaN or infinite values may load: ``allow`` when given, else
+    ``XMATCH_ALLOW_NONFINITE_WEIGHTS`` (``1``, ``true``, ``yes``, ``on``).
+
+    Example:
+        >>> nonfinite_allowed(True), nonfinite_allowed(False)
+        (True, False)
+    """
+    if allow is not None:
+        return allow
+    return os.environ.get(ENV_ALLOW_NONFINITE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def nonfinite_tensors(tensors: Any, prefix: str = "") -> list[tuple[str, int, int, int]]:
+    """``(name, NaN count, infinite count, size)`` of every floating-point tensor with a non-finite
+    value in ``tensors``: a tensor, or dicts and lists of them (a state dict, an optimizer's
+    state), named by their keys joined with ``.``. One sum per tensor (a NaN or infinity makes
+    it non-finite); the element-wise check and the counts only where the sum is not finite.
+
+    Example:
+        >>> nonfinite_tensors({"w": torch.tensor([1.0, float("nan")]), "n": torch.tensor([1]), "s": [torch.ones(2)]})
+        [('w', 1, 0, 2)]
+    """
+    found: list[tuple[str, int, int, int]] = []
+    if isinstance(tensors, torch.Tensor):
+        # a NaN or infinity anywhere makes the sum non-finite: one vectorised pass; only a
+        # non-finite sum (or one that overflowed) is looked at element by element
+        inexact = tensors.is_floating_point() or tensors.is_complex()
+        if inexact and not bool(torch.isfinite(tensors.sum())) and not bool(torch.isfinite(tensors).all()):
+            nan = int(torch.isnan(tensors).sum())
+            found.append((prefix, nan, int((~torch.isfinite(tensors)).sum()) - nan, tensors.numel()))
+    elif isinstance(tensors, dict):
+        for key, value in tensors.items():
+            found += nonfinite_tensors(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(tensors, (list, tuple)):
+        for k, value in enumerate(tensors):
+            found += nonfinite_tensors(value, f"{prefix}.{k}" if prefix else str(k))
+    return found
+
+
+def check_finite_weights(model: torch.nn.Module, source: str | os.PathLike, allow: bool | None = None) -> None:
+    """Refuse a model whose weights (as loaded from ``source``) hold NaN or infinite values:
+    every score it computed would be NaN or rank one item first, silently.
+
+    Args:
+        model: the model, its weights loaded.
+        source: where they came from, for the message.
+        allow: True loads them anyway (see :func:`nonfinite_allowed`).
+
+    Raises:
+        NonFiniteWeightsError: a tensor holds NaN or infinite values; the message names it,
+            the file, and how many more tensors do.
+
+    Example:
+        >>> lin = torch.nn.Linear(2, 1)
+        >>> _ = torch.nn.init.constant_(lin.bias, float("inf"))
+        >>> check_finite_weights(lin, "lin.safetensors")
+        Traceback (most recent call last):
+        ...
+        xmatch.io.bundle.NonFiniteWeightsError: lin.safetensors holds non-finite weights: tensor 'bias' has 0 NaN and 1 infinite of its 1 values. ...
+    """
+    if nonfinite_allowed(allow):
+        return
+    found = nonfinite_tensors(model.state_dict())
+    if found:
+        raise NonFiniteWeightsError(nonfinite_message(source, found, "weights"))
+
+
+def nonfinite_message(source: str | os.PathLike, found: list[tuple[str, int, int, int]], what: str) -> str:
+    """The refusal of :func:`check_finite_weights` (also used for a trainer state's tensors)."""
+    name, nan, inf, size = found[0]
+    more = f" (and {len(found) - 1} more tensors)" if len(found) > 1 else ""
+    return (
+        f"{source} holds non-finite {what}: tensor '{name}' has {nan} NaN and {inf} infinite of its "
+        f"{size} values{more}. They come from a diverged run or a damaged file; "
+        f"use weights saved before the divergence (an earlier checkpoint), or set {ENV_ALLOW_NONFINITE}=1 "
+        "to load them anyway for research."
+    )
 
 
 def upstream_names(model: torch.nn.Module, keys: set[str]) -> dict[str, str | None]:

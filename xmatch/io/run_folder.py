@@ -6,12 +6,17 @@ and validation data. A new run refuses a folder that holds anything (``overwrite
 old run's files first); a resumed run compares its recipe and data with the record and refuses
 changes that would silently train part of an epoch twice, jump the learning rate or change what
 "best" means, unless forced.
+
+Nothing inside a run folder is read through a symbolic link (:func:`refuse_links`): a resumed
+run rewrites its logs and record, so it would read what a link points to and write it back into
+the run (or over the link's target). The folder itself may be a link.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import uuid
 from collections.abc import Mapping
@@ -19,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from xmatch.core.errors import XmatchError
+from xmatch.io.safe_load import JsonDepthError, load_json
 
 RUN_FILE = "run.json"
 # Everything a run writes into its folder; ``overwrite`` removes these and nothing else.
@@ -70,13 +76,58 @@ def new_run_record(spec: Mapping[str, Any], train: Mapping[str, Any], data: Mapp
     return {"run_id": uuid.uuid4().hex, "spec": spec, "train": train, "data": data, "world_size": world_size}
 
 
+def refuse_link(path: Path) -> None:
+    """Refuse ``path``, a file or folder inside a run folder, when it is a symbolic link.
+
+    Raises:
+        RunFolderError: it is one; the message names it, its target and the fix.
+
+    Example:
+        >>> refuse_link(Path("runs/mine/train.csv"))  # a plain file, or none: nothing to say
+    """
+    if path.is_symlink():
+        raise RunFolderError(
+            f"{path} is a symbolic link (to {os.readlink(path)}); xmatch follows no links inside a run folder, as a "
+            "resumed run would read what the link points to and write it back. Replace the link with a copy of its "
+            f"target (cp --remove-destination TARGET {path}), or start a new run folder."
+        )
+
+
+def refuse_links(run_dir: Path) -> None:
+    """Refuse a run folder in which a file or folder the run writes (:data:`RUN_ARTIFACTS`, and
+    everything under those folders) is a symbolic link; checked before a resumed run reads it.
+
+    Raises:
+        RunFolderError: the first link found (named, see :func:`refuse_link`).
+
+    Example:
+        >>> refuse_links(Path("runs/mine"))  # no links there: nothing to say
+    """
+    for name in RUN_ARTIFACTS:
+        top = run_dir / name
+        refuse_link(top)
+        if top.is_dir():
+            # os.walk does not enter a linked folder: it is listed among dirs and refused there
+            for folder, dirs, files in os.walk(top):
+                for entry in sorted((*dirs, *files)):
+                    refuse_link(Path(folder) / entry)
+
+
 def read_run_record(run_dir: Path) -> dict[str, Any] | None:
-    """The folder's ``run.json``, or None when it has none."""
+    """The folder's ``run.json``, or None when it has none.
+
+    Raises:
+        RunFolderError: ``run.json`` is a symbolic link, not JSON, nested deeper than
+            :data:`~xmatch.io.safe_load.MAX_JSON_DEPTH`, or not an object (named).
+    """
     path = run_dir / RUN_FILE
+    refuse_link(path)
     if not path.is_file():
         return None
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = load_json(path.read_text(encoding="utf-8"), path)
+    except JsonDepthError as exc:
+        raise RunFolderError(f"{exc} The run record is damaged.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RunFolderError(f"{path} is not valid JSON ({exc}); the run record is damaged.") from None
     if not isinstance(record, dict):
@@ -88,6 +139,7 @@ def write_run_record(run_dir: Path, record: Mapping[str, Any]) -> None:
     """Replace ``run.json`` atomically."""
     path = run_dir / RUN_FILE
     tmp = path.with_name(path.name + ".partial")
+    tmp.unlink(missing_ok=True)  # never written through a link planted there
     tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
     tmp.replace(path)
 

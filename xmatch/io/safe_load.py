@@ -1,14 +1,19 @@
-"""Reading pickled torch files safely, with errors that say what is wrong with the file.
+"""Reading pickled torch files and JSON files safely, with errors that say what is wrong with the file.
 
 Every ``torch.load`` in xmatch goes through :func:`load_torch_file`: it always passes
 ``weights_only=True`` (no arbitrary code runs while unpickling) and turns any failure into a
 :class:`CheckpointReadError` that names the file. torch's own message for a refused object
 advises re-running with ``weights_only=False``; that advice is unsafe for a file of unknown
 origin, so it never reaches the user (not in the message, not in the exception chain).
+
+JSON read from files xmatch did not write itself goes through :func:`load_json`, which bounds
+how deep the file may nest (:data:`MAX_JSON_DEPTH`) with an error that names the file, where
+Python's parser would raise a bare ``RecursionError``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterable
@@ -22,10 +27,61 @@ from xmatch.core.sources import PICKLE_SUFFIXES
 _UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 _UNSUPPORTED_OPCODE = re.compile(r"Unsupported operand (\S+)")
 _MAX_REASON = 200
+#: the deepest nesting of arrays and objects :func:`load_json` reads (xmatch's own files nest a few levels)
+MAX_JSON_DEPTH = 100
 
 
 class CheckpointReadError(XmatchError, ValueError):
     """A torch file is corrupted (truncated, damaged) or is not a checkpoint xmatch reads."""
+
+
+class JsonDepthError(XmatchError, ValueError):
+    """A JSON text nested deeper than :data:`MAX_JSON_DEPTH` (the message names its source)."""
+
+
+def load_json(text: str | bytes, source: str | os.PathLike, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads(text)``, refusing a text whose arrays and objects nest deeper than ``max_depth``.
+
+    Args:
+        text: the JSON text.
+        source: the file (or entry) it comes from, for the message.
+        max_depth: the deepest nesting accepted.
+
+    Raises:
+        JsonDepthError: the text nests deeper (also when it nests too deep for Python's parser).
+        json.JSONDecodeError: the text is not JSON (callers name the file).
+
+    Example:
+        >>> load_json('{"a": [1, 2]}', "run.json")
+        {'a': [1, 2]}
+        >>> load_json("[" * 200 + "]" * 200, "run.json")
+        Traceback (most recent call last):
+        ...
+        xmatch.io.safe_load.JsonDepthError: run.json is JSON nested more than 100 levels deep; ...
+    """
+    try:
+        data = json.loads(text)
+        deep = _deeper_than(data, max_depth)
+    except RecursionError:  # deeper than Python's parser goes
+        data, deep = None, True
+    if deep:
+        raise JsonDepthError(
+            f"{source} is JSON nested more than {max_depth} levels deep; xmatch reads no deeper (its own files nest "
+            "a few levels): the file is damaged or was not written by xmatch."
+        )
+    return data
+
+
+def _deeper_than(data: Any, max_depth: int) -> bool:
+    """Whether the containers of parsed JSON nest deeper than ``max_depth`` (walked without recursion)."""
+    stack = [(data, 1)] if isinstance(data, (dict, list)) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack += [(child, depth + 1) for child in children if isinstance(child, (dict, list))]
+    return False
 
 
 def load_torch_file(

@@ -266,7 +266,9 @@ def _model_with_checkpoint(
         _bundle.load_weights(net, path)
         return net
     # .pth / .tar: the checkpoint decides the model; the entry / spec must describe the same kind
-    return _convert_original(path, None, overrides, expected=(name, spec))
+    net = _convert_original(path, None, overrides, expected=(name, spec))
+    _bundle.check_finite_weights(net, path)
+    return net
 
 
 def convert_original(
@@ -323,7 +325,34 @@ def build_reference(reference: str, device: str | torch.device | None = None) ->
         >>> build_reference("teran-mrsw-scenes").pooler.__class__.__name__
         'MrSwPooler'
     """
+    check_reference(reference)
     if "=" in reference:
         name, weights = reference.split("=", 1)
         return build(name, checkpoint=weights, device=device)
     return build(reference, pretrained=True, device=device)
+
+
+def check_reference(reference: str, what: str = "model reference") -> None:
+    """Refuse a model reference that names no weights: a spec file without ``=WEIGHTS``
+    (:func:`build_reference` would build it with random weights, or not at all).
+
+    Args:
+        reference: the reference (``NAME``, ``local-dir:DIR``, ``NAME_OR_SPEC=WEIGHTS``...).
+        what: what the reference is, for the message (``"model_ref"``).
+
+    Raises:
+        SpecError: ``reference`` is a ``.toml`` spec without weights; the message says how to
+            name them.
+
+    Example:
+        >>> check_reference("model.toml")
+        Traceback (most recent call last):
+        ...
+        xmatch.core.spec.SpecError: the model reference 'model.toml' is a spec without weights; ...
+    """
+    if "=" not in reference and reference.endswith(".toml"):
+        raise SpecError(
+            f"the {what} '{reference}' is a spec without weights; a model reference names its weights too: "
+            f"'{reference}=WEIGHTS' (a .safetensors file or an original .pth checkpoint), a zoo name with published "
+            "weights, or a bundle (local-dir:DIR, hf-hub:ORG/NAME) that holds the spec and its weights."
+        )

@@ -77,6 +77,31 @@ class TokenBatch:
         return self.mask.shape[0]
 
 
+def check_caption_list(texts: Any, what: str = "tokenize") -> None:
+    """Refuse anything but a list of captions (strings), naming the first item that is not one.
+
+    Args:
+        texts: the captions.
+        what: the call, for the message.
+
+    Raises:
+        TypeError: ``texts`` is one string (wrap it in a list) or holds an item that is not a
+            string (named by its position).
+
+    Example:
+        >>> check_caption_list(["a cat", None])
+        Traceback (most recent call last):
+        ...
+        TypeError: tokenize: caption 1 is None, not a string; captions must be strings (remove or replace it).
+    """
+    if isinstance(texts, str):
+        raise TypeError(f"{what} expects a list of captions (strings), got one string: wrap a single caption in a list.")
+    for k, text in enumerate(texts):
+        if not isinstance(text, str):
+            shown = repr(text) if len(repr(text)) <= 60 else f"a {type(text).__name__}"
+            raise TypeError(f"{what}: caption {k} is {shown}, not a string; captions must be strings (remove or replace it).")
+
+
 class ImageEncoder(nn.Module):
     """Turns region features (+ boxes) or pixels into a set of region features.
 

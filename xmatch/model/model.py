@@ -20,6 +20,7 @@ from xmatch.model.interfaces import (
     TextEncoder,
     TokenBatch,
     Verifier,
+    check_caption_list,
 )
 from xmatch.model.buckets import BucketedEmbeddings
 from xmatch.model.embeddings import Embeddings
@@ -177,8 +178,7 @@ class MatchingModel(nn.Module):
 
     def tokenize(self, texts: Sequence[str]) -> TokenBatch:
         """Tokenise captions with the text encoder's own tokenizer."""
-        if isinstance(texts, str):
-            raise TypeError("encode_texts expects a list of captions; wrap a single one in a list.")
+        check_caption_list(texts)
         return self.text_encoder.tokenize(list(texts))
 
     def encode_texts(
@@ -188,7 +188,8 @@ class MatchingModel(nn.Module):
         progress bar, by default for long inputs on a terminal)."""
         if isinstance(texts, TokenBatch):
             return self._finish(self.text_encoder(texts.to(self.device)), self.text_projection, self.text_reasoner)
-        texts = list(texts) if not isinstance(texts, str) else texts
+        texts = texts if isinstance(texts, str) else list(texts)
+        check_caption_list(texts, "encode_texts")  # here, where an item's position is in the whole list
         return self._batched(len(texts), batch_size, lambda s: self._finish(
             self.text_encoder(self.tokenize(texts[s]).to(self.device)),
             self.text_projection,

@@ -26,7 +26,8 @@ import numpy as np
 import safetensors
 import torch
 
-from xmatch.io.bundle import WEIGHTS_FILE, load_weights, save_pretrained
+from xmatch.io.bundle import WEIGHTS_FILE, load_weights, nonfinite_allowed, nonfinite_message, nonfinite_tensors, save_pretrained
+from xmatch.io.run_folder import RunFolderError, refuse_link
 from xmatch.io.safe_load import CheckpointReadError, load_torch_file
 from xmatch.core.errors import XmatchError
 from xmatch.train.errors import TrainingError
@@ -138,9 +139,16 @@ def read_checkpoint(folder: Path, model: torch.nn.Module) -> dict[str, Any]:
     return its trainer state.
 
     Raises:
-        CheckpointError: a file of the checkpoint is damaged or not a trainer state (named).
+        CheckpointError: a file of the checkpoint is damaged, not a trainer state, a symbolic
+            link, or holds NaN or infinite values (named; ``XMATCH_ALLOW_NONFINITE_WEIGHTS=1``
+            reads those).
     """
     weights = folder / WEIGHTS_FILE
+    try:  # a checkpoint is read as it is, never through a link (see xmatch.io.run_folder)
+        for path in (folder, weights, folder / STATE_FILE):
+            refuse_link(path)
+    except RunFolderError as exc:
+        raise CheckpointError(str(exc)) from None
     try:
         load_weights(model, weights)
     except (OSError, ValueError, RuntimeError, safetensors.SafetensorError) as exc:
@@ -153,6 +161,10 @@ def read_checkpoint(folder: Path, model: torch.nn.Module) -> dict[str, Any]:
     missing = {"epoch", "batch", "step", "optimizer", "scheduler", "rng"} - set(state if isinstance(state, dict) else ())
     if missing:
         raise CheckpointError(f"{path} is not a trainer state written by xmatch (missing {', '.join(sorted(missing))}).")
+    # the optimizer's moments too: a NaN there turns the next step's weights into NaN
+    found = [] if nonfinite_allowed() else nonfinite_tensors({k: v for k, v in state.items() if k != "rng"})
+    if found:
+        raise CheckpointError(nonfinite_message(path, found, "values"))
     return state
 
 

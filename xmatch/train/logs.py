@@ -6,12 +6,15 @@ import csv
 from pathlib import Path
 from typing import Any
 
+from xmatch.io.run_folder import refuse_link
+
 
 class CsvLog:
     """Rows appended to a CSV file; new columns extend the header (the file is rewritten).
 
     A resumed run appends to the same file after dropping rows past the resume step, so the
-    log reads as one uninterrupted run.
+    log reads as one uninterrupted run; a log that is a symbolic link is refused
+    (:class:`~xmatch.io.run_folder.RunFolderError`) rather than read through.
 
     Example:
         >>> log = CsvLog(Path("train.csv"))
@@ -24,6 +27,8 @@ class CsvLog:
         self.path = path
         self.columns: list[str] = []
         self.rows: list[dict[str, Any]] = []
+        if resume_step is not None:
+            refuse_link(path)
         if resume_step is not None and path.is_file():
             with path.open(newline="", encoding="utf-8") as f:
                 reader = csv.DictReader(f)
@@ -45,6 +50,7 @@ class CsvLog:
 
     def _rewrite(self) -> None:
         tmp = self.path.with_name(self.path.name + ".partial")
+        tmp.unlink(missing_ok=True)  # a leftover, or a link planted there, is replaced and never written through
         with tmp.open("w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, self.columns)
             writer.writeheader()

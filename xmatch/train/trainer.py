@@ -39,9 +39,11 @@ from xmatch.io.run_folder import (
     data_fingerprint,
     new_run_record,
     read_run_record,
+    refuse_links,
     resume_changes,
     write_run_record,
 )
+from xmatch.io.safe_load import JsonDepthError, load_json
 from xmatch.train.negatives import CaptionNegatives, build_makers, tagger_for, training_groups
 from xmatch.train.sampler import EpochBatches, epoch_sampler, group_units
 from xmatch.train.selection import check_metric_name, metric_value, minimised
@@ -310,6 +312,13 @@ class Trainer:
             logger.info("resuming from %s (epoch %d, batch %d, step %d)", folder, state["epoch"] + 1, state["batch"], state["step"])
         return state
 
+    def _recorded_validations(self, text: str) -> list[Any]:
+        """The validations a trainer state records (JSON text), read with a bounded depth."""
+        try:
+            return load_json(text, f"the validations recorded in the checkpoint of {self.run_dir}")
+        except (JsonDepthError, json.JSONDecodeError) as exc:
+            raise ckpt.CheckpointError(f"{exc} Resume from another checkpoint or start a new run.") from None
+
     def _check_resume_fits(self, record: dict[str, Any]) -> None:
         """Refuse a resume whose spec, recipe or data differ from the run's record in ways that
         matter; record the accepted changes."""
@@ -380,7 +389,9 @@ class Trainer:
             TrainingError: out of memory (with advice) or a resume that does not fit.
         """
         cfg, ctx = self.config, self.ctx
-        if not self.resume:
+        if self.resume:  # before anything of the old run is read: no link inside the folder is followed
+            refuse_links(self.run_dir)
+        else:
             self._claim_run_folder(replace=self.overwrite)
         self._prepare()
         restored = self._restored_state() if self.resume else None
@@ -391,7 +402,7 @@ class Trainer:
             self._claim_run_folder(replace=True)
         state = restored or self._fresh_state()
         if isinstance(state["validations"], str):
-            state["validations"] = json.loads(state["validations"])
+            state["validations"] = self._recorded_validations(state["validations"])
         self._open_logs(state["step"] if restored else None)
         total = min(cfg.max_steps or math.inf, cfg.epochs * self.steps_per_epoch)
         bar = progress_bar(total=total, initial=state["step"], desc="train", unit="step", show=self.progress,

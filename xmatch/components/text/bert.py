@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from xmatch.core.errors import XmatchError
-from xmatch.model.interfaces import EncoderOutput, TextEncoder, TokenBatch
+from xmatch.model.interfaces import EncoderOutput, TextEncoder, TokenBatch, check_caption_list
 from xmatch.components.text.side import TextSide, TokenCoverage
 from xmatch.model.masks import lengths_to_mask
 from xmatch.core.sources import resolve_local_source
@@ -140,8 +140,7 @@ class BertTextEncoder(TextEncoder):
         self.model.requires_grad_(finetune)
 
     def tokenize(self, texts: list[str]) -> TokenBatch:
-        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-            raise TypeError("tokenize expects a list of strings (wrap a single caption in a list).")
+        check_caption_list(texts)
         ids = self.tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]
         too_long = [k for k, seq in enumerate(ids) if len(seq) > self.max_length]
         if too_long:

@@ -39,7 +39,7 @@ from torch import nn
 from xmatch.components.text.side import TokenCoverage
 from xmatch.core.errors import XmatchError
 from xmatch.core.sources import HF_HUB, parse_hf_source, resolve_local_source
-from xmatch.model.interfaces import EncoderOutput, TextEncoder, TokenBatch
+from xmatch.model.interfaces import EncoderOutput, TextEncoder, TokenBatch, check_caption_list
 from xmatch.model.masks import lengths_to_mask
 
 #: the files a tokenizer of these towers may need (byte-level BPE for CLIP, SentencePiece for SigLIP)
@@ -166,8 +166,7 @@ class _TowerTextEncoder(TextEncoder):
         return {k: (None if k.endswith(".position_ids") else k) for k in sorted(keys) if k.startswith(self.upstream_prefixes)}
 
     def tokenize(self, texts: list[str]) -> TokenBatch:
-        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-            raise TypeError("tokenize expects a list of strings (wrap a single caption in a list).")
+        check_caption_list(texts)
         tokenizer = self.tokenizer
         ids = tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]
         too_long = [k for k, seq in enumerate(ids) if len(seq) > self.max_length]

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from xmatch.core.errors import XmatchError
-from xmatch.model.interfaces import TextEncoder, TokenBatch
+from xmatch.model.interfaces import TextEncoder, TokenBatch, check_caption_list
 from xmatch.components.text.side import TextSide, TokenCoverage
 from xmatch.model.masks import lengths_to_mask
 from xmatch.core.sources import resolve_local_source
@@ -373,8 +373,7 @@ def tokenize_words(
         >>> tokenize_words(Vocabulary(["a", "dog"]), ["a dog", "dog"], 8, False).inputs["input_ids"].tolist()
         [[2, 3], [3, 0]]
     """
-    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-        raise TypeError("tokenize expects a list of strings (wrap a single caption in a list).")
+    check_caption_list(texts)
     reserved = len(SPECIALS) + (len(MARKERS) if start_end else 0)
     if len(vocabulary) == reserved:
         raise ValueError(
