@@ -74,7 +74,8 @@ def test_readme_shows_one_install_one_demo_and_the_ci_test_command():
     assert len(commands) == 3 and commands[1] == "xmatch demo", commands
     assert "pip install" in commands[0]
     ci = (ROOT / ".ci" / "run").read_text()
-    assert ci.rstrip().splitlines()[-1] == commands[2], "CI runs the README's test command"
+    # as written, on a line of its own (the CPU-kernel reruns that follow it are more)
+    assert commands[2] in ci.splitlines(), "CI runs the README's test command"
 
 
 # --- progress bars ---------------------------------------------------------------------------
