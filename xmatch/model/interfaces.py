@@ -95,7 +95,7 @@ def check_caption_list(texts: Any, what: str = "tokenize") -> None:
         TypeError: tokenize: caption 1 is None, not a string; captions must be strings (remove or replace it).
     """
     if isinstance(texts, str):
-        raise TypeError(f"{what} expects a list of captions (strings), got one string: wrap a single caption in a list.")
+        raise TypeError(f"{what} expects a list of captions (a list of strings), got one string: wrap a single caption in a list.")
     for k, text in enumerate(texts):
         if not isinstance(text, str):
             shown = repr(text) if len(repr(text)) <= 60 else f"a {type(text).__name__}"
