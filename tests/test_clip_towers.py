@@ -276,15 +276,16 @@ def test_a_fine_tuned_model_saves_and_reloads_with_its_tokenizer(tmp_path):
 # --- zoo entries ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["clip-vit-b-32", "clip-vit-l-14", "clip-vit-l-14-336", "siglip-base-patch16-224"])
+@pytest.mark.parametrize("name", xmatch.list_models("clip-*") + xmatch.list_models("siglip*"))
 def test_entries_keep_the_towers_embeddings_and_pin_their_tokenizer(name):
     spec = xmatch.info(name).spec
     assert spec["image_projection"] is False and spec["text_projection"] is False
     assert spec["image_reasoner"]["name"] == "identity" and spec["shared_reasoner"] is True
     repo, _, revision = spec["text_encoder"]["tokenizer"].removeprefix("hf-hub:").partition("@")
-    assert len(revision) == 40 and repo in {"openai/clip-vit-base-patch32", "google/siglip-base-patch16-224"}
-    for source in xmatch.info(name).weights:
-        assert "@" in source["source"] and source["sha256"] and source["size"]
+    assert len(revision) == 40 and repo in {"openai/clip-vit-base-patch32"} | {
+        w["source"].removeprefix("hf-hub:").partition("@")[0] for w in xmatch.info(name).weights}
+    for source in xmatch.info(name).weights:  # a commit; sha256 and size are the Hub's, checked on download
+        assert len(source["source"].partition("@")[2].partition("/")[0]) == 40
 
 
 def test_building_an_entry_needs_no_network_and_no_tokenizer_until_it_tokenises(monkeypatch):

@@ -156,6 +156,24 @@ def test_resume_refuses_a_run_folder_of_another_spec(fixture_bert, data_root, tm
         Trainer(other, train, config, run_dir=tmp_path, resume=True, progress=False).fit()
 
 
+def test_resume_of_a_run_recorded_before_a_setting_existed_takes_its_default(fixture_bert, data_root, tmp_path):
+    """A run.json written by an older xmatch lacks settings added since (``no_decay_1d``): it
+    ran at their defaults, so resuming with the defaults is the same run; another value is not."""
+    train, _ = splits(data_root, max_images=4)
+    config = TrainConfig(epochs=2, batch_size=10, max_steps=1, tensorboard=False)
+    Trainer(learnable_model(fixture_bert), train, config, run_dir=tmp_path, progress=False).fit()
+    record = json.loads((tmp_path / "run.json").read_text())
+    del record["train"]["no_decay_1d"]
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    resumed = Trainer(learnable_model(fixture_bert), train, config.merged({"max_steps": 2}), run_dir=tmp_path,
+                      resume=True, progress=False).fit()
+    assert resumed.steps == 2
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    with pytest.raises(RuntimeError, match=r"train.no_decay_1d: .* -> True"):
+        Trainer(learnable_model(fixture_bert), train, config.merged({"max_steps": 3, "no_decay_1d": True}),
+                run_dir=tmp_path, resume=True, progress=False).fit()
+
+
 # --- failures ---------------------------------------------------------------------------------
 
 

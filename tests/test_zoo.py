@@ -70,7 +70,10 @@ def test_entry_schema(name):
             rs = [values.get(f"{d}_r{k}") for k in (1, 5, 10) if values.get(f"{d}_r{k}") is not None]
             assert rs == sorted(rs)
     for source in entry.weights:
-        assert source.get("sha256") and source.get("size"), "a URL always comes with sha256 and size"
+        if source["source"].startswith("hf-hub:"):  # verified against the Hub's metadata for its commit
+            assert "@" in source["source"], "a hub source names its commit (ZooEntry refuses anything else)"
+        else:
+            assert source.get("sha256") and source.get("size"), "a URL always comes with sha256 and size"
 
 
 def test_paper_figures_are_the_papers():
@@ -108,8 +111,10 @@ def test_weight_sources_are_validated_when_an_entry_is_made():
     spec = xmatch.info("teran-mrsw-coco").spec
     with pytest.raises(ValueError, match="zoo entry 'bad'.*sha256 and size"):
         xmatch.ZooEntry(name="bad", spec=spec, weights=[{"source": "https://example.org/m.safetensors"}])
-    ok = xmatch.ZooEntry(name="ok", spec=spec, weights=[{"source": "hf-hub:org/name@v1"}])
-    assert ok.weights[0]["source"] == "hf-hub:org/name@v1"
+    ok = xmatch.ZooEntry(name="ok", spec=spec, weights=[{"source": "hf-hub:org/name@" + "0" * 40}])
+    assert ok.weights[0]["source"] == "hf-hub:org/name@" + "0" * 40
+    with pytest.raises(ValueError, match="zoo entry 'branch'.*'hf-hub:org/name@v1' names the revision 'v1', which can move"):
+        xmatch.ZooEntry(name="branch", spec=spec, weights=[{"source": "hf-hub:org/name@v1"}])
 
 
 # --- parameter counts -------------------------------------------------------------------

@@ -18,7 +18,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="a model with weights: zoo entry (xmatch models --pretrained), local-dir:DIR or hf-hub:ORG/NAME; "
                         "with --train any buildable model, a spec .toml included (default: teran-mrsw-scenes)")
     parser.add_argument("--size", default="small", help="scenes preset: tiny, small (default), large")
-    parser.add_argument("--train", action="store_true", help="train the model from scratch with the shipped recipe instead")
+    parser.add_argument("--train", action="store_true", help="train the model from scratch with the shipped recipe instead (offline for "
+                        "the scenes entries' specs; a text encoder that starts from a hub backbone needs the network)")
     parser.add_argument("--out", type=Path, default=Path("demo-out"),
                         help="output folder (default: demo-out); outputs move in only when finished, so a failed demo "
                         "leaves it as it was")

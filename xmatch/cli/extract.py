@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     counts = set(result.captions_per_image)
     if 0 in counts:
         print("  some images have no captions: xmatch eval / train need captions for every image (--captions FILE); "
-              f"xmatch index MODEL --data {args.out} indexes the images for text search without them")
+              f"xmatch index MODEL --data {args.out} --out INDEX indexes the images for text search without them")
     elif counts and counts != {5}:
         option = f"captions_per_image={counts.pop()}" if len(counts) == 1 else "captions_per_image=none"
         print(f"  (not 5 captions per image: add --data-option {option})")

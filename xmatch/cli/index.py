@@ -53,6 +53,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="bfloat16: encode under bfloat16 autocast, about 1.8x faster on a CPU with AVX512-BF16 or "
                         "AMX and on GPUs, embeddings within bfloat16's resolution of float32's (default: float32)")
     parser.add_argument("--shard-size", type=int, default=1024, help="items per committed shard (default: 1024)")
+    parser.add_argument("--tokenizer", type=Path, metavar="DIR", help="the text tower's tokenizer from this folder (what "
+                        "a tokenizer's save_pretrained writes) instead of the model's own source, e.g. the Hub's; "
+                        "pictures are indexed without one, captions and text searches need it (xmatch search --tokenizer)")
     parser.add_argument("--device", help="cpu, cuda, mps (default: cpu)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
@@ -61,9 +64,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Create (or, with ``--append``, continue) the index and prepare its stage-1 structure.
 
-    A run that fails before its first committed shard removes the index it created, so the
-    corrected command runs as it was typed; one that fails later keeps its committed shards
-    (continue with ``--append``).
+    A run that fails before its first committed shard removes the index and the folders it
+    created (a folder that was there before stays), so the corrected command runs as it was
+    typed; one that fails later keeps its committed shards (continue with ``--append``).
     """
     from xmatch.index.store import MANIFEST, foreign_files, remove_index
 
@@ -102,12 +105,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"xmatch index: --data DIR is required for the {args.dataset} dataset.", file=sys.stderr)
         return 2
     made: list[Any] = []
+    # the folders this run makes (--out and any missing parent), removed again if it fails
+    created = [p for p in (args.out, *args.out.parents) if not p.exists()]
+    fresh = not exists and not (args.out.is_dir() and any(args.out.iterdir()))
     try:
         index, added = _fill(args, exists, made)
     except BaseException:
-        if made and len(made[0]) == 0:
-            made[0].close()
-            remove_index(args.out)  # nothing committed: leave no index behind to block the rerun
+        if made and len(made[0]) == 0 or not made and fresh:
+            if made:
+                made[0].close()
+            if args.out.is_dir():
+                remove_index(args.out)  # nothing committed: leave no index behind to block the rerun
+            _remove_made_folders(args.out, created)
         elif made:
             print(f"xmatch index: stopped with {len(made[0])} items committed in {args.out}; continue with --append.",
                   file=sys.stderr)
@@ -122,9 +131,24 @@ def run(args: argparse.Namespace) -> int:
             print(f"... and {len(skipped) - 20} more.", file=sys.stderr)
         if skipped:
             print(f"xmatch index: {len(skipped)} pictures were skipped and are not in the index.", file=sys.stderr)
+    tokenizer = f" --tokenizer {args.tokenizer}" if args.tokenizer is not None else ""
     print(f"indexed {added} {what} into {args.out} ({len(index)} in all, engine {index.engine}); "
-          f"search it with: xmatch search {args.out} --{'text' if what == 'images' else 'image'} ...")
+          f"search it with: xmatch search {args.out}{tokenizer} --{'text' if what == 'images' else 'image'} ...")
     return 0
+
+
+def _remove_made_folders(out: Path, created: list[Path]) -> None:
+    """Remove the folders of ``created`` (``out`` and the parents this run made) that are left
+    empty, deepest first; put back ``out`` where it was there before (an empty folder the user
+    made, which removing the index took with it)."""
+    for folder in created:
+        if not folder.exists():
+            continue  # removed with the index
+        if not folder.is_dir() or folder.is_symlink() or any(folder.iterdir()):
+            break
+        folder.rmdir()
+    if out not in created and not out.exists():
+        out.mkdir()
 
 
 def _shown_name(name: str) -> str:
@@ -152,7 +176,7 @@ def _fill(args: argparse.Namespace, exists: bool, made: list[Any]) -> tuple[Any,
     """Open or create the index and add the dataset (or the source index) to it; an index
     created here is put in ``made`` as soon as it exists."""
     from xmatch.model.factory import build_reference
-    from xmatch.cli.options import model_ref
+    from xmatch.cli.options import indexed_model, model_ref, tokenizer_overrides
     from xmatch.index import create
     from xmatch.index import open as open_index
     from xmatch.index.build import copy_index, index_dataset
@@ -168,10 +192,10 @@ def _fill(args: argparse.Namespace, exists: bool, made: list[Any]) -> tuple[Any,
         index = target
     else:
         if exists:
-            index = open_index(args.out, args.model and model_ref(args.model), device=args.device)
+            index = open_index(args.out, indexed_model(args.out, args.model, args.tokenizer, args.device), device=args.device)
             model = index.model
         else:
-            model = build_reference(args.model, args.device)
+            model = build_reference(args.model, args.device, **tokenizer_overrides(args.tokenizer))
         dataset = None
         if args.images is None:
             # the dataset opens before an index is made: a wrong path or option leaves nothing behind
@@ -179,8 +203,9 @@ def _fill(args: argparse.Namespace, exists: bool, made: list[Any]) -> tuple[Any,
         elif input_type_of(model.image_encoder) is not PixelInputs:
             raise ValueError(
                 f"{args.model or 'the index model'} reads precomputed region features, not pictures: extract them first "
-                f"(xmatch extract --images {args.images} --out FEATURES), then index that folder "
-                "(xmatch index MODEL --data FEATURES); or index with a model that reads pixels."
+                f"(xmatch extract {args.images} --out FEATURES), then index that folder "
+                "(xmatch index MODEL --data FEATURES --out INDEX) with a region model of the extraction's feature width; "
+                "or index with a model that reads pixels."
             )
         if not exists:
             index = create(args.out, model, side=args.side, model_ref=model_ref(args.model), dtype=args.dtype,

@@ -62,8 +62,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (ValueError, FileNotFoundError, KeyError, OSError, ImportError) as exc:  # ImportError: a missing extra
-        print(f"xmatch {args.command}: {exc}", file=sys.stderr)
+        print(f"xmatch {args.command}: {exc}{_tokenizer_option(args, exc)}", file=sys.stderr)
         return 2
+
+
+def _tokenizer_option(args: argparse.Namespace, exc: BaseException) -> str:
+    """Where a text tower's tokenizer could not be loaded, the option of this command that
+    gives a folder for it; else nothing."""
+    # a tokenizer error comes from that module, already imported: it is not imported here
+    clip = sys.modules.get("xmatch.components.text.clip")
+    if clip is None or not isinstance(exc, clip.TokenizerLoadError) or not hasattr(args, "tokenizer"):
+        return ""
+    return (f" On the command line: xmatch {args.command} ... --tokenizer DIR, a folder with the tokenizer's files "
+            "(what its save_pretrained writes).")
 
 
 if __name__ == "__main__":

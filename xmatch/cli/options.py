@@ -79,6 +79,40 @@ def open_data(args: argparse.Namespace, split: str, options: list[str] | None) -
     return open_dataset(args.dataset, args.data, split=split, **dict(pairs))
 
 
+def tokenizer_overrides(folder: Path | None) -> dict[str, Any]:
+    """The spec overrides of ``--tokenizer DIR``: the text tower reads its tokenizer from that
+    folder (the fingerprint of an index leaves the tokenizer's location out, so the model
+    still fits the index).
+
+    Example:
+        >>> tokenizer_overrides(None)
+        {}
+    """
+    if folder is None:
+        return {}
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"--tokenizer {folder}: no such folder; give the folder a tokenizer's save_pretrained wrote (tokenizer.json, "
+            "tokenizer_config.json, ...), e.g. the tokenizer files of the model's hub repository."
+        )
+    return {"text_encoder": {"tokenizer": str(folder.resolve())}}
+
+
+def indexed_model(root: Path, model: str | None, tokenizer: Path | None, device: str | None) -> Any:
+    """The query model of ``xmatch search`` / ``xmatch index --append``: ``model`` (``--model``),
+    else the index's own; with ``--tokenizer DIR`` built here with that tokenizer, else named
+    for :func:`xmatch.index.open` to build."""
+    reference = model and model_ref(model)
+    if tokenizer is None:
+        return reference
+    from xmatch.index.store import read_manifest
+    from xmatch.index.search import MODEL_FOLDER
+    from xmatch.model.factory import build_reference
+
+    reference = reference or read_manifest(root)["model"].get("ref") or f"local-dir:{root / MODEL_FOLDER}"
+    return build_reference(reference, device, **tokenizer_overrides(tokenizer))
+
+
 def model_ref(text: str) -> str:
     """A MODEL argument as an index records it: a weights path made absolute.
 

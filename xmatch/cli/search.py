@@ -45,6 +45,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--rerank-batch", type=int, default=256, metavar="N",
                         help="(query, item) pairs per verifier call (default: 256)")
     parser.add_argument("--verify", action="store_true", help="check every stored file's checksum first")
+    parser.add_argument("--tokenizer", type=Path, metavar="DIR", help="the text tower's tokenizer from this folder (what a "
+                        "tokenizer's save_pretrained writes) instead of the model's own source, e.g. the Hub's")
     parser.add_argument("--device", help="cpu, cuda, mps (default: cpu)")
     return parser
 
@@ -70,14 +72,14 @@ def _warn_unknown_words(index: Any, texts: list[str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Search the index (or the cascade) and print the ranked ids and scores, or JSON."""
-    from xmatch.cli.options import model_ref
+    from xmatch.cli.options import indexed_model
     from xmatch.index import Cascade
     from xmatch.index import open as open_index
 
     if bool(args.text) == bool(args.image):
         print("xmatch search: give the queries as --text CAPTION or --image PATH (one kind).", file=sys.stderr)
         return 2
-    index = open_index(args.index, args.model and model_ref(args.model), device=args.device)
+    index = open_index(args.index, indexed_model(args.index, args.model, args.tokenizer, args.device), device=args.device)
     try:
         if args.verify:
             index.verify()

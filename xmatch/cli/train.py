@@ -17,7 +17,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Checkpoints, the best model (best/) and the final model (final/) go to --out; "
         "--resume continues a killed run exactly. Several processes: torchrun --nproc-per-node N -m xmatch train ...",
     )
-    parser.add_argument("model", help="zoo name, spec .toml (may hold a [train] table), local-dir:DIR or hf-hub:ORG/NAME to fine-tune")
+    parser.add_argument("model", help="zoo name, spec .toml (may hold a [train] table), local-dir:DIR or hf-hub:ORG/NAME to fine-tune, "
+                        "or NAME_OR_SPEC=WEIGHTS to fine-tune a weights file (.safetensors or original .pth)")
+    parser.add_argument("--pretrained", action="store_true",
+                        help="start a zoo entry from its published weights (fine-tuning, e.g. clip-vit-b-32 with --recipe "
+                        "clip-finetune); without it a zoo entry or a spec trains from random weights")
     parser.add_argument("--data", type=Path, help="dataset root folder (optional for --dataset scenes: the cache)")
     parser.add_argument("--dataset", help="registered dataset layout: teran, scan-precomp, image-captions, scenes "
                         "(default: the one layout --data looks like)")
@@ -64,9 +68,13 @@ def run(args: argparse.Namespace) -> int:
     from xmatch.train.distributed import setup, teardown
 
     config = load_recipe(args.recipe) if args.recipe else TrainConfig()
-    model_source: object = args.model
-    if args.model.endswith(".toml"):
-        spec = load_spec(args.model)
+    # NAME=WEIGHTS as `xmatch eval` and `xmatch index` read it: fine-tune that file
+    name, _, weights = args.model.partition("=")
+    if weights and args.pretrained:
+        raise ValueError(f"{args.model} names a weights file and --pretrained the entry's published ones: pass one of them.")
+    model_source: object = name
+    if name.endswith(".toml"):
+        spec = load_spec(name)
         if "train" in spec:
             config = config.merged(spec.pop("train"))
         model_source = spec
@@ -95,10 +103,13 @@ def run(args: argparse.Namespace) -> int:
             overrides = merge(overrides, side.spec_overrides)
             if ctx.is_main:
                 print(f"text side: {side.summary()}")
-        model = build(model_source, pretrained=is_bundle_name(args.model), **overrides)  # a bundle is fine-tuned
+        # a bundle is fine-tuned; a zoo entry or a spec trains from scratch unless told otherwise
+        pretrained = args.pretrained or (is_bundle_name(name) and not weights)
+        model = build(model_source, pretrained=pretrained, checkpoint=weights or None, **overrides)
         if ctx.is_main:
             params = sum(p.numel() for p in model.parameters())
-            print(f"model {args.model}: {params / 1e6:.2f} M parameters; train {train!r}; "
+            start = f"weights of {weights}" if weights else "its own weights" if pretrained else "random weights"
+            print(f"model {name} ({start}): {params / 1e6:.2f} M parameters; train {train!r}; "
                   f"validation {val!r}; {ctx.world_size} process(es) on {ctx.device}")
         result = Trainer(
             model, train, config, val_data=val, run_dir=args.out, resume=args.resume,

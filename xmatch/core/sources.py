@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import urllib.parse
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ FILE_URL = "file://"
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl", ".pickle", ".tar")
 SOURCE_KEYS = ("source", "sha256", "size", "filename")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+COMMIT_HEX = re.compile(r"[0-9a-f]{40}")
+"""A full git commit id (also the form of a git blob sha1, the Hub's ETag of a small file)."""
 
 
 def zoo_folder() -> Path:
@@ -175,6 +178,51 @@ def validate_weight_source(table: Mapping[str, Any] | str, *, local_pickle: bool
     if problems:
         raise ValueError(f"weight source '{source}': {'; '.join(problems)}.")
     return WeightSource(kind, source, sha256.lower() if sha256 else None, size, name)
+
+
+class MovableRevisionWarning(UserWarning):
+    """An ``hf-hub:`` reference that names a branch, a tag, ``refs/pr/N`` or no revision: what
+    it points at may change, and its integrity rests on the Hub's answer at download time."""
+
+
+_WARNED_MOVABLE: set[str] = set()
+
+
+def unpinned_problem(source: str) -> str | None:
+    """Why the ``hf-hub:`` reference ``source`` is not pinned to a commit (None: it names a full
+    40-hex commit). Zoo entries must pin every hub reference; a user's own may move.
+
+    Example:
+        >>> unpinned_problem("hf-hub:org/name@main/model.safetensors")
+        "names the revision 'main', which can move (branches, tags and refs/pr/N do); pin a full 40-hex commit: hf-hub:org/name@<commit>[/path]"
+        >>> unpinned_problem("hf-hub:org/name@" + "0" * 40) is None
+        True
+    """
+    _, revision, _ = parse_hf_source(source)
+    if revision is not None and COMMIT_HEX.fullmatch(revision):
+        return None
+    what = "names no revision (the default branch, which moves)" if revision is None else (
+        f"names the revision '{revision}', which can move (branches, tags and refs/pr/N do)")
+    return f"{what}; pin a full 40-hex commit: hf-hub:org/name@<commit>[/path]"
+
+
+def warn_if_movable(source: str) -> None:
+    """Warn once per process and source (:class:`MovableRevisionWarning`) when the ``hf-hub:``
+    reference ``source`` is not pinned to a commit.
+
+    Example:
+        >>> warn_if_movable("hf-hub:org/name@" + "0" * 40)  # pinned: no warning
+    """
+    problem = unpinned_problem(source)
+    if problem is None or source in _WARNED_MOVABLE:
+        return
+    _WARNED_MOVABLE.add(source)
+    warnings.warn(
+        f"'{source}' {problem.split(';')[0]}: what it names may change, and its integrity rests on the Hub's "
+        "answer at download time (the file is checked against the sha256 and size the Hub states for the commit "
+        "it resolves to). Pin a commit (hf-hub:org/name@<40-hex commit>) for a reproducible download.",
+        MovableRevisionWarning, stacklevel=3,
+    )
 
 
 def parse_hf_source(source: str) -> tuple[str, str | None, str | None]:

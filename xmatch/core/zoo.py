@@ -13,7 +13,7 @@ from typing import Any
 
 from xmatch.core.errors import XmatchError
 from xmatch.core.registry import RegistryError, get_registry, models
-from xmatch.core.sources import PLUGINS_FILE, validate_weight_source, zoo_folder
+from xmatch.core.sources import HF_HUB, PLUGINS_FILE, unpinned_problem, validate_weight_source, zoo_folder
 from xmatch.core.spec import merge, signature_of
 
 ENTRY_KEYS = {
@@ -71,6 +71,14 @@ class ZooEntry:
                 validate_weight_source(source)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"zoo entry '{self.name}': {exc}") from None
+        # a zoo entry is a published promise: every hub reference names an immutable commit
+        for where, reference in _hub_references(self):
+            try:
+                problem = unpinned_problem(reference)
+            except ValueError as exc:  # malformed: parse_hf_source says how
+                problem = str(exc)
+            if problem is not None:
+                raise ValueError(f"zoo entry '{self.name}': {where} '{reference}' {problem}.")
 
     def card(self) -> str:
         """A readable summary of the entry."""
@@ -96,6 +104,26 @@ class ZooEntry:
         return "\n".join(lines)
 
     __str__ = card
+
+
+def _hub_references(entry: ZooEntry) -> list[tuple[str, str]]:
+    """``(where, source)`` of every ``hf-hub:`` reference of ``entry``: its weight sources and
+    any string of its spec (a text encoder's ``tokenizer``), ``where`` naming the field."""
+    found = [("weights -> source", w["source"]) for w in entry.weights
+             if isinstance(w.get("source"), str) and w["source"].startswith(HF_HUB)]
+
+    def walk(value: Any, path: tuple[str, ...]) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, (*path, str(key)))
+        elif isinstance(value, list):
+            for k, item in enumerate(value):
+                walk(item, (*path, str(k)))
+        elif isinstance(value, str) and value.startswith(HF_HUB):
+            found.append((" -> ".join(path), value))
+
+    walk(entry.spec, ("spec",))
+    return found
 
 
 def _read_zoo_files() -> dict[str, dict[str, Any]]:
@@ -266,8 +294,10 @@ def list_models(pattern: str | None = None, *, pretrained: bool = False) -> list
     Example:
         >>> xmatch.list_models("teran-symm-*")
         ['teran-symm-coco', 'teran-symm-f30k']
-        >>> xmatch.list_models(pretrained=True)
-        ['siglip-base-patch16-224', 'teran-mrsw-grid-scenes', 'teran-mrsw-hn-scenes', 'teran-mrsw-scenes', 'tern-scenes']
+        >>> xmatch.list_models("*-scenes", pretrained=True)
+        ['teran-mrsw-grid-scenes', 'teran-mrsw-hn-scenes', 'teran-mrsw-scenes', 'tern-scenes']
+        >>> xmatch.list_models("siglip*", pretrained=True)
+        ['siglip-base-patch16-224', 'siglip-so400m-patch14-384', 'siglip2-base-patch16-224', 'siglip2-so400m-patch14-384']
     """
     names = match(models.names(), pattern)
     return [name for name in names if info(name).weights] if pretrained else names

@@ -42,6 +42,9 @@ class ImageCaptionsDataset(ImageTextDataset):
             (absolute paths, ``..``, symbolic links out of it), for a file you trust.
         max_pixels: the largest picture :meth:`image` decodes (width x height, checked from
             the header first; default :data:`xmatch.io.pictures.MAX_PIXELS`, 50 megapixels).
+        captions_per_image: keep the first N captions of every image, in file order (None:
+            all). The papers' Recall@K protocol needs the same number for every image; a folder
+            of one's own photos often has more for some (``--data-option captions_per_image=N``).
 
     Captions are grouped image by image in the order images first appear in the file (rows
     of one image need not be adjacent); ``caption_image`` maps each caption to its image.
@@ -50,7 +53,8 @@ class ImageCaptionsDataset(ImageTextDataset):
         DataFileNotFoundError: the file or an image it names is missing.
         DataError: a missing ``image`` / ``caption`` column, a malformed JSON line, an empty
             caption or image path, a path with a control character or outside the folder, a
-            file without rows; at load time an unreadable image.
+            file without rows, an image with fewer than ``captions_per_image`` captions; at
+            load time an unreadable image.
         xmatch.io.pictures.ImageTooLargeError: at load time, a picture over ``max_pixels``.
 
     Example:
@@ -63,7 +67,8 @@ class ImageCaptionsDataset(ImageTextDataset):
     """
 
     def __init__(
-        self, root: PathArg, split: str | None = None, *, allow_outside_root: bool = False, max_pixels: int = MAX_PIXELS
+        self, root: PathArg, split: str | None = None, *, allow_outside_root: bool = False, max_pixels: int = MAX_PIXELS,
+        captions_per_image: int | None = None,
     ) -> None:
         root = Path(root)
         self.root, self.split, self.max_pixels = root, split, max_pixels
@@ -75,6 +80,8 @@ class ImageCaptionsDataset(ImageTextDataset):
             if image not in order:
                 inside_root(folder / image, folder, where, allow_outside=allow_outside_root)
             order.setdefault(image, []).append(caption)
+        if captions_per_image is not None:
+            order = self._first_captions(order, captions_per_image)
         self.image_paths = [folder / name for name in order]
         missing = [str(p) for p in self.image_paths if not p.is_file()]
         if missing:
@@ -84,6 +91,19 @@ class ImageCaptionsDataset(ImageTextDataset):
         texts = [c for caps in order.values() for c in caps]
         owner = np.repeat(np.arange(len(order)), [len(caps) for caps in order.values()])
         self._set_index(texts, owner, list(order))
+
+    def _first_captions(self, order: dict[str, list[str]], n: int) -> dict[str, list[str]]:
+        """The first ``n`` captions of every image; an image with fewer is an error naming it."""
+        if n < 1:
+            raise DataError(f"image-captions: captions_per_image must be at least 1, got {n}.")
+        short = [f"{image} ({len(caps)})" for image, caps in order.items() if len(caps) < n]
+        if short:
+            fewest = min(len(caps) for caps in order.values())
+            raise DataError(
+                f"{self.captions_file}: captions_per_image={n}, but {len(short)} images have fewer captions: "
+                f"{first_few(short)}; pass captions_per_image={fewest} (the fewest any image has) or add captions."
+            )
+        return {image: caps[:n] for image, caps in order.items()}
 
     @staticmethod
     def _captions_file(root: Path, split: str | None) -> Path:

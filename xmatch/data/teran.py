@@ -526,7 +526,7 @@ def _select(
             f"{len(bare)} of the {len(images)} images have no captions (first: {bare[0]}). Training and evaluation "
             f"need captions for every image: give them when extracting (xmatch extract PICTURES --out {root} --captions "
             "FILE) or add them to the caption file. To search these images by text, index them without captions "
-            f"(xmatch index MODEL --data {root}; in Python captions_per_image=0 reads the images alone).",
+            f"(xmatch index MODEL --data {root} --out INDEX; in Python captions_per_image=0 reads the images alone).",
             len(bare), len(images),
         )
     out = []

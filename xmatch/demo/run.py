@@ -191,7 +191,8 @@ def load_trained_model(model: str) -> MatchingModel:
 
     Raises:
         ValueError: ``model`` has no weights (a zoo entry without any, a spec ``.toml``): the
-            message says to train it with ``--train``.
+            message says what trains here, offline (``--train``, or a demo model's spec when
+            ``model``'s own needs the Hub or region features the scenes benchmark lacks).
 
     Example:
         >>> net = load_trained_model("local-dir:my-model")  # needs a bundle of yours  # doctest: +SKIP
@@ -200,16 +201,47 @@ def load_trained_model(model: str) -> MatchingModel:
     from xmatch.core.zoo import info
     from xmatch.model.factory import build
 
+    spec = None
     try:
-        weights = bool(info(model).weights)
+        entry = info(model)
+        spec, weights = entry.spec, bool(entry.weights)
     except RegistryError:  # a bundle carries its weights; build() explains any other name
         weights = not model.endswith(".toml")
     if not weights:
+        unfit = _why_not_trained_here(spec) if spec is not None else []
+        advice = (
+            f"or train it first: xmatch demo --model {model} --train." if not unfit else
+            f"or train a model sized for the scenes benchmark, offline: xmatch demo --model {DEFAULT_MODEL} --train. "
+            f"'{model}' itself does not train on it here: {'; '.join(unfit)}."
+        )
         raise ValueError(
             f"'{model}' has no trained weights to show. Pick a model with weights (xmatch models --pretrained, "
-            f"a local-dir: or hf-hub: bundle), or train it first: xmatch demo --model {model} --train."
+            f"a local-dir: or hf-hub: bundle), {advice}"
         )
     return build(model, pretrained=True)
+
+
+def _why_not_trained_here(spec: Mapping[str, Any]) -> list[str]:
+    """Why ``xmatch demo --train`` cannot train the model of ``spec`` offline: a text encoder
+    that starts from files of the Hugging Face Hub (a bare hub id, not a local folder,
+    ``package:`` or ``zoo:``), or region features wider or narrower than the scenes benchmark's
+    (those the demo model reads)."""
+    from xmatch.core.sources import PACKAGE_PREFIX, ZOO_PREFIX
+    from xmatch.core.zoo import info
+
+    reasons = []
+    text = spec.get("text_encoder", {})
+    for key in ("backbone", "tokenizer"):
+        source = text.get(key)
+        local = not isinstance(source, str) or source.startswith((PACKAGE_PREFIX, ZOO_PREFIX)) or Path(source).expanduser().exists()
+        if not local:
+            reasons.append(f"its text encoder starts from '{source}', fetched from the Hugging Face Hub (the network, "
+                           "or its cache)")
+    width = spec.get("image_encoder", {}).get("feature_dim")
+    scenes = info(DEFAULT_MODEL).spec["image_encoder"]["feature_dim"]
+    if width is not None and width != scenes:
+        reasons.append(f"it reads {width}-wide region features, the scenes benchmark's are {scenes}-wide")
+    return reasons
 
 
 def train_demo_model(

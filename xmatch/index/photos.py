@@ -75,8 +75,8 @@ def index_images(
     if input_type_of(index.model.image_encoder) is not PixelInputs:
         raise SearchIndexError(
             "this model reads precomputed region features, not pictures: extract them first "
-            f"(xmatch extract --images {folder} --out FEATURES), then index that folder "
-            "(xmatch index MODEL --data FEATURES); or index with a model that reads pixels (timm-grid, pixel-regions)."
+            f"(xmatch extract {folder} --out FEATURES), then index that folder "
+            "(xmatch index MODEL --data FEATURES --out INDEX); or index with a model that reads pixels (timm-grid, pixel-regions)."
         )
     if shard_size < 1 or batch_size < 1:
         raise ValueError(f"batch_size and shard_size must be positive, got {batch_size} and {shard_size}.")

@@ -45,7 +45,9 @@ Security: only safetensors weights are fetched; a network source naming a pickle
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.client
+import json
 import logging
 import os
 import re
@@ -63,6 +65,7 @@ from xmatch.io.bundle import WEIGHTS_FILE
 from xmatch.io.files import sha256_file
 from xmatch.core.errors import XmatchError
 from xmatch.core.sources import (
+    COMMIT_HEX,
     FILE_URL,
     PICKLE_SUFFIXES,
     SHA256_HEX,
@@ -70,6 +73,7 @@ from xmatch.core.sources import (
     parse_hf_source,
     resolve_local_source,
     validate_weight_source,
+    warn_if_movable,
 )
 
 if TYPE_CHECKING:
@@ -579,6 +583,9 @@ def _fetch_hf(src: WeightSource, root: Path, timeout: float, progress: bool, ent
     from xmatch.core.version import __version__
 
     repo_id, revision, path = parse_hf_source(src.source)
+    warn_if_movable(src.source)  # a zoo entry's references are pinned (refused otherwise): a user's may move
+    if path is not None:
+        return _fetch_hf_file(src, root, timeout, progress, entry)
     hf_cache = root / "huggingface"
     options: dict[str, Any] = {
         "revision": revision, "cache_dir": hf_cache, "local_files_only": offline_mode(),
@@ -588,12 +595,9 @@ def _fetch_hf(src: WeightSource, root: Path, timeout: float, progress: bool, ent
     def download(force: bool) -> tuple[Path, Path]:
         try:
             with _hf_progress_bars(progress):
-                if path is not None:
-                    local = Path(huggingface_hub.hf_hub_download(repo_id, path, force_download=force, **options))
-                else:
-                    patterns = [f"*{suffix}" for suffix in PICKLE_SUFFIXES]
-                    local = Path(huggingface_hub.snapshot_download(
-                        repo_id, ignore_patterns=patterns, force_download=force, **options))
+                patterns = [f"*{suffix}" for suffix in PICKLE_SUFFIXES]
+                local = Path(huggingface_hub.snapshot_download(
+                    repo_id, ignore_patterns=patterns, force_download=force, **options))
         except LocalEntryNotFoundError as exc:
             if offline_mode():
                 expected = hf_cache / f"models--{repo_id.replace('/', '--')}"
@@ -601,7 +605,7 @@ def _fetch_hf(src: WeightSource, root: Path, timeout: float, progress: bool, ent
             raise DownloadError(f"weight source '{src.source}': {exc}") from exc
         except OSError as exc:  # huggingface_hub's HTTP errors (repository, revision, file not found)
             raise DownloadError(f"weight source '{src.source}': {exc}") from exc
-        weights = local / WEIGHTS_FILE if local.is_dir() else local
+        weights = local / WEIGHTS_FILE
         if not weights.is_file():
             raise DownloadError(
                 f"weight source '{src.source}': the repository has no {WEIGHTS_FILE}; "
@@ -628,6 +632,327 @@ def _blob_sha256(path: Path) -> str | None:
     """The sha256 a huggingface_hub cache file is stored under, if its blob is named by one."""
     name = Path(os.path.realpath(path)).name
     return name if SHA256_HEX.fullmatch(name) else None
+
+
+# -- one file of a hub repository: verified against the Hub's own metadata ---------------------
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """What a file must be, and who says so: a size, and its sha256 or its git blob sha1."""
+
+    who: str
+    size: int | None
+    sha256: str | None = None
+    git_sha1: str | None = None
+
+
+def _claim_damage(path: Path, claim: _Claim) -> str | None:
+    """What is wrong with ``path`` against ``claim`` (None: nothing), in the words of :func:`_damage`."""
+    size = path.stat().st_size
+    if claim.size is not None and size != claim.size:
+        state = f"truncated ({size} of {claim.size} bytes" if size < claim.size else (
+            f"the wrong size ({size} bytes, expected {claim.size}")
+        return f"{state}, as {claim.who} states)"
+    if claim.sha256 is not None and (digest := _digest(path)) != claim.sha256:
+        return (f"corrupted (sha256 mismatch: got {digest}, expected {claim.sha256}, as {claim.who} states; "
+                "its bytes were changed)")
+    if claim.git_sha1 is not None and (digest := _git_blob_sha1(path)) != claim.git_sha1:
+        return (f"corrupted (git blob sha1 mismatch: got {digest}, expected {claim.git_sha1}, as {claim.who} "
+                "states; its bytes were changed)")
+    return None
+
+
+def _git_blob_sha1(path: Path) -> str:
+    """The id git gives the content of ``path`` (the Hub's ETag of a file not stored with LFS)."""
+    digest = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _blob_claim(path: Path) -> _Claim | None:
+    """What huggingface_hub's blob name says of a cached file: it names a blob by the ETag the
+    Hub gave (the sha256 of an LFS file, the git blob sha1 of any other)."""
+    name = Path(os.path.realpath(path)).name
+    if SHA256_HEX.fullmatch(name):
+        return _Claim("its blob name in huggingface_hub's cache", None, sha256=name)
+    if COMMIT_HEX.fullmatch(name):
+        return _Claim("its blob name in huggingface_hub's cache", None, git_sha1=name)
+    return None
+
+
+def _snapshot_commit(local: Path, hf_cache: Path, repo_id: str) -> str | None:
+    """The commit of a file huggingface_hub cached (``snapshots/<commit>/...``), if it is one."""
+    snapshots = hf_cache / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    try:
+        commit = local.relative_to(snapshots).parts[0]
+    except (ValueError, IndexError):
+        return None
+    return commit if COMMIT_HEX.fullmatch(commit) else None
+
+
+def _record_path(root: Path, repo_id: str, commit: str, path: str) -> Path:
+    """xmatch's record of a file verified against the Hub's metadata: beside huggingface_hub's
+    tree, never inside it (huggingface_hub may rewrite its own)."""
+    return root / "verified" / f"models--{repo_id.replace('/', '--')}" / commit / f"{path}.json"
+
+
+def _read_record(record: Path) -> _Claim | None:
+    try:
+        data = json.loads(record.read_text(encoding="utf-8"))
+        sha256, size = data["sha256"], data["size"]
+        if not (isinstance(sha256, str) and SHA256_HEX.fullmatch(sha256) and type(size) is int and size >= 0):
+            raise ValueError("sha256 or size malformed")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        # the record only speeds up and strengthens checks: without it the blob name still is one
+        logger.warning("ignoring the unreadable record %s (%s); the next online load writes it again", record, exc)
+        return None
+    return _Claim(f"xmatch's record of its verified download ({record})", size, sha256=sha256)
+
+
+def _write_record(record: Path, src: WeightSource, repo_id: str, commit: str, path: str, local: Path) -> None:
+    record.parent.mkdir(parents=True, exist_ok=True)
+    data = {"source": src.source, "repo": repo_id, "commit": commit, "path": path,
+            "sha256": _digest(local), "size": local.stat().st_size}
+    tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, record)
+
+
+def _forget_hf_file(local: Path, hf_cache: Path) -> None:
+    """Delete a cached file known to be wrong: its snapshot link and the blob it points at."""
+    link, blob = Path(os.path.abspath(local)), Path(os.path.realpath(local))
+    if Path(os.path.abspath(hf_cache)) in link.parents:  # never a file outside the cache
+        link.unlink(missing_ok=True)
+    if Path(os.path.realpath(hf_cache)) in blob.parents:
+        blob.unlink(missing_ok=True)
+
+
+def _hf_what(src: WeightSource, entry: str | None, repo_id: str, commit: str | None, path: str) -> str:
+    owner = f"zoo entry '{entry}' (source '{src.source}')" if entry else f"weight source '{src.source}'"
+    at = f"commit {commit}" if commit else "the revision it names"
+    return f"{owner}: {path} at {at} of {repo_id}"
+
+
+def _hub_claim(
+    src: WeightSource, repo_id: str, revision: str | None, path: str, timeout: float, entry: str | None
+) -> tuple[str, _Claim] | None:
+    """The commit and what the Hub states of the file (a HEAD of ``resolve/REVISION/PATH``:
+    ``X-Repo-Commit``, the sha256 in ``X-Linked-Etag`` and ``X-Linked-Size`` for an LFS file,
+    else the git blob sha1 in ``ETag``). None when the Hub cannot be reached: then
+    huggingface_hub's cache answers, checked by blob name. A file, revision or repository the
+    Hub does not have is a DownloadError that says so."""
+    import huggingface_hub
+    from huggingface_hub.utils import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    from xmatch.core.version import __version__
+
+    what = _hf_what(src, entry, repo_id, revision, path)
+    url = huggingface_hub.hf_hub_url(repo_id, path, revision=revision)
+    try:
+        meta = huggingface_hub.get_hf_file_metadata(url, timeout=timeout, library_name="xmatch", library_version=__version__)
+    except EntryNotFoundError:
+        raise DownloadError(
+            f"{what}: the file is not at that {'commit' if revision and COMMIT_HEX.fullmatch(revision) else 'revision'} "
+            "(the Hub answers 404 EntryNotFound). Pin a commit that holds it: HfApi().list_repo_files(repo, "
+            "revision=COMMIT) lists a commit's files."
+        ) from None
+    except RevisionNotFoundError:
+        raise DownloadError(f"{what}: the Hub has no revision '{revision}' in {repo_id} (404 RevisionNotFound).") from None
+    except RepositoryNotFoundError:
+        raise DownloadError(
+            f"{what}: the Hub has no repository {repo_id}, or it is private or gated (set HF_TOKEN if you have access)."
+        ) from None
+    except _network_errors() as exc:  # unreachable, offline switch, a server error
+        logger.info("%s: the Hub's metadata could not be read (%s); using huggingface_hub's cache", what, exc)
+        return None
+    commit = meta.commit_hash or ""
+    what = _hf_what(src, entry, repo_id, commit, path)
+    if revision is not None and COMMIT_HEX.fullmatch(revision) and commit != revision:
+        raise ChecksumError(f"{what}: the Hub answered for commit {commit or '(none)'}, not the pinned {revision}.")
+    etag = (meta.etag or "").lower()
+    who = f"the Hub's metadata for commit {commit}"
+    if SHA256_HEX.fullmatch(etag):
+        claim = _Claim(who, meta.size, sha256=etag)
+    elif COMMIT_HEX.fullmatch(etag):
+        claim = _Claim(who, meta.size, git_sha1=etag)
+    else:
+        raise DownloadError(
+            f"{what}: the Hub's answer names neither a sha256 nor a git blob sha1 (ETag {meta.etag!r}), so the "
+            "download could not be verified; is HF_ENDPOINT a Hugging Face Hub?"
+        )
+    if src.sha256 is not None and claim.sha256 is not None and src.sha256 != claim.sha256:
+        raise ChecksumError(
+            f"{what}: the entry's sha256 {src.sha256} differs from the Hub's {claim.sha256} for that commit; "
+            "one of them is wrong (nothing was downloaded)."
+        )
+    if src.size is not None and claim.size is not None and src.size != claim.size:
+        raise ChecksumError(
+            f"{what}: the entry's size {src.size} differs from the Hub's {claim.size} bytes for that commit; "
+            "one of them is wrong (nothing was downloaded)."
+        )
+    return commit, claim
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """What huggingface_hub raises when the Hub cannot be reached: OSError (requests' errors
+    are OSErrors, in huggingface_hub before 1.0) and the HTTP client's own error class (httpx
+    in 1.x, httpx2 in 2.x), whichever is installed."""
+    import importlib
+
+    errors: list[type[BaseException]] = [OSError]
+    for module in ("httpx2", "httpx"):
+        try:
+            errors.append(importlib.import_module(module).HTTPError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(errors)
+
+
+def _fetch_hf_file(src: WeightSource, root: Path, timeout: float, progress: bool, entry: str | None) -> Path:
+    """One file of a hub repository. Online, it is verified against the Hub's own metadata for
+    its commit, and the verified sha256 and size are recorded under ``root/verified``; every
+    later load re-checks the file against that record (and the entry's sha256 / size), offline
+    too; without a record, against its blob name. A file known to be wrong is deleted."""
+    import huggingface_hub
+    from huggingface_hub.utils import LocalEntryNotFoundError
+
+    from xmatch.core.version import __version__
+
+    repo_id, revision, path = parse_hf_source(src.source)
+    assert path is not None
+    hf_cache = root / "huggingface"
+    pinned = revision is not None and COMMIT_HEX.fullmatch(revision) is not None
+    entry_claim = _Claim("the entry", src.size, sha256=src.sha256)
+
+    def damage(local: Path, hub_claim: _Claim | None) -> str | None:
+        claims = [entry_claim]
+        if hub_claim is not None:
+            claims.append(hub_claim)
+        commit = _snapshot_commit(local, hf_cache, repo_id)
+        record = _read_record(_record_path(root, repo_id, commit, path)) if commit else None
+        if record is not None:
+            claims.append(record)
+        elif hub_claim is None and (blob := _blob_claim(local)) is not None:
+            claims.append(blob)
+        return next((d for c in claims if (d := _claim_damage(local, c)) is not None), None)
+
+    found = huggingface_hub.try_to_load_from_cache(repo_id, path, cache_dir=hf_cache, revision=revision)
+    cached = Path(found) if isinstance(found, str) else None
+    if cached is not None and (pinned or offline_mode()):
+        wrong = damage(cached, None)
+        if wrong is None:
+            return cached  # an immutable commit, checked against its record: no request
+        if offline_mode():
+            raise _offline_error(src, cached, root, entry, wrong)
+    elif offline_mode():
+        raise _offline_error(src, hf_cache / f"models--{repo_id.replace('/', '--')}", root, entry)
+
+    answer = _hub_claim(src, repo_id, revision, path, timeout, entry)
+    commit, hub_claim = answer if answer is not None else (revision, None)
+    what = _hf_what(src, entry, repo_id, commit, path)
+
+    def download(force: bool) -> Path:
+        try:
+            with _hf_progress_bars(progress):
+                return Path(huggingface_hub.hf_hub_download(
+                    repo_id, path, revision=commit, cache_dir=hf_cache, force_download=force, local_files_only=False,
+                    etag_timeout=timeout, library_name="xmatch", library_version=__version__,
+                ))
+        except LocalEntryNotFoundError as exc:
+            raise DownloadError(f"{what}: {exc}") from exc
+        except OSError as exc:  # huggingface_hub's HTTP errors, and its size check
+            if "consistency check failed" in str(exc).lower():
+                raise ChecksumError(f"{what}: the download's size differs from the size the Hub states ({exc}).") from exc
+            raise DownloadError(f"{what}: {exc}") from exc
+
+    had = huggingface_hub.try_to_load_from_cache(repo_id, path, cache_dir=hf_cache, revision=commit)
+    local = download(force=False)
+    wrong = damage(local, hub_claim)
+    if wrong is not None and isinstance(had, str):  # a damaged cache: downloaded again
+        logger.warning("the cached file %s is %s; downloading it again from %s", local, wrong, src.source)
+        _forget_hf_file(local, hf_cache)
+        local = download(force=True)
+        wrong = damage(local, hub_claim)
+    if wrong is not None:
+        _forget_hf_file(local, hf_cache)  # the cache never keeps a file known to be wrong
+        raise ChecksumError(f"{what}: the downloaded file is {wrong}. It was deleted from the cache.")
+    snapshot_commit = _snapshot_commit(local, hf_cache, repo_id)
+    if hub_claim is not None and snapshot_commit is not None:
+        _write_record(_record_path(root, repo_id, snapshot_commit, path), src, repo_id, snapshot_commit, path, local)
+    return local
+
+
+def fetch_hf_files(
+    source: str, allow_patterns: list[str], *, cache_dir: str | os.PathLike | None = None, progress: bool = True
+) -> Path:
+    """The snapshot folder of the files of ``hf-hub:org/name[@revision]`` that match
+    ``allow_patterns`` (a tokenizer's files, say), in xmatch's cache; each file is checked
+    against the name huggingface_hub stores it under, the ETag the Hub gave (the sha256 of an
+    LFS file, the git blob sha1 of any other). A revision that is not a commit is warned about
+    (:class:`~xmatch.core.sources.MovableRevisionWarning`).
+
+    Raises:
+        OfflineError: offline and not cached (``CorruptCacheError``: cached but damaged).
+        ChecksumError: a file downloaded again is still not what the Hub named; it is deleted.
+        DownloadError: the Hub refused (unknown repository or revision) or could not be reached.
+
+    Example:
+        >>> folder = xmatch.io.hub.fetch_hf_files("hf-hub:org/name@" + "0" * 40, ["tokenizer.json"])  # downloads  # doctest: +SKIP
+    """
+    import huggingface_hub
+    from huggingface_hub.utils import LocalEntryNotFoundError
+
+    from xmatch.core.version import __version__
+
+    warn_if_movable(source)
+    repo_id, revision, _ = parse_hf_source(source)
+    root = _root(cache_dir)
+    hf_cache = root / "huggingface"
+
+    def download() -> Path:
+        try:
+            with _hf_progress_bars(progress):
+                return Path(huggingface_hub.snapshot_download(
+                    repo_id, revision=revision, cache_dir=hf_cache, allow_patterns=allow_patterns,
+                    local_files_only=offline_mode(), library_name="xmatch", library_version=__version__,
+                ))
+        except LocalEntryNotFoundError as exc:
+            if offline_mode():
+                raise _offline_error(WeightSource("hf-hub", source, None, None, ""), hf_cache / f"models--{repo_id.replace('/', '--')}", root, None) from None
+            raise DownloadError(f"'{source}': {exc}") from exc
+        except OSError as exc:  # huggingface_hub's HTTP errors: unknown repository or revision
+            raise DownloadError(f"'{source}': {exc}") from exc
+
+    def damaged(folder: Path) -> dict[Path, str]:
+        found = {}
+        for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+            claim = _blob_claim(file)
+            if claim is not None and (wrong := _claim_damage(file, claim)) is not None:
+                found[file] = wrong
+        return found
+
+    folder = download()
+    wrong = damaged(folder)
+    if wrong and offline_mode():
+        file, damage = next(iter(wrong.items()))
+        raise _offline_error(WeightSource("hf-hub", source, None, None, ""), file, root, None, damage)
+    if wrong:
+        for file, damage in wrong.items():
+            logger.warning("the cached file %s is %s; downloading it again from %s", file, damage, source)
+            _forget_hf_file(file, hf_cache)
+        folder = download()
+        wrong = damaged(folder)
+        for file in wrong:
+            _forget_hf_file(file, hf_cache)
+        if wrong:
+            file, damage = next(iter(wrong.items()))
+            raise ChecksumError(f"'{source}': {file.relative_to(folder)} is {damage}. It was deleted from the cache.")
+    return folder
 
 
 @contextlib.contextmanager

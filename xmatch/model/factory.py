@@ -248,14 +248,33 @@ def _entry_weights(entry: ZooEntry | None, name: str, bundle_weights: Path | Non
     if entry is None:
         raise ValueError(f"pretrained=True needs a zoo entry or a bundle; '{name}' is a spec without weights.")
     if not entry.weights:
-        raise ValueError(
-            f"zoo entry '{entry.name}' has no published xmatch weights. {entry.origin} "
-            f"Load the original checkpoint, converted on load: build('{entry.name}', checkpoint='model_best.pth')."
-        )
+        raise ValueError(f"zoo entry '{entry.name}' has no published xmatch weights. {entry.origin} {_weights_advice(entry)}")
     from xmatch.io import hub
 
     path = hub.download_entry(entry)
     return path / _bundle.WEIGHTS_FILE if path.is_dir() else path
+
+
+#: the encoders of an original TERN/TERAN checkpoint, the only ones the converter reads
+#: (:func:`xmatch.model.convert.spec_from_original_config`)
+ORIGINAL_ENCODERS = ("bottomup", "bert")
+
+
+def _weights_advice(entry: ZooEntry) -> str:
+    """How to get weights for ``entry``, which lists none: the upstream file of a hub tower
+    (its encoders map the upstream tensor names), the authors' checkpoint where the converter
+    reads its kind, else training it."""
+    from xmatch.core.registry import get_registry
+
+    spec = entry.spec
+    encoders = [get_registry(kind).get(spec[key]["name"]) for key, kind in
+                (("image_encoder", "image_encoders"), ("text_encoder", "text_encoders"))]
+    if all(hasattr(encoder, "upstream_names") for encoder in encoders):
+        return (f"Load the repository's model.safetensors, downloaded by hand: build('{entry.name}', "
+                "checkpoint='model.safetensors').")
+    if (spec["image_encoder"]["name"], spec["text_encoder"]["name"]) == ORIGINAL_ENCODERS:
+        return f"Load the authors' checkpoint, converted on load: build('{entry.name}', checkpoint='model_best.pth')."
+    return f"Train it: xmatch train {entry.name} --data DIR --out RUN, then build('local-dir:RUN/best', pretrained=True)."
 
 
 def _model_with_checkpoint(
@@ -315,11 +334,12 @@ def _convert_original(
     return net
 
 
-def build_reference(reference: str, device: str | torch.device | None = None) -> MatchingModel:
+def build_reference(reference: str, device: str | torch.device | None = None, **overrides: Any) -> MatchingModel:
     """The model a reference names, with its weights: ``NAME`` / ``local-dir:DIR`` /
     ``hf-hub:ORG/NAME`` (``pretrained=True``), or ``NAME_OR_SPEC=WEIGHTS`` (a ``.safetensors``
     or original ``.pth`` file, ``checkpoint=``). The MODEL argument of ``xmatch eval`` and
-    ``xmatch index``, and the model an index records.
+    ``xmatch index``, and the model an index records. ``overrides`` go to :func:`build`
+    (``xmatch index --tokenizer DIR``: ``text_encoder={"tokenizer": DIR}``).
 
     Example:
         >>> build_reference("teran-mrsw-scenes").pooler.__class__.__name__
@@ -328,8 +348,8 @@ def build_reference(reference: str, device: str | torch.device | None = None) ->
     check_reference(reference)
     if "=" in reference:
         name, weights = reference.split("=", 1)
-        return build(name, checkpoint=weights, device=device)
-    return build(reference, pretrained=True, device=device)
+        return build(name, checkpoint=weights, device=device, **overrides)
+    return build(reference, pretrained=True, device=device, **overrides)
 
 
 def check_reference(reference: str, what: str = "model reference") -> None:

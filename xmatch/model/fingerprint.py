@@ -30,10 +30,13 @@ def embedding_spec(model: MatchingModel) -> dict[str, Any]:
         spec = {}
     for key in SCORING_PARTS:
         spec.pop(key, None)
-    with tempfile.TemporaryDirectory() as tmp:
-        # save_assets names the spec keys that point at files; their content is not hashed
-        # (a tokenizer's files record where they were read from), only the weights are
-        assets = model.text_encoder.save_assets(tmp)
+    # save_assets names the spec keys that point at files; their content is not hashed (a
+    # tokenizer's files record where they were read from), only the weights are. An encoder
+    # that names them as asset_keys is not asked to write (and fetch) its tokenizer.
+    assets = getattr(model.text_encoder, "asset_keys", None)
+    if assets is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            assets = model.text_encoder.save_assets(tmp)
     for key in assets:
         spec.get("text_encoder", {}).pop(key, None)
     return spec

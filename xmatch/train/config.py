@@ -107,6 +107,9 @@ class TrainConfig:
             ``sgd``) and its settings.
         param_groups: ``[[train.param_groups]]`` tables (:class:`ParamGroup`); the first
             matching rule wins, unmatched parameters use ``lr``.
+        no_decay_1d: no weight decay on parameters of fewer than two dimensions (biases,
+            normalisation gains, a learned temperature or logit bias, a class embedding) in any
+            group: open_clip's and timm's rule; the weight matrices and embedding tables keep it.
         scheduler: ``step`` (lr x ``gamma`` every ``step_epochs`` epochs, as the papers),
             ``cosine`` (to ``lr * min_lr_scale`` at the last step) or ``constant``.
         warmup_steps: linear warm-up over the first optimizer steps (0: none).
@@ -158,6 +161,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     momentum: float = 0.9
     param_groups: list[ParamGroup] = field(default_factory=list)
+    no_decay_1d: bool = False
     scheduler: SchedulerName = "step"
     step_epochs: int = 20
     gamma: float = 0.1

@@ -24,9 +24,16 @@ class GroupPlan:
 
 def plan_groups(model: nn.Module, config: TrainConfig) -> list[GroupPlan]:
     """Split the trainable parameters into groups by the recipe's rules (first match wins);
-    parameters of a ``freeze`` rule stop requiring gradients.
+    parameters of a ``freeze`` rule stop requiring gradients. With ``no_decay_1d`` the
+    parameters of fewer than two dimensions of each group form a group of their own, at the
+    same learning rate and without weight decay.
 
     Shared modules (a reasoner used by both modalities) appear once.
+
+    Example:
+        >>> cfg = TrainConfig(optimizer="adamw", weight_decay=0.2, no_decay_1d=True)
+        >>> [(len(g.names), g.weight_decay) for g in plan_groups(nn.Linear(3, 2), cfg)]
+        [(1, 0.2), (1, 0.0)]
     """
     plans = [GroupPlan([], [], rule.lr_scale, config.weight_decay if rule.weight_decay is None else rule.weight_decay)
              for rule in config.param_groups]
@@ -51,9 +58,20 @@ def plan_groups(model: nn.Module, config: TrainConfig) -> list[GroupPlan]:
                 f"{', '.join(n for n, _ in list(model.named_parameters())[:3])}."
             )
     groups = [p for p in [default, *plans] if p.params]
+    if config.no_decay_1d:
+        groups = [part for plan in groups for part in _split_1d(plan)]
     if not groups:
         raise ConfigError("nothing to train: every parameter is frozen.")
     return groups
+
+
+def _split_1d(plan: GroupPlan) -> list[GroupPlan]:
+    """``plan`` as its parameters of two or more dimensions, then the others without weight
+    decay (either left out when empty)."""
+    decayed = [(n, p) for n, p in zip(plan.names, plan.params) if p.ndim >= 2]
+    vectors = [(n, p) for n, p in zip(plan.names, plan.params) if p.ndim < 2]
+    parts = [(decayed, plan.weight_decay), (vectors, 0.0)]
+    return [GroupPlan([n for n, _ in part], [p for _, p in part], plan.lr_scale, decay) for part, decay in parts if part]
 
 
 def build_optimizer(groups: list[GroupPlan], config: TrainConfig) -> torch.optim.Optimizer:

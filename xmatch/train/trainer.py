@@ -329,6 +329,9 @@ class Trainer:
                 "the same spec, or start a new run folder."
             )
         train, data = self.config.to_mapping(), self._data_record()
+        if isinstance(record.get("train"), dict):
+            # a setting added to xmatch after the run started ran at its default value
+            record = {**record, "train": {**TrainConfig().to_mapping(), **record["train"]}}
         safe, unsafe = resume_changes(record, train, data)
         if unsafe and not self.force:
             raise RunFolderError(

@@ -52,6 +52,8 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 SIGLIP_MEAN = (0.5, 0.5, 0.5)
 SIGLIP_STD = (0.5, 0.5, 0.5)
+#: the resize filters a tower's preprocessing may name (those of the hub's checkpoints)
+RESAMPLE_FILTERS = ("bicubic", "bilinear")
 
 
 def patch_grid(cells: int) -> torch.Tensor:
@@ -78,15 +80,20 @@ class _TowerImageEncoder(ImageEncoder):
     upstream_prefixes: tuple[str, ...] = ("vision_model.",)
     #: whether the preprocessing centre-crops (CLIP) or squashes the picture to a square (SigLIP)
     centre_crop: bool = True
+    #: the resize filter of the hub's image processor (``bicubic``; SigLIP 2's is ``bilinear``)
+    resample: str = "bicubic"
 
     def __init__(self, image_size: int, patch_size: int, mean: Sequence[float], std: Sequence[float],
                  finetune: bool) -> None:
         super().__init__()
-        if image_size % patch_size:
-            raise ValueError(f"image_size={image_size} must be a multiple of patch_size={patch_size}.")
+        if not 0 < patch_size <= image_size:
+            raise ValueError(f"image_size={image_size} must be at least patch_size={patch_size} (both positive).")
         self.image_size, self.patch_size, self.finetune = image_size, patch_size, finetune
         self.mean, self.std = tuple(mean), tuple(std)
-        self.register_buffer("cell_boxes", patch_grid(image_size // patch_size), persistent=False)
+        # the ViT's patch convolution keeps image_size // patch_size cells a side and drops the
+        # rest (SigLIP So400m/14 at 384 px: 27 cells of 14 px cover 378 of the 384 pixels)
+        cells = image_size // patch_size
+        self.register_buffer("cell_boxes", patch_grid(cells) * (cells * patch_size / image_size), persistent=False)
 
     def _finish_init(self) -> None:
         self.requires_grad_(self.finetune)
@@ -108,8 +115,8 @@ class _TowerImageEncoder(ImageEncoder):
     def preprocess(self, images: Sequence[Any]) -> torch.Tensor:
         """Pictures (PIL images, paths, uint8 arrays) -> ``[B, 3, S, S]`` pixels, as the hub's
         image processor makes them: CLIP resizes the shorter side to ``image_size`` (bicubic)
-        and centre-crops; SigLIP resizes to ``image_size`` square (bicubic); both rescale to
-        [0, 1] and normalise."""
+        and centre-crops; SigLIP resizes to ``image_size`` square (bicubic; SigLIP 2:
+        ``resample = "bilinear"``); both rescale to [0, 1] and normalise."""
         return self._pixels(self._opened(images))
 
     def _opened(self, images: Sequence[Any]) -> list[Any]:
@@ -120,9 +127,11 @@ class _TowerImageEncoder(ImageEncoder):
 
     def _pixels(self, pictures: list[Any]) -> torch.Tensor:
         from transformers import CLIPImageProcessor
+        from transformers.image_utils import PILImageResampling
 
         size = self.image_size
-        options: dict[str, Any] = {"image_mean": list(self.mean), "image_std": list(self.std)}
+        options: dict[str, Any] = {"image_mean": list(self.mean), "image_std": list(self.std),
+                                   "resample": PILImageResampling[self.resample.upper()]}
         if self.centre_crop:
             options.update(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
         else:
@@ -267,6 +276,8 @@ class SiglipImageEncoder(_TowerImageEncoder):
         patch_size, image_size: patch side and square input side, in pixels.
         activation: the MLP's activation (``gelu_pytorch_tanh`` for SigLIP).
         layer_norm_eps: the layer norms' epsilon.
+        resample: the filter that resizes the pictures, as the checkpoint's image processor
+            does: ``bicubic`` (SigLIP) or ``bilinear`` (the SigLIP 2 checkpoints).
         finetune: train the tower (default); False freezes it.
 
     Example:
@@ -289,10 +300,18 @@ class SiglipImageEncoder(_TowerImageEncoder):
         image_size: int = 224,
         activation: str = "gelu_pytorch_tanh",
         layer_norm_eps: float = 1e-6,
+        resample: str = "bicubic",
         finetune: bool = True,
     ) -> None:
         super().__init__(image_size, patch_size, SIGLIP_MEAN, SIGLIP_STD, finetune)
         from transformers import SiglipVisionConfig, SiglipVisionModel
+
+        if resample not in RESAMPLE_FILTERS:
+            raise ValueError(
+                f"image encoder 'siglip-vision': resample={resample!r} is not one of {list(RESAMPLE_FILTERS)}; "
+                "give the filter of the checkpoint's image processor (preprocessor_config.json: 3 bicubic, 2 bilinear)."
+            )
+        self.resample = resample
 
         _check_heads(width, heads, "image")
         config = SiglipVisionConfig(

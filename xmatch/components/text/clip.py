@@ -38,7 +38,7 @@ from torch import nn
 
 from xmatch.components.text.side import TokenCoverage
 from xmatch.core.errors import XmatchError
-from xmatch.core.sources import HF_HUB, parse_hf_source, resolve_local_source
+from xmatch.core.sources import HF_HUB, resolve_local_source
 from xmatch.model.interfaces import EncoderOutput, TextEncoder, TokenBatch, check_caption_list
 from xmatch.model.masks import lengths_to_mask
 
@@ -78,25 +78,21 @@ def load_tokenizer(source: str, encoder: str) -> Any:
 
 def _fetch_tokenizer(source: str, encoder: str) -> str:
     """The local folder of the tokenizer files of ``hf-hub:org/name@revision``, in the Hugging
-    Face layout under xmatch's cache (where ``hf-hub:`` weights go too)."""
-    import huggingface_hub
-    from huggingface_hub.utils import LocalEntryNotFoundError
-
+    Face layout under xmatch's cache (where ``hf-hub:`` weights go too), each file checked
+    against the sha256 or git blob sha1 the Hub named it by (:func:`xmatch.io.hub.fetch_hf_files`)."""
     from xmatch.io import hub
 
-    repo, revision, _ = parse_hf_source(source)
     try:
-        return huggingface_hub.snapshot_download(
-            repo, revision=revision, cache_dir=hub.cache_dir() / "huggingface", allow_patterns=list(TOKENIZER_FILES),
-            local_files_only=hub.offline_mode(), library_name="xmatch",
-        )
-    except LocalEntryNotFoundError:
+        return str(hub.fetch_hf_files(source, list(TOKENIZER_FILES)))
+    except hub.CorruptCacheError:
+        raise  # names the damaged file and the fix
+    except hub.OfflineError:
         raise TokenizerLoadError(
             f"text encoder '{encoder}': offline, and the tokenizer of '{source}' is not in the cache "
-            f"{hub.cache_dir() / 'huggingface'}. Fetch it once online (xmatch.build with pretrained=True, or encode a "
-            "caption), then copy the cache; or give tokenizer = a local folder."
+            f"{hub.cache_dir() / 'huggingface'}. Fetch it once online (`xmatch download ENTRY` fetches an entry's weights "
+            "and tokenizer; or encode a caption), then copy the cache; or give tokenizer = a local folder."
         ) from None
-    except OSError as exc:  # huggingface_hub's HTTP errors: unknown repository or revision
+    except hub.DownloadError as exc:  # unknown repository or revision, the Hub unreachable
         raise TokenizerLoadError(f"text encoder '{encoder}': cannot fetch the tokenizer '{source}' ({_first_line(exc)}).") from exc
 
 
@@ -112,12 +108,18 @@ class _TowerTextEncoder(TextEncoder):
 
     name = ""
     upstream_prefixes: tuple[str, ...] = ("text_model.",)
+    #: the spec keys :meth:`save_assets` returns, named without loading the tokenizer: a
+    #: model's fingerprint leaves them out, so indexing pictures fetches no tokenizer
+    asset_keys = ("tokenizer",)
     #: whether :meth:`tokenize` adds a column 0 for the global slot (SigLIP has no start token
     #: whose place it can take)
     slot_column = False
     #: pad every caption to ``max_length`` and attend to the padding (SigLIP), or pad each
     #: batch to its longest caption and mask the padding (CLIP)
     pad_to_max_length = False
+    #: lowercase the captions before the tokenizer (the SigLIP 2 checkpoints were trained on
+    #: lowercased text, and their tokenizer keeps case)
+    lowercase = False
 
     def __init__(self, tokenizer: str | None, max_length: int, finetune: bool) -> None:
         super().__init__()
@@ -168,7 +170,7 @@ class _TowerTextEncoder(TextEncoder):
     def tokenize(self, texts: list[str]) -> TokenBatch:
         check_caption_list(texts)
         tokenizer = self.tokenizer
-        ids = tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]
+        ids = tokenizer(self._as_trained(texts), add_special_tokens=True, truncation=False)["input_ids"]
         too_long = [k for k, seq in enumerate(ids) if len(seq) > self.max_length]
         if too_long:
             warnings.warn(
@@ -208,7 +210,8 @@ class _TowerTextEncoder(TextEncoder):
         if unk is None or unk in (tokenizer.eos_token_id, tokenizer.pad_token_id):
             return None
         fast = bool(getattr(tokenizer, "is_fast", False))
-        encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=fast)
+        texts = self._as_trained(texts)
+        encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=fast)
         words: Counter[str] = Counter()
         unknown, tokens = [], []
         for k, ids in enumerate(encoded["input_ids"]):
@@ -218,6 +221,10 @@ class _TowerTextEncoder(TextEncoder):
             unknown.append(len(hits))
             tokens.append(len(ids))
         return TokenCoverage.from_counts(unknown, tokens, words)
+
+    def _as_trained(self, texts: list[str]) -> list[str]:
+        """The captions as the tower was trained to read them (lowercased where it was)."""
+        return [t.lower() for t in texts] if self.lowercase else list(texts)
 
     def _embed(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
         """Token ids and mask of :meth:`tokenize` -> ``[B, L, D]``: the pooled embedding at
@@ -320,6 +327,9 @@ class SiglipTextEncoder(_TowerTextEncoder):
         max_length: positions (64); every caption is padded to it.
         projection_dim: width of the joint embedding (the head's output; None: ``width``).
         activation, layer_norm_eps: the MLP's activation and the layer norms' epsilon.
+        lowercase: lowercase the captions before the tokenizer, as the SigLIP 2 checkpoints
+            were trained (their Gemma tokenizer keeps case); the captions the batch carries
+            stay as given.
         finetune: train the tower (default); False freezes it.
 
     Example:
@@ -346,10 +356,13 @@ class SiglipTextEncoder(_TowerTextEncoder):
         projection_dim: int | None = None,
         activation: str = "gelu_pytorch_tanh",
         layer_norm_eps: float = 1e-6,
+        lowercase: bool = False,
         finetune: bool = True,
     ) -> None:
         super().__init__(tokenizer, max_length, finetune)
         from transformers import SiglipTextConfig, SiglipTextModel
+
+        self.lowercase = lowercase
 
         _check_heads(width, heads)
         config = SiglipTextConfig(
