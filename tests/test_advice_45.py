@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import re
 import shlex
 from pathlib import Path
@@ -101,6 +102,36 @@ def test_an_image_index_from_a_local_weights_file_fetches_no_tokenizer(local_cli
     err = capsys.readouterr().err
     assert "hf-hub:openai/clip-vit-base-patch32" in err and "--tokenizer DIR" in err
     assert main(["search", str(out), "--text", "a cat", "--tokenizer", str(local_clip["tokenizer"]), "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)[0]["hits"]) == 3
+
+
+def test_eval_of_a_local_weights_file_takes_a_tokenizer_folder(local_clip, tmp_path, capsys):
+    folder = tmp_path / "captioned"
+    shutil.copytree(local_clip["photos"], folder)
+    (folder / "test.csv").write_text("image,caption\n" + "".join(f"p{k}.png,photo number {k}\n" for k in range(3)))
+    reference = f"{local_clip['spec']}={local_clip['weights']}"
+    command = ["eval", reference, "--dataset", "image-captions", "--data", str(folder)]
+    assert main(command) == 2
+    assert "--tokenizer DIR" in capsys.readouterr().err
+    assert main([*command, "--tokenizer", str(tmp_path / "missing")]) == 2
+    assert "--tokenizer" in capsys.readouterr().err
+    assert main([*command, "--tokenizer", str(local_clip["tokenizer"]), "--json", str(tmp_path / "r.json")]) == 0
+    figures = json.loads((tmp_path / "r.json").read_text())
+    assert "rsum" in json.dumps(figures)
+
+
+def test_an_index_of_a_relative_spec_and_weights_is_searched_from_another_folder(local_clip, tmp_path, capsys, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(local_clip["spec"], work / "tiny.toml")
+    shutil.copy(local_clip["weights"], work / "tiny.safetensors")
+    monkeypatch.chdir(work)
+    assert main(["index", "tiny.toml=tiny.safetensors", "--images", str(local_clip["photos"]), "--out", str(tmp_path / "idx"),
+                 "--no-progress"]) == 0
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["search", "idx", "--text", "a cat", "--tokenizer", str(local_clip["tokenizer"]), "--json"]) == 0, \
+        capsys.readouterr().err
     assert len(json.loads(capsys.readouterr().out)[0]["hits"]) == 3
 
 

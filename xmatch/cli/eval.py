@@ -43,6 +43,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--spice-jar", help="spice-1.0.jar (default: $XMATCH_SPICE_JAR)")
     parser.add_argument("--batch-size", type=int, default=64, help="images encoded at once (captions: 4x)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: cpu)")
+    parser.add_argument("--tokenizer", type=Path, metavar="DIR", help="the text towers' tokenizer from this folder (what "
+                        "a tokenizer's save_pretrained writes) instead of each model's own source, e.g. the Hub's")
     parser.add_argument("--json", type=Path, help="write every figure, the ground-truth ranks and the provenance to this "
                         "JSON file (several models: {\"runs\": [...]}); it can be passed as a MODEL later")
     parser.add_argument("--queries", type=Path, help="also write per-query ranks, top-50 and NDCG (JSON)")
@@ -82,12 +84,13 @@ def run(args: argparse.Namespace) -> int:
     import shlex
 
     from xmatch.model.factory import build_reference
-    from xmatch.cli.options import open_data
+    from xmatch.cli.options import open_data, tokenizer_overrides
     from xmatch.data.vocab import EVAL_FIX, check_captions
     from xmatch.eval.report import check_plotting, check_report_folder, comparison_tables, shown_name, write_report
     from xmatch.eval.rerank import RERANK, check_rerank_request, rerank_table
     from xmatch.eval.suite import load_records, parse_protocols, run_protocols, save_records, with_reranked
 
+    overrides = tokenizer_overrides(args.tokenizer)  # a missing folder fails before anything is read
     if args.report:
         check_plotting()  # a missing matplotlib fails before the evaluation, not after it
         check_report_folder(args.report, args.overwrite)  # and so does a folder holding someone else's files
@@ -105,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         relevance = _relevance(args, dataset)
         # several models are compared side by side; --ensemble averages their scores into one
         for entry in [names] if args.ensemble else [[m] for m in names]:
-            models = [build_reference(m, args.device) for m in entry]
+            models = [build_reference(m, args.device, **overrides) for m in entry]
             for model in models:
                 check_captions(model, dataset.captions, f"{args.split} split", allow=args.allow_unknown_words,
                                fix=EVAL_FIX, allow_hint="--allow-unknown-words")

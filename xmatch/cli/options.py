@@ -114,13 +114,18 @@ def indexed_model(root: Path, model: str | None, tokenizer: Path | None, device:
 
 
 def model_ref(text: str) -> str:
-    """A MODEL argument as an index records it: a weights path made absolute.
+    """A MODEL argument as an index records it: a weights path, and a spec file's path, made
+    absolute (a search from another folder finds both); a zoo name stays a name.
 
     Example:
         >>> model_ref("teran-mrsw-scenes")
         'teran-mrsw-scenes'
+        >>> model_ref("my.toml=w.safetensors") == f"{Path('my.toml').resolve()}={Path('w.safetensors').resolve()}"
+        True
     """
     if "=" in text:
         name, weights = text.split("=", 1)
+        if name.endswith(".toml"):  # a spec file (build reads any other name as a zoo entry)
+            name = str(Path(name).resolve())
         return f"{name}={Path(weights).resolve()}"
     return text
