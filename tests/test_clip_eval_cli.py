@@ -65,6 +65,14 @@ def spec_toml(spec: dict, path: Path) -> Path:
     return path
 
 
+def saved_tiny(kind: str, root: Path, seed: int = 0) -> tuple[Path, xmatch.MatchingModel, Path, Path]:
+    """A captioned photo folder and a tiny model of ``kind`` saved two ways: (folder, model,
+    bundle folder, spec TOML whose weights are the bundle's model.safetensors)."""
+    model = tiny(kind, seed)
+    bundle = Path(xmatch.save_pretrained(model, root / "bundle"))
+    return photo_folder(root / "photos"), model, bundle, spec_toml(model.spec, root / "tiny.toml")
+
+
 def eval_cli(reference: str, folder: Path, out: Path, *options: str) -> dict:
     code = main(["eval", reference, "--dataset", "image-captions", "--data", str(folder), "--json", str(out), *options])
     assert code == 0
@@ -73,11 +81,8 @@ def eval_cli(reference: str, folder: Path, out: Path, *options: str) -> dict:
 
 @pytest.mark.parametrize("kind", ["clip", "siglip"])
 def test_zero_shot_eval_of_an_entry_prints_and_writes_the_python_evaluations_figures(kind, tmp_path, capsys):
-    folder = photo_folder(tmp_path / "photos")
-    model = tiny(kind)
-    bundle = xmatch.save_pretrained(model, tmp_path / "bundle")
     # the same model named two ways: a bundle, and the entry's spec with a weights file (ENTRY=WEIGHTS)
-    spec = spec_toml(model.spec, tmp_path / "tiny.toml")
+    folder, model, bundle, spec = saved_tiny(kind, tmp_path)
     references = [f"local-dir:{bundle}", f"{spec}={bundle / 'model.safetensors'}"]
     want = evaluate(xmatch.build(f"local-dir:{bundle}", pretrained=True).eval(),
                     open_dataset("image-captions", folder, split="test"), "full", progress=False)

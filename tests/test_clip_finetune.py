@@ -25,7 +25,7 @@ from xmatch.testing import one_torch_thread  # noqa: F401  (a fixture: one torch
 from xmatch.train import TrainConfig, load_recipe
 from xmatch.train.optim import build_optimizer, lr_factor, plan_groups
 
-from test_clip_eval_cli import photo_folder, spec_toml, tiny
+from test_clip_eval_cli import photo_folder, saved_tiny, tiny
 
 LOSS = {"clip": "infonce", "siglip": "sigmoid"}
 
@@ -84,10 +84,7 @@ def test_no_decay_1d_keeps_each_groups_learning_rate_and_off_by_default_changes_
 
 @pytest.mark.parametrize("kind", ["clip", "siglip"])
 def test_xmatch_train_fine_tunes_a_weights_file_with_the_entrys_loss_and_eval_reads_the_result(kind, tmp_path, capsys):
-    folder = photo_folder(tmp_path / "photos")
-    model = tiny(kind)
-    bundle = xmatch.save_pretrained(model, tmp_path / "start")
-    spec = spec_toml(model.spec, tmp_path / "tiny.toml")
+    folder, model, bundle, spec = saved_tiny(kind, tmp_path)
     run = tmp_path / "run"
     # the entry's spec with a weights file: the towers start from those weights, not random ones
     assert train_cli(f"{spec}={bundle / 'model.safetensors'}", folder, run) == 0
@@ -104,10 +101,7 @@ def test_xmatch_train_fine_tunes_a_weights_file_with_the_entrys_loss_and_eval_re
 
 
 def test_the_starting_weights_are_the_named_ones(tmp_path):
-    folder = photo_folder(tmp_path / "photos")
-    model = tiny("clip", seed=5)
-    bundle = xmatch.save_pretrained(model, tmp_path / "start")
-    spec = spec_toml(model.spec, tmp_path / "tiny.toml")
+    folder, model, bundle, spec = saved_tiny("clip", tmp_path, seed=5)
     # one step at a learning rate too small to move a float32 weight: the saved model is the start
     assert train_cli(f"{spec}={bundle / 'model.safetensors'}", folder, tmp_path / "run", "--set", "lr=1e-30",
                      "--set", "max_steps=1") == 0

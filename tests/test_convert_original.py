@@ -15,7 +15,7 @@ import torch
 
 import xmatch
 from xmatch.cli.main import main
-from xmatch.model.convert import original_family, spec_from_original_config
+from xmatch.model.convert import original_family, resolve_bert_source, spec_from_original_config
 from xmatch.core.spec import check_model_spec
 
 pytestmark = pytest.mark.cpu_kernels  # floats from the CPU's kernels against stored ones (docs/testing.md)
@@ -65,7 +65,9 @@ def test_the_released_tern_yaml_converts_to_the_tern_coco_entry():
     module_spec = importlib.util.spec_from_file_location("make_tern_fixture", TERN_SMALL.parent / "make_fixture.py")
     generator = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(generator)
-    converted = check_model_spec(spec_from_original_config(generator.TERN_YAML, "bert-base-uncased"))
+    # BERT as the converter finds it for a checkpoint with no BERT folder beside it: the pinned BERT-base
+    bert = resolve_bert_source(Path("model_best.pth"), generator.TERN_YAML, None)
+    converted = check_model_spec(spec_from_original_config(generator.TERN_YAML, bert))
     entry = check_model_spec(xmatch.info("tern-coco").spec)
     assert converted["text_encoder"].pop("pretrained") is False  # the weights come from the checkpoint
     entry["text_encoder"].pop("pretrained")

@@ -24,6 +24,9 @@ FILE_URL = "file://"
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl", ".pickle", ".tar")
 SOURCE_KEYS = ("source", "sha256", "size", "filename")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+#: BERT-base (uncased) at a commit of its Hub repository that holds model.safetensors (440,449,768
+#: bytes): the backbone the TERAN and TERN zoo entries pin
+BERT_BASE_UNCASED = "hf-hub:google-bert/bert-base-uncased@86b5e0934494bd15c9632b12f734a8a67f723594"
 COMMIT_HEX = re.compile(r"[0-9a-f]{40}")
 """A full git commit id (also the form of a git blob sha1, the Hub's ETag of a small file)."""
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from xmatch.core.sources import BERT_BASE_UNCASED
+
 ALIGNMENT_POOLERS = {"MrSw": "MrSw", "MwSr": "MwSr", "symm": "Symm", "MrAVGw": "MrAvgw"}
 PREFIX = "img_txt_enc."
 SECTIONS = ("text-model", "image-model", "model", "training")
@@ -317,4 +319,7 @@ def resolve_bert_source(checkpoint_path: Path, config: dict[str, Any], bert_sour
         return bert_source
     pretrain = config["text-model"].get("pretrain", "bert-base-uncased")
     beside = checkpoint_path.parent / pretrain
-    return str(beside) if beside.is_dir() else pretrain
+    if beside.is_dir():
+        return str(beside)
+    # the authors' BERT-base from the Hub at the commit the zoo entries pin, checked on download
+    return BERT_BASE_UNCASED if pretrain == "bert-base-uncased" else pretrain

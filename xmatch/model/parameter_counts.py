@@ -31,7 +31,7 @@ from torch import nn
 
 from xmatch.core.zoo import ZooEntry, info, params_leave_out_vocabulary
 from xmatch.core.registry import get_registry
-from xmatch.core.sources import resolve_local_source
+from xmatch.core.sources import BERT_BASE_UNCASED, resolve_local_source
 from xmatch.core.spec import signature_of
 from xmatch.model.factory import build
 
@@ -101,7 +101,7 @@ def count_parameters(model: str | ZooEntry | Mapping[str, Any], bert_dir: str | 
     Args:
         model: a zoo entry name, a :class:`~xmatch.ZooEntry` or a spec dict.
         bert_dir: a directory written by :func:`write_bert_base_dir`; it replaces the text
-            encoder's ``bert-base-uncased`` source (other sources are used as they are).
+            encoder's ``bert-base-uncased`` source, by hub id or pinned (other sources are used as they are).
 
     Returns:
         The number of parameters, a shared module counted once; without the word-embedding
@@ -119,7 +119,7 @@ def count_parameters(model: str | ZooEntry | Mapping[str, Any], bert_dir: str | 
     corpus_vocabulary = params_leave_out_vocabulary(spec)
     if corpus_vocabulary:
         text["vocab"] = _ONE_WORD_VOCABULARY
-    if "backbone" in arguments and text.get("backbone", arguments["backbone"].default) == BERT_BASE:
+    if "backbone" in arguments and text.get("backbone", arguments["backbone"].default) in (BERT_BASE, BERT_BASE_UNCASED):
         text["backbone"] = os.fspath(bert_dir)
     if "pretrained" in arguments:
         text["pretrained"] = False

