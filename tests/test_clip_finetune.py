@@ -157,3 +157,15 @@ def test_filip_style_late_interaction_fine_tunes_with_a_token_pooler(tmp_path):
     assert type(late.pooler).__name__ == "MrAvgwPooler" and late.spec["loss"]["name"] == "infonce"
     assert main(["eval", f"local-dir:{run / 'final'}", "--dataset", "image-captions", "--data", str(folder),
                  "--json", str(tmp_path / "r.json")]) == 0
+
+
+def test_a_validation_split_with_uneven_captions_is_refused_before_training_with_the_option(tmp_path, capsys):
+    folder, _, bundle, _ = saved_tiny("clip", tmp_path)
+    rows = (folder / "test.csv").read_text().splitlines()
+    (folder / "test.csv").write_text("\n".join([*rows, "red-car.png,a red car again"]) + "\n")  # 3 captions for one
+    run = tmp_path / "run"
+    assert train_cli(f"local-dir:{bundle}", folder, run, "--val-split", "test") == 2
+    assert "--val-option captions_per_image=N (N at most 2" in capsys.readouterr().err
+    assert not (run / "checkpoints").exists(), "refused before the first step"
+    assert train_cli(f"local-dir:{bundle}", folder, tmp_path / "run2", "--val-split", "test",
+                     "--val-option", "captions_per_image=2", "--set", "epochs=1") == 0

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     import shlex
 
     from xmatch.model.factory import build_reference
-    from xmatch.cli.options import open_data, tokenizer_overrides
+    from xmatch.cli.options import check_captions_per_image, open_data, tokenizer_overrides
     from xmatch.data.vocab import EVAL_FIX, check_captions
     from xmatch.eval.report import check_plotting, check_report_folder, comparison_tables, shown_name, write_report
     from xmatch.eval.rerank import RERANK, check_rerank_request, rerank_table
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         parse_protocols(args.protocol)  # a typo fails before any data or weights are read
         check_rerank_request(args.rerank, len(names) if args.ensemble else 1)
         dataset = open_data(args, args.split, args.data_option)
-        _check_captions_per_image(dataset, args.data)
+        check_captions_per_image(dataset, args.data, "--data-option")
         relevance = _relevance(args, dataset)
         # several models are compared side by side; --ensemble averages their scores into one
         for entry in [names] if args.ensemble else [[m] for m in names]:
@@ -153,25 +153,6 @@ def run(args: argparse.Namespace) -> int:
                                overwrite=args.overwrite)
         print(f"wrote {', '.join(p.name for p in written.values())} in {args.report}/ (open {written['html']})")
     return 0
-
-
-def _check_captions_per_image(dataset: Any, where: Path | None) -> None:
-    """Refuse, with the option that fixes it, a dataset whose images have different numbers of
-    captions: the papers' protocol ranks the same number for every image (a folder of one's own
-    photos often has more captions for some)."""
-    import numpy as np
-
-    if dataset.captions_per_image or not len(dataset.captions):
-        return
-    owners = getattr(dataset, "caption_image", None)  # a plugin's dataset may not map captions to images
-    counts = np.bincount(owners) if owners is not None and len(owners) else None
-    have = f"these images have {counts.min()} to {counts.max()}" if counts is not None else "these images have different numbers"
-    at_most = f" (N at most {counts.min()}; the image-captions layout)" if counts is not None else " (the image-captions layout)"
-    raise ValueError(
-        f"{where}: the papers' Recall@K protocol needs the same number of captions for every image; {have}. "
-        f"Evaluate the first N captions of each with --data-option captions_per_image=N{at_most}, or give every "
-        "image the same number."
-    )
 
 
 def _relevance(args: argparse.Namespace, dataset: Any) -> dict[str, Any]:

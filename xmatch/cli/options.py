@@ -79,6 +79,30 @@ def open_data(args: argparse.Namespace, split: str, options: list[str] | None) -
     return open_dataset(args.dataset, args.data, split=split, **dict(pairs))
 
 
+def check_captions_per_image(dataset: Any, where: Path | None, option: str) -> None:
+    """Refuse, with the option that fixes it, a dataset whose images have different numbers of
+    captions: the papers' protocol ranks the same number for every image (a folder of one's own
+    photos often has more captions for some). ``option`` is the command's option that passes
+    ``captions_per_image`` to that dataset (``--data-option``, ``--val-option``).
+
+    Example:
+        >>> check_captions_per_image(open_dataset("image-captions", "photos/", split="test"), Path("photos/"), "--data-option")  # needs a folder  # doctest: +SKIP
+    """
+    import numpy as np
+
+    if dataset.captions_per_image or not len(dataset.captions):
+        return
+    owners = getattr(dataset, "caption_image", None)  # a plugin's dataset may not map captions to images
+    counts = np.bincount(owners) if owners is not None and len(owners) else None
+    have = f"these images have {counts.min()} to {counts.max()}" if counts is not None else "these images have different numbers"
+    at_most = f" (N at most {counts.min()}; the image-captions layout)" if counts is not None else " (the image-captions layout)"
+    raise ValueError(
+        f"{where}: the papers' Recall@K protocol needs the same number of captions for every image; {have}. "
+        f"Evaluate the first N captions of each with {option} captions_per_image=N{at_most}, or give every "
+        "image the same number."
+    )
+
+
 def tokenizer_overrides(folder: Path | None) -> dict[str, Any]:
     """The spec overrides of ``--tokenizer DIR``: the text tower reads its tokenizer from that
     folder (the fingerprint of an index leaves the tokenizer's location out, so the model

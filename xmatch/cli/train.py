@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     """Train as the arguments and the recipe say; 1 when the trainer refuses (e.g. a changed run to resume)."""
     import torch
 
-    from xmatch.cli.options import model_overrides, open_data, setting
+    from xmatch.cli.options import check_captions_per_image, model_overrides, open_data, setting
     from xmatch.core.spec import load_spec, merge
     from xmatch.data.vocab import run_text_side
     from xmatch.model.factory import build, is_bundle_name
@@ -93,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         # the data first: a missing folder is reported before any weights are downloaded
         train = open_data(args, args.split, args.data_option)
         val = open_data(args, args.val_split, [*(args.data_option or []), *(args.val_option or [])]) if args.val_split else None
+        if val is not None:  # validation ranks the same number of captions per image: refused now, not after an epoch
+            check_captions_per_image(val, args.data, "--val-option")
         torch.manual_seed(config.seed)  # the same initial weights on every process
         overrides = model_overrides(args.model_set or [])
         if config.build_text_side:
