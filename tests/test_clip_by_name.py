@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -204,13 +206,25 @@ def padded_to(weights: bytes, size: int) -> bytes:
 
 
 @pytest.mark.slow
-def test_clip_vit_b_32_itself_loads_full_size_weights_by_name(hub_emulator, tmp_path, capsys):  # noqa: F811
-    """The real entry, no overrides: random full-size ViT-B/32 weights (605 MB) in
-    transformers' layout at the pinned commit."""
+def test_clip_vit_b_32_itself_loads_full_size_weights_by_name(hub_emulator, tmp_path):  # noqa: F811
+    """The real entry, no overrides, as a user runs it: the two commands in their own
+    processes, told where the Hub is by HF_ENDPOINT alone, with random full-size ViT-B/32
+    weights (605 MB) in transformers' layout at the pinned commit."""
     torch.manual_seed(0)
     model = xmatch.build("clip-vit-b-32").eval()
     weights = upstream_weights(model, "clip", tmp_path / "upstream")
     stated = [w.get("size") for w in xmatch.info("clip-vit-b-32").weights][0]
-    serve(hub_emulator, "clip-vit-b-32", weights if stated is None else padded_to(weights, stated), tokenizer_files(clip_tokenizer_with_clips_vocabulary(tmp_path / "tok")))
-    names, hits = index_and_search(tmp_path, "clip-vit-b-32", capsys)
+    serve(hub_emulator, "clip-vit-b-32", weights if stated is None else padded_to(weights, stated),
+          tokenizer_files(clip_tokenizer_with_clips_vocabulary(tmp_path / "tok")))
+    names = photos(tmp_path / "photos")
+    env = hub_emulator.env(OMP_NUM_THREADS="1")
+    xmatch_cli = [sys.executable, "-m", "xmatch"]
+    index = subprocess.run([*xmatch_cli, "index", "clip-vit-b-32", "--images", str(tmp_path / "photos"),
+                            "--out", str(tmp_path / "idx"), "--no-progress"], env=env, capture_output=True, text=True)
+    assert index.returncode == 0, index.stderr
+    search = subprocess.run([*xmatch_cli, "search", str(tmp_path / "idx"), "--text", "a cat", "-k", "3", "--json"],
+                            env=env, capture_output=True, text=True)
+    assert search.returncode == 0, search.stderr
+    hits = json.loads(search.stdout)[0]["hits"]
     assert [h["id"] for h in hits] == expected_top(model, tmp_path / "photos", names)
+    assert (Path(env["XMATCH_HOME"]) / "verified" / "models--openai--clip-vit-base-patch32").is_dir()
