@@ -9,25 +9,10 @@ Example:
 from __future__ import annotations
 
 from xmatch.core.builtins import register_builtins
-from xmatch.io.bundle import save_pretrained
-from xmatch.model.factory import build, convert_original, model_from_spec
+from xmatch.core.lazy import lazy_names
 from xmatch.core.version import __version__ as __version__
 from xmatch.core.zoo import ZooEntry, info, list_models, zoo_entries_from_toml
-from xmatch.model.interfaces import (
-    EncoderOutput,
-    ImageEncoder,
-    Loss,
-    LossOutput,
-    Pooler,
-    Reasoner,
-    TextEncoder,
-    TokenBatch,
-)
-from xmatch.model.inputs import normalize_boxes
-from xmatch.model.embeddings import Embeddings
 from xmatch.core.errors import XmatchError
-from xmatch.model.inputs import ImageBatch, PairBatch, PixelInputs, RegionInputs
-from xmatch.model.model import MatchingModel
 from xmatch.core.registry import (
     register_dataset,
     register_image_encoder,
@@ -41,6 +26,23 @@ from xmatch.core.registry import (
     register_verifier,
 )
 from xmatch.core.spec import SpecError
+
+#: the public names that need torch, imported on first use (PEP 562): ``import xmatch`` and the
+#: command line's argument parsing stay free of torch and the model stack
+_LAZY = {
+    "save_pretrained": "xmatch.io.bundle",
+    "build": "xmatch.model.factory",
+    "convert_original": "xmatch.model.factory",
+    "model_from_spec": "xmatch.model.factory",
+    **dict.fromkeys(("EncoderOutput", "ImageEncoder", "Loss", "LossOutput", "Pooler", "Reasoner", "TextEncoder",
+                     "TokenBatch"), "xmatch.model.interfaces"),
+    **dict.fromkeys(("normalize_boxes", "ImageBatch", "PairBatch", "PixelInputs", "RegionInputs"), "xmatch.model.inputs"),
+    "Embeddings": "xmatch.model.embeddings",
+    "MatchingModel": "xmatch.model.model",
+}
+
+
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, subpackages=True)
 
 register_builtins()
 

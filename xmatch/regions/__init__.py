@@ -17,13 +17,18 @@ Example:
 
 from __future__ import annotations
 
-from xmatch.regions.config import RoIConfig
-from xmatch.regions.features import RoIFeatureExtractor, fingerprint, roi_features
-from xmatch.regions.images import find_images, load_image
-from xmatch.regions.manifest import describe_features, read_manifest
-from xmatch.regions.pipeline import RegionPipeline, Regions, build_proposer
-from xmatch.regions.pixels import on_pixels, pixel_encoder_table
-from xmatch.regions.proposals import ImageInfo, Proposals, Proposer, pyramid_boxes, select_and_pad
+from xmatch.core.lazy import lazy_names
+
+# torch-backed: imported on first use, so that the command line reads RoIConfig's defaults alone
+__getattr__, __dir__ = lazy_names(__name__, {
+    "RoIConfig": "xmatch.regions.config",
+    **dict.fromkeys(("RoIFeatureExtractor", "fingerprint", "roi_features"), "xmatch.regions.features"),
+    **dict.fromkeys(("find_images", "load_image"), "xmatch.regions.images"),
+    **dict.fromkeys(("describe_features", "read_manifest"), "xmatch.regions.manifest"),
+    **dict.fromkeys(("RegionPipeline", "Regions", "build_proposer"), "xmatch.regions.pipeline"),
+    **dict.fromkeys(("on_pixels", "pixel_encoder_table"), "xmatch.regions.pixels"),
+    **dict.fromkeys(("ImageInfo", "Proposals", "Proposer", "pyramid_boxes", "select_and_pad"), "xmatch.regions.proposals"),
+})
 
 __all__ = [
     "ImageInfo", "Proposals", "Proposer", "RegionPipeline", "Regions", "RoIConfig", "RoIFeatureExtractor",

@@ -1,0 +1,40 @@
+"""The command line parses its arguments without torch (issue 41: ``xmatch --help`` and
+``xmatch CMD --help`` took seconds of CPU importing the model stack). Checked by what is
+imported, not by timing: ``benchmarks/cli_startup.py`` prints the CPU seconds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from xmatch.cli.main import COMMANDS
+
+HEAVY = ("torch", "transformers", "timm", "numpy", "faiss", "PIL")
+
+
+def modules_after(code: str) -> set[str]:
+    """The heavy modules a fresh interpreter has imported after running ``code``."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_imports_no_heavy_package(command):
+    argv = ["--help"] if command is None else [command, "--help"]
+    code = f"from xmatch.cli.main import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
+    assert modules_after(code) == set()
+
+
+def test_import_xmatch_is_light_and_its_public_names_load_on_use():
+    assert modules_after("import xmatch, xmatch.regions") == set()
+    assert "torch" in modules_after("import xmatch\nxmatch.build")
+    import xmatch
+
+    assert {"build", "MatchingModel", "Pooler", "list_models"} <= set(dir(xmatch))
+    assert xmatch.index.__name__ == "xmatch.index" and xmatch.MatchingModel.__name__ == "MatchingModel"
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        xmatch.not_a_name  # noqa: B018
