@@ -29,6 +29,12 @@ def test_help_imports_no_heavy_package(command):
     assert modules_after(code) == set()
 
 
+def test_listing_the_zoo_imports_no_heavy_package():
+    """The plugins' zoo entries are data: reading them imports none of their torch modules."""
+    code = "import contextlib, io\nfrom xmatch.cli.main import main\nwith contextlib.redirect_stdout(io.StringIO()):\n    main(['models'])"
+    assert modules_after(code) == set()
+
+
 def test_import_xmatch_is_light_and_its_public_names_load_on_use():
     assert modules_after("import xmatch, xmatch.regions") == set()
     assert "torch" in modules_after("import xmatch\nxmatch.build")

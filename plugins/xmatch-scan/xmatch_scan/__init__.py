@@ -24,18 +24,17 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from xmatch_scan.attention import aggregate, normalize_raw_scores, sum_max_scores, xattn_relevance, xattn_scores
-from xmatch_scan.image import ScanPrecompImageEncoder
-from xmatch_scan.init import init_like_original
-from xmatch_scan.poolers import (
-    ScanI2TPooler,
-    ScanT2IPooler,
-    StackedCrossAttentionPooler,
-    SumMaxI2TPooler,
-    SumMaxT2IPooler,
-)
-from xmatch_scan.text import ScanBiGRUTextEncoder, load_original_vocab
-from xmatch_scan.zoo import PaperEnsemble, entry, entry_names, paper_ensembles
+from xmatch.core.lazy import lazy_names
+
+# imported on first use: the zoo entries and the command line read this package without torch
+__getattr__, __dir__ = lazy_names(__name__, {
+    **dict.fromkeys(("aggregate", "normalize_raw_scores", "sum_max_scores", "xattn_relevance", "xattn_scores"), "xmatch_scan.attention"),
+    "ScanPrecompImageEncoder": "xmatch_scan.image",
+    "init_like_original": "xmatch_scan.init",
+    **dict.fromkeys(("ScanI2TPooler", "ScanT2IPooler", "StackedCrossAttentionPooler", "SumMaxI2TPooler", "SumMaxT2IPooler"), "xmatch_scan.poolers"),
+    **dict.fromkeys(("ScanBiGRUTextEncoder", "load_original_vocab"), "xmatch_scan.text"),
+    **dict.fromkeys(("PaperEnsemble", "entry", "entry_names", "paper_ensembles"), "xmatch_scan.zoo"),
+})
 
 __all__ = [
     "PaperEnsemble", "ScanBiGRUTextEncoder", "ScanI2TPooler", "ScanPrecompImageEncoder", "ScanT2IPooler",

@@ -44,10 +44,15 @@ Example:
     ['oan-coco', 'oan-f30k']
 """
 
-from xmatch_oan.encoders import OANCNNTextEncoder, OANRegionImageEncoder
-from xmatch_oan.loss import OANLoss
-from xmatch_oan.poolers import OANIntraImagePooler, OANIntraTextPooler, OANPooler
-from xmatch_oan.reasoner import OANContextReasoner
+from xmatch.core.lazy import lazy_names
+
+# imported on first use: the zoo entries and the command line read this package without torch
+__getattr__, __dir__ = lazy_names(__name__, {
+    **dict.fromkeys(("OANCNNTextEncoder", "OANRegionImageEncoder"), "xmatch_oan.encoders"),
+    "OANLoss": "xmatch_oan.loss",
+    **dict.fromkeys(("OANIntraImagePooler", "OANIntraTextPooler", "OANPooler"), "xmatch_oan.poolers"),
+    "OANContextReasoner": "xmatch_oan.reasoner",
+})
 
 __all__ = [
     "OANCNNTextEncoder", "OANContextReasoner", "OANIntraImagePooler", "OANIntraTextPooler", "OANLoss", "OANPooler",

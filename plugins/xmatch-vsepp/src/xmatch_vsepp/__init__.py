@@ -14,9 +14,14 @@ Example:
     True
 """
 
-from xmatch_vsepp.image import VSEPPImageEncoder, VSEPPPrecompImageEncoder
-from xmatch_vsepp.init import init_like_original
-from xmatch_vsepp.order import OrderPooler
-from xmatch_vsepp.text import VSEPPTextEncoder
+from xmatch.core.lazy import lazy_names
+
+# imported on first use: the zoo entries and the command line read this package without torch
+__getattr__, __dir__ = lazy_names(__name__, {
+    **dict.fromkeys(("VSEPPImageEncoder", "VSEPPPrecompImageEncoder"), "xmatch_vsepp.image"),
+    "init_like_original": "xmatch_vsepp.init",
+    "OrderPooler": "xmatch_vsepp.order",
+    "VSEPPTextEncoder": "xmatch_vsepp.text",
+})
 
 __all__ = ["OrderPooler", "VSEPPImageEncoder", "VSEPPPrecompImageEncoder", "VSEPPTextEncoder", "init_like_original"]

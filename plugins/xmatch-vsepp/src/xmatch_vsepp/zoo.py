@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from xmatch.plugin import zoo_entries_from_toml
+from xmatch import zoo_entries_from_toml
 
 ENTRIES = zoo_entries_from_toml(__package__, "zoo.toml")
 
