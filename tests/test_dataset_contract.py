@@ -79,11 +79,19 @@ def scenes_case(tmp: Path, scenes_root: Path) -> Case:
     return Case(scenes_root, "test", dict(FAST_SCENES, generate=False))
 
 
+def tabletop_case(tmp: Path, scenes_root: Path | None) -> Case:
+    from xmatch.tabletop.dataset import KARPATHY_FILE, open_tabletop
+
+    folder = open_tabletop(tmp / "tabletop", "test", **FAST_SCENES, generate=True).root
+    return Case(tmp / "tabletop", "test", dict(FAST_SCENES, generate=False), read_at_open=(folder / KARPATHY_FILE,))
+
+
 CASES: dict[str, Callable[[Path, Path | None], Case]] = {
     "teran": teran_case,
     "scan-precomp": precomp_case,
     "image-captions": image_captions_case,
     "scenes": scenes_case,
+    "tabletop": tabletop_case,
 }
 
 
@@ -93,7 +101,7 @@ def test_every_registered_dataset_has_a_contract_case():
 
 @pytest.fixture(params=sorted(CASES))
 def case(request, tmp_path) -> tuple[str, Case]:
-    scenes = None if request.param == "scan-precomp" else request.getfixturevalue("scenes_root")
+    scenes = None if request.param in ("scan-precomp", "tabletop") else request.getfixturevalue("scenes_root")
     return request.param, CASES[request.param](tmp_path, scenes)
 
 

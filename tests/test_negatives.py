@@ -131,7 +131,7 @@ def test_negatives_table_round_trips_and_merges() -> None:
 
 def test_structural_hinge_values() -> None:
     scores = torch.tensor([[1.0, 0.95, 0.1], [0.9, 1.0, 0.2], [0.0, 0.0, 1.0]])
-    negative_scores = torch.tensor([[0.9, 0.0], [0.0, 0.5], [0.3, 0.3]])
+    negative_scores = torch.tensor([0.9, 0.5])  # each negative with its own caption's image
     owner = torch.tensor([0, 1])
     loss, logs = structural_hinge(scores, negative_scores, owner, margin=0.2)
     assert logs["negatives_captions"].item() == pytest.approx(0.1)  # only 1.0 - 0.9 < 0.2 violates

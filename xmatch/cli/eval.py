@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from xmatch.cli.options import check_captions_per_image, open_data, tokenizer_overrides
     from xmatch.data.vocab import EVAL_FIX, check_captions
     from xmatch.eval.report import check_plotting, check_report_folder, comparison_tables, shown_name, write_report
-    from xmatch.eval.rerank import RERANK, check_rerank_request, rerank_table
+    from xmatch.eval.rerank import RERANK, check_rerank_request, recorded_validation, rerank_table, validation_warning
     from xmatch.eval.suite import load_records, parse_protocols, run_protocols, save_records, with_reranked
 
     overrides = tokenizer_overrides(args.tokenizer)  # a missing folder fails before anything is read
@@ -117,6 +117,12 @@ def run(args: argparse.Namespace) -> int:
                 # a comparison re-ranks the models that have a verifier; the others keep their pooler's figures
                 print(f"--rerank {rerank}: {entry[0]} has no verifier; its figures are the pooler's only", file=sys.stderr)
                 rerank = None
+            if rerank is not None and len(models) == 1 and models[0].verifier is not None:
+                # a head that learned nothing re-ranks anyway: say so before its figures are read
+                keeps_record, record = recorded_validation(entry[0])
+                warning = validation_warning(record, entry[0], rerank) if keeps_record else None
+                if warning:
+                    print(f"warning: {warning}", file=sys.stderr)
             records.append(run_protocols(
                 models, dataset, args.protocol, name=" + ".join(entry), model_names=entry, dataset_name=args.dataset,
                 relevance=relevance, fold_images=args.fold_images, groups=args.groups, caption_ids=args.caption_ids,

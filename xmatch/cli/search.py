@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         if args.cascade:
             searcher = Cascade(open_index(args.cascade, device=args.device), index, shortlist=args.shortlist)
         verifier = {"rerank": args.rerank, "rerank_batch": args.rerank_batch} if args.rerank is not None else {}
+        if args.rerank is not None and getattr(index.model, "verifier", None) is not None:
+            _warn_unvalidated_head(args.index, args.model, args.rerank)
         if args.text:
             _warn_unknown_words(index, args.text)
         results = searcher.search_texts(args.text, k=args.k, **verifier, **options) if args.text else \
@@ -101,6 +103,25 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("\n\n".join(r.text() for r in results))
     return 0
+
+
+def _warn_unvalidated_head(root: Path, model: str | None, k: int) -> None:
+    """Say on stderr when the verifier that re-ranks has no recorded validation or one near
+    chance (:func:`xmatch.eval.rerank.validation_warning`): a head that learned nothing lowers
+    the pooler's ranking."""
+    from xmatch.cli.options import model_ref
+    from xmatch.eval.rerank import recorded_validation, validation_warning
+    from xmatch.index.search import MODEL_FOLDER
+    from xmatch.index.store import read_manifest
+
+    reference = model_ref(model) if model else read_manifest(root)["model"].get("ref") or f"local-dir:{root / MODEL_FOLDER}"
+    try:
+        keeps_record, record = recorded_validation(reference)
+    except (OSError, ValueError):  # the indexed model's own files moved: the index's copy has no record to read
+        return
+    warning = validation_warning(record, reference, k) if keeps_record else None
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _search_image_files(searcher: Any, index: Any, paths: list[Path], k: int, options: dict[str, Any],

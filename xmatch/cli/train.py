@@ -53,6 +53,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--word-classes", metavar="SOURCE",
                         help="word classes of the structural negatives: 'dataset' (what the training set declares, the "
                         "default), 'scenes', 'spacy', 'nltk' or a JSON file of word lists; implies --hard-negatives")
+    parser.add_argument("--groups", type=Path, metavar="FILE",
+                        help="hard-negative groups of the training split in a JSON file (the format xmatch eval --groups "
+                        "reads; replaces the dataset's own): batched together and pushed apart (negatives.groups_file); "
+                        "implies --hard-negatives")
     return parser
 
 
@@ -85,9 +89,13 @@ def run(args: argparse.Namespace) -> int:
     if args.min_count is not None:
         flags["text_min_count"] = args.min_count
     config = config.merged(flags) if flags else config
-    if args.hard_negatives or args.word_classes:
+    if args.hard_negatives or args.word_classes or args.groups:
         negatives = dataclasses.asdict(config.negatives) if config.negatives is not None else {}
-        config = config.merged({"negatives": {**negatives, **({"word_classes": args.word_classes} if args.word_classes else {})}})
+        if args.word_classes:
+            negatives["word_classes"] = args.word_classes
+        if args.groups:  # the groups a user names are trained with, whatever the recipe's groups setting
+            negatives.update(groups=True, groups_file=str(args.groups))
+        config = config.merged({"negatives": negatives})
     ctx = setup(args.device)
     try:
         # the data first: a missing folder is reported before any weights are downloaded

@@ -119,6 +119,12 @@ class AlignmentPooler(Pooler):
         return pairwise_cosines(pad_with_a_real_token(img), pad_with_a_real_token(txt))
 
     @staticmethod
+    def paired_alignment(img: Embeddings, txt: Embeddings) -> torch.Tensor:
+        """``[k, r, w]`` region x word cosines of the row-aligned pairs ``(img[k], txt[k])``,
+        padded cells as in :meth:`alignment` (what :meth:`~xmatch.plugin.Pooler.paired` pools)."""
+        return torch.bmm(pad_with_a_real_token(img), pad_with_a_real_token(txt).transpose(1, 2))
+
+    @staticmethod
     def _no_candidates(best: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
         # an item without any real token has no candidate for the max, as with -inf masking
         return best.masked_fill(empty, float("-inf")) if bool(empty.any()) else best

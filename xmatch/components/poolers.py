@@ -58,6 +58,35 @@ class TeranPooler(AlignmentPooler):
         # also sees a 0
         return torch.where(narrower, best.clamp_min(0), best)
 
+    def paired(self, img: Embeddings, txt: Embeddings, *, batch_layout: bool = False) -> torch.Tensor:
+        """Scores ``[n]`` of the row-aligned pairs ``(img[k], txt[k])`` in one batched product:
+        ``self(img, txt).diagonal()`` without the other pairs (see :meth:`~xmatch.plugin.Pooler.paired`).
+
+        Example:
+            >>> e = Embeddings(torch.eye(2).expand(3, 2, 2), torch.ones(3, 2, dtype=torch.bool))
+            >>> SymmPooler().paired(e, e)
+            tensor([4., 4., 4.])
+        """
+        if len(img) != len(txt) or type(self).pool_pairs is TeranPooler.pool_pairs:
+            # the base names a mismatch, and scores a subclass without pool_pairs pair by pair
+            return super().paired(img, txt, batch_layout=batch_layout)
+        context = self.context(img, txt, batch_layout)
+        a = self.paired_alignment(img, txt)
+        # the reductions of mrsw/mwsr with the pair axis in place of the image and text axes
+        region_best = self._no_candidates(a.amax(dim=1), ~img.mask.any(dim=1)[:, None])
+        if context["region_width"] is not None:
+            region_best = self._zero_candidate(region_best, (img.lengths < context["region_width"])[:, None])
+        word_best = self._no_candidates(a.amax(dim=2), ~txt.mask.any(dim=1)[:, None])
+        if context["word_width"] is not None:
+            word_best = self._zero_candidate(word_best, (txt.lengths < context["word_width"])[:, None])
+        return self.pool_pairs(region_best.masked_fill(~txt.mask, 0).sum(dim=1),
+                               word_best.masked_fill(~img.mask, 0).sum(dim=1), txt)
+
+    def pool_pairs(self, mrsw: torch.Tensor, mwsr: torch.Tensor, txt: Embeddings) -> torch.Tensor | None:
+        """The pooler's score of each pair from its ``MrSw`` and ``MwSr`` sums, for :meth:`paired`;
+        None here: a subclass that does not override it is scored pair by pair."""
+        return None
+
     def mrsw(self, a: torch.Tensor, img: Embeddings, txt: Embeddings, region_width: int | None) -> torch.Tensor:
         best = self.region_max(a, img)
         if region_width is not None:
@@ -80,6 +109,9 @@ class MrSwPooler(TeranPooler):
         tensor([[2.]])
     """
 
+    def pool_pairs(self, mrsw: torch.Tensor, mwsr: torch.Tensor, txt: Embeddings) -> torch.Tensor:
+        return mrsw
+
     def pairwise(self, img: Embeddings, txt: Embeddings, region_width=None, word_width=None) -> torch.Tensor:
         return self.mrsw(self.alignment(img, txt), img, txt, region_width)
 
@@ -92,6 +124,9 @@ class MwSrPooler(TeranPooler):
         >>> MwSrPooler()(img, img)
         tensor([[2.]])
     """
+
+    def pool_pairs(self, mrsw: torch.Tensor, mwsr: torch.Tensor, txt: Embeddings) -> torch.Tensor:
+        return mwsr
 
     def pairwise(self, img: Embeddings, txt: Embeddings, region_width=None, word_width=None) -> torch.Tensor:
         return self.mwsr(self.alignment(img, txt), img, txt, word_width)
@@ -106,6 +141,9 @@ class SymmPooler(TeranPooler):
         tensor([[4.]])
     """
 
+    def pool_pairs(self, mrsw: torch.Tensor, mwsr: torch.Tensor, txt: Embeddings) -> torch.Tensor:
+        return mrsw + mwsr
+
     def pairwise(self, img: Embeddings, txt: Embeddings, region_width=None, word_width=None) -> torch.Tensor:
         a = self.alignment(img, txt)
         return self.mrsw(a, img, txt, region_width) + self.mwsr(a, img, txt, word_width)
@@ -119,6 +157,9 @@ class MrAvgwPooler(TeranPooler):
         >>> MrAvgwPooler()(img, img)
         tensor([[1.]])
     """
+
+    def pool_pairs(self, mrsw: torch.Tensor, mwsr: torch.Tensor, txt: Embeddings) -> torch.Tensor:
+        return mrsw / txt.lengths.to(mrsw.dtype)
 
     def pairwise(self, img: Embeddings, txt: Embeddings, region_width=None, word_width=None) -> torch.Tensor:
         scores = self.mrsw(self.alignment(img, txt), img, txt, region_width)
@@ -144,3 +185,9 @@ class GlobalCosinePooler(Pooler):
                 "with a CLS slot (image_encoder cls_slot=true, a BERT text encoder)."
             )
         return img.pooled @ txt.pooled.T
+
+    def paired(self, img: Embeddings, txt: Embeddings, *, batch_layout: bool = False) -> torch.Tensor:
+        """Cosines ``[n]`` of the row-aligned pairs' global vectors (:meth:`~xmatch.plugin.Pooler.paired`)."""
+        if len(img) != len(txt) or img.pooled is None or txt.pooled is None:
+            return super().paired(img, txt, batch_layout=batch_layout)  # pairwise names what is missing
+        return (img.pooled * txt.pooled).sum(dim=-1)

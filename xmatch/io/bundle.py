@@ -6,6 +6,7 @@ import copy
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from xmatch.core.errors import XmatchError
 from xmatch.core.spec import COMPONENTS, OPTIONAL_COMPONENTS, merge
 
 FORMAT = "xmatch.model/1"
+#: the metadata entry of a verifier head's own validation (:func:`read_verifier_validation`)
+VERIFIER_VALIDATION = "verifier_validation"
 #: set to 1 to load weights that hold NaN or infinite values (research on a diverged run)
 ENV_ALLOW_NONFINITE = "XMATCH_ALLOW_NONFINITE_WEIGHTS"
 
@@ -42,7 +45,13 @@ def _version() -> str:
     return __version__
 
 
-def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
+def save_pretrained(
+    model: torch.nn.Module,
+    directory: str | os.PathLike,
+    dtype: torch.dtype | None = None,
+    *,
+    verifier_validation: Mapping[str, Any] | None = None,
+) -> Path:
     """Write ``model`` as a bundle: ``model.safetensors`` (spec and version in the metadata)
     and the text encoder's assets (tokenizer / vocabulary). Load it with
     ``xmatch.build("local-dir:DIR", pretrained=True)``.
@@ -52,6 +61,9 @@ def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike, dtype:
         directory: the bundle folder (created).
         dtype: store the floating-point tensors in this dtype, e.g. ``torch.float16`` to halve
             the file; loading casts them to the model's dtype. Default: as they are.
+        verifier_validation: the verifier head's own validation (what the trainer measures:
+            accuracy, chance level, split...), kept in the metadata so that re-ranking with
+            the head can tell a head that learned nothing (:func:`read_verifier_validation`).
 
     Example:
         >>> model = xmatch.build("teran-mrsw-scenes")
@@ -75,6 +87,8 @@ def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike, dtype:
         "spec": json.dumps(spec),
         "assets": json.dumps({"text_encoder": sorted(k for k, v in assets.items() if isinstance(v, str))}),
     }
+    if verifier_validation is not None:
+        metadata[VERIFIER_VALIDATION] = json.dumps(dict(verifier_validation))
     tmp = directory / (WEIGHTS_FILE + ".partial")
     # a cast copy: the caller's model keeps its precision
     save_model(_owning_storages(copy.deepcopy(model).to(dtype) if dtype is not None else model), str(tmp), metadata=metadata)
@@ -177,6 +191,36 @@ def read_bundle_spec(directory: str | os.PathLike) -> tuple[dict[str, Any], Path
                     f"does not list as an asset. {_RESAVE}"
                 )
     return spec, weights
+
+
+def read_verifier_validation(weights: str | os.PathLike) -> dict[str, Any] | None:
+    """The verifier head's validation record that a weights file keeps in its metadata (what
+    :func:`save_pretrained` writes with ``verifier_validation``, as ``xmatch train`` does for a
+    model with a verifier), or None when it keeps none.
+
+    Raises:
+        BundleError: the file is unreadable or the record is not a JSON table.
+
+    Example:
+        >>> xmatch.save_pretrained(xmatch.build("teran-mrsw-scenes"), "plain", verifier_validation={"accuracy": 71.0})
+        PosixPath('plain')
+        >>> read_verifier_validation("plain/model.safetensors")
+        {'accuracy': 71.0}
+    """
+    from safetensors import safe_open
+
+    weights = Path(weights)
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as exc:
+        raise BundleError(f"{weights} is not a readable safetensors file ({exc}); download or save it again.") from None
+    if VERIFIER_VALIDATION not in meta:
+        return None
+    record = _metadata_json(meta, VERIFIER_VALIDATION, weights)
+    if not isinstance(record, dict):
+        raise BundleError(f"{weights}: the '{VERIFIER_VALIDATION}' entry of its metadata is not a table. {_RESAVE}")
+    return record
 
 
 def _metadata_json(meta: dict[str, str], key: str, weights: Path, default: str | None = None) -> Any:

@@ -220,6 +220,29 @@ class Pooler(nn.Module):
         """Values computed once over the whole inputs and passed to every block."""
         return {}
 
+    def paired(self, img: Embeddings, txt: Embeddings, *, batch_layout: bool = False) -> torch.Tensor:
+        """Scores ``[n]`` of the row-aligned pairs ``(img[k], txt[k])``: the diagonal of
+        ``self(img, txt)`` without the ``n x n`` others (a training step scores each structural
+        negative against its own caption's image only). This default scores pair by pair with
+        :meth:`pairwise`; the built-in poolers override it with one batched computation. (A
+        pooler that compares a batch's images or captions with each other, as OAN's intra
+        poolers do, has no image-caption pairs to score.)
+
+        Raises:
+            ValueError: ``img`` and ``txt`` differ in length.
+
+        Example:
+            >>> from xmatch.components.poolers import MrSwPooler
+            >>> e = Embeddings(torch.eye(2).expand(3, 2, 2), torch.ones(3, 2, dtype=torch.bool))
+            >>> MrSwPooler().paired(e, e)
+            tensor([2., 2., 2.])
+        """
+        _check_pairs(img, txt)
+        context = self.context(img, txt, batch_layout)
+        if not len(img):
+            return img.tokens.new_zeros(0)
+        return torch.cat([self.pairwise(img[k], txt[k], **context).reshape(1) for k in range(len(img))])
+
     def chunk_sizes(
         self, img: Embeddings, txt: Embeddings, image_chunk: int | None = None, text_chunk: int | None = None
     ) -> tuple[int, int]:
@@ -316,6 +339,14 @@ class Pooler(nn.Module):
                 else:
                     out[rows[:, None], tpos.to(out.device)[None, :]] = block
         return out
+
+
+def _check_pairs(img: Embeddings, txt: Embeddings) -> None:
+    if len(img) != len(txt):
+        raise ValueError(
+            f"paired scores row-aligned pairs (img[k], txt[k]): got {len(img)} images and {len(txt)} texts; "
+            "to score every image against every text call the pooler itself."
+        )
 
 
 def _even(n: int, chunk: int) -> int:

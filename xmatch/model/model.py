@@ -386,6 +386,21 @@ class MatchingModel(nn.Module):
                 scores[name] = pooler(img, txt, batch_layout=True)
             return scores
 
+    def paired_scores(self, img: Embeddings, txt: Embeddings) -> torch.Tensor:
+        """The main pooler's scores ``[n]`` of the row-aligned pairs ``(img[k], txt[k])``, in the
+        training batch layout and in float32 like :meth:`batch_scores`: a step scores each
+        structural negative against its own caption's image only, not against the whole batch.
+
+        Example:
+            >>> model = xmatch.build("teran-mrsw-scenes")
+            >>> img = model.encode_images(xmatch.RegionInputs(torch.rand(2, 36, 1280), torch.tensor([0.1, 0.2, 0.5, 0.9]).expand(2, 36, 4)))
+            >>> txt = model.encode_texts(["a red circle", "a blue seven"])
+            >>> torch.allclose(model.paired_scores(img, txt), model.batch_scores(img, txt)["main"].diagonal())
+            True
+        """
+        with torch.autocast(img.tokens.device.type, enabled=False):
+            return self.pooler.paired(_at_least_float32(img), _at_least_float32(txt), batch_layout=True)
+
     def forward(self, batch: PairBatch) -> LossOutput:
         """Training step: encode a batch of (image, caption) pairs and return the loss.
 

@@ -204,12 +204,16 @@ def _disk_full_names(partial: Path, what: str) -> Iterator[None]:
         ) from None
 
 
-def write_bundle(directory: Path, model: torch.nn.Module, extra: dict[str, str] | None = None) -> Path:
-    """Write a model bundle (``best/``, ``final/``) atomically, replacing an older one."""
+def write_bundle(
+    directory: Path, model: torch.nn.Module, extra: dict[str, str] | None = None,
+    verifier_validation: dict[str, Any] | None = None,
+) -> Path:
+    """Write a model bundle (``best/``, ``final/``) atomically, replacing an older one; a
+    verifier head's validation record goes into its metadata."""
     tmp = directory.with_name(f".{directory.name}.partial")
     with _disk_full_names(tmp, "the model"):
         shutil.rmtree(tmp, ignore_errors=True)
-        save_pretrained(model, tmp)
+        save_pretrained(model, tmp, verifier_validation=verifier_validation)
         for name, text in (extra or {}).items():
             (tmp / name).write_text(text, encoding="utf-8")
     old = directory.with_name(f".{directory.name}.old")

@@ -69,8 +69,12 @@ class NegativesConfig:
         word_classes: where the makers' word classes come from: ``"dataset"`` (the lists the
             training set declares, e.g. the scenes grammar's), ``"spacy"`` (the optional spaCy
             tagger, ``pip install 'xmatch-zoo[spacy]'``), ``"nltk"``, or a JSON file of word lists.
-        groups: when the training set declares hard-negative groups (``hard_negative_groups()``),
-            batch each group's members together and add the in-group terms.
+        groups: when the training set has hard-negative groups (``groups_file``, or the ones it
+            declares with ``hard_negative_groups()``), batch each group's members together and
+            add the in-group terms; a set without groups is warned about.
+        groups_file: a JSON file of hard-negative groups over the training split, the format
+            ``xmatch eval --groups`` reads (:meth:`xmatch.eval.groups.GroupSet.from_json`;
+            ``xmatch train --groups FILE``); it replaces the groups the set declares.
 
     Example:
         >>> NegativesConfig(kinds=["swap-roles"], per_caption=1).word_classes
@@ -83,6 +87,7 @@ class NegativesConfig:
     weight: float = 1.0
     word_classes: str = "dataset"
     groups: bool = True
+    groups_file: str | None = None
 
     def __post_init__(self) -> None:
         if not self.kinds or not all(isinstance(k, str) and k for k in self.kinds):
@@ -93,6 +98,11 @@ class NegativesConfig:
             raise ConfigError(f"train -> negatives -> margin: a non-negative number, got {self.margin}.")
         if not math.isfinite(self.weight) or self.weight <= 0:
             raise ConfigError(f"train -> negatives -> weight: a positive number, got {self.weight}.")
+        if self.groups_file is not None and not self.groups:
+            raise ConfigError(
+                f"train -> negatives -> groups_file: {self.groups_file} is set but groups = false turns the groups "
+                "off: set groups = true to train with the file's groups, or leave groups_file out."
+            )
 
 
 @dataclass
@@ -259,6 +269,8 @@ class TrainConfig:
         data = dataclasses.asdict(self)
         data["betas"] = list(self.betas)
         data["param_groups"] = [{k: v for k, v in g.items() if v is not None} for g in data["param_groups"]]
+        if data["negatives"] is not None:  # a table without a groups file is recorded as before it had one
+            data["negatives"] = {k: v for k, v in data["negatives"].items() if v is not None}
         return {k: v for k, v in data.items() if v is not None}
 
 

@@ -140,8 +140,9 @@ class TrainStep(nn.Module):
     batch, pool and score. This is the module DDP wraps (its parameters are the model's).
 
     With structural negatives (``negatives_margin`` set; :mod:`xmatch.train.negatives`) the
-    step also encodes the batch's negative captions and adds their hinge term, and the in-group
-    terms where ``group_ids`` are given; a model with a verifier head adds the verifier's own
+    step also encodes the batch's negative captions (in one text batch with the captions),
+    scores each against its own caption's image only (:meth:`~xmatch.MatchingModel.paired_scores`)
+    and adds their hinge term, and the in-group terms where ``group_ids`` are given; a model with a verifier head adds the verifier's own
     loss. These extra terms read the local share only (never the gathered batch).
     """
 
@@ -165,7 +166,11 @@ class TrainStep(nn.Module):
     def forward(
         self, batch: PairBatch, negatives: NegativeTexts | None = None, group_ids: torch.Tensor | None = None
     ) -> LossOutput:
-        img, txt = self.model.encode_batch(batch)
+        negative_txt = None
+        if negatives is not None and len(negatives):
+            img, txt, negative_txt = self._encode_with_negatives(batch, negatives)
+        else:
+            img, txt = self.model.encode_batch(batch)
         ids = batch.image_ids
         verifier = getattr(self.model, "verifier", None)
         if self.negatives_margin is None and verifier is None:
@@ -183,12 +188,11 @@ class TrainStep(nn.Module):
                 out = self.model.loss(all_scores, ids)
             scores = all_scores["main"]
         loss, logs = out.loss, dict(out.logs)
-        negative_txt = None
-        if negatives is not None and len(negatives):
-            negative_txt = self.model.encode_texts(negatives.texts, batch_size=len(negatives))
         if self.negatives_margin is not None:
-            negative_scores = self.model.batch_scores(img, negative_txt)["main"] if negative_txt is not None else None
-            owner = negatives.owner if negatives is not None else None
+            owner = negatives.owner.to(scores.device) if negative_txt is not None else None
+            # the hinge reads each negative's score with its own caption's image only: scoring
+            # it against every image of the batch ([B, M]) was most of the negatives' cost
+            negative_scores = self.model.paired_scores(img[owner], negative_txt) if owner is not None else None
             term, term_logs = structural_hinge(scores, negative_scores, owner, self.negatives_margin, group_ids, ids)
             loss = loss + self.negatives_weight * term
             logs.update(term_logs)
@@ -200,3 +204,14 @@ class TrainStep(nn.Module):
             loss = loss + checked.loss
             logs.update(checked.logs)
         return LossOutput(loss, logs)
+
+    def _encode_with_negatives(self, batch: PairBatch, negatives: NegativeTexts) -> tuple[Embeddings, Embeddings, Embeddings]:
+        """The batch's images, captions and negative captions; the captions and their negatives
+        go through the text side as one batch (one pass of a recurrent encoder's time steps
+        instead of two), each part trimmed to its own longest text afterwards."""
+        if not isinstance(batch, PairBatch):
+            raise TypeError(f"a training batch is an xmatch.PairBatch (xmatch.data.collate makes one), got {type(batch).__name__}.")
+        img = self.model.encode_images(batch.images, batch_size=None, progress=False)
+        n, texts = len(batch.texts), [*batch.texts, *negatives.texts]
+        both = self.model.encode_texts(texts, batch_size=len(texts))
+        return img, both[:n].trimmed(), both[n:].trimmed()

@@ -5,16 +5,35 @@ caption of the batch almost never differs from the true one in a relation or a b
 nothing teaches the model to read them (Yuksekgonul et al., "When and why vision-language models
 behave like bags-of-words", ICLR 2023; Thrush et al., Winoground, CVPR 2022). NegCLIP's remedy
 is to add, for every training caption, negatives made from it by changing its structure. The
-makers here do that on word classes from a :class:`~xmatch.eval.probes.Tagger` (a dataset's
-declared word lists, a JSON file, or a part-of-speech tagger):
+makers here do that on the structure a :class:`~xmatch.eval.probes.Tagger` reads in a caption
+(:func:`xmatch.eval.lexicons.structure_of`: the spaCy tagger's dependency parse, or a dataset's
+declared word lists, a JSON file of them), so that every negative is grammatical and false:
 
-- ``swap-roles``: two noun phrases (a noun with the attributes before it) change places
-  ("a red 7 left of a blue circle" -> "a blue circle left of a red 7");
-- ``swap-attributes``: two attributes of one class bound to different nouns change places
-  ("a red 7 left of a blue circle" -> "a blue 7 left of a red circle");
-- ``replace-relation``: a relation phrase becomes its converse ("left of" -> "right of") or,
-  without a known converse, another relation;
-- ``change-count``: a count becomes another number ("two dogs" -> "three dogs").
+- ``swap-roles``: the two noun phrases a place relation joins directly change places, whole
+  (the determiner and the modifiers move with their noun, "a"/"an" agree again): "a red 7 left
+  of a blue circle" -> "a blue circle left of a red 7". Never across a verb ("a wine glass
+  holding a man"), containment ("a cup in a ball"), "with" or "of", nor a symmetric relation
+  ("next to", "near"), whose swap would still be true; never a phrase torn from a longer one, the
+  scene, a body part or clothing (:data:`xmatch.eval.lexicons.NOT_OBJECTS`), nor a singular with
+  a plural phrase;
+- ``swap-attributes``: two attributes of one class (colour, size, material, pattern, ...:
+  :data:`xmatch.eval.lexicons.ATTRIBUTE_LEXICONS`, or the word list's attribute classes) bound
+  to different noun phrases change places ("a red 7 left of a blue circle" -> "a blue 7 left
+  of a red circle"); a word in no class never moves, nor two shades of one colour ("white",
+  "bright white"), coordinated colours ("yellow and white") or a place's attribute;
+- ``replace-relation``: a relation of :data:`xmatch.eval.lexicons.RELATION_TABLE` becomes its
+  converse ("left of" -> "right of", "on top of" -> "beneath"), one of proximity "far from"
+  (and "far from" "next to"), another without a converse an asymmetric relation that is not its
+  synonym; "in yellow" (an attribute), verbs, a plain "in", a relation to the scene, a body part
+  or clothing ("in the picture", "in hand") and an "on" a verb places ("sitting on a chair")
+  are left alone;
+- ``change-count``: a count of 2 to 10 becomes another of 2 to 10 ("two dogs" -> "three dogs");
+  "a"/"one" are left alone, so the noun's number stays right.
+
+:func:`negative_problem` checks a negative: re-read, it keeps the original's grammatical pattern
+(with a parser's tags) and no longer says the same (:meth:`xmatch.eval.lexicons.Structure.key`:
+synonyms merged, a symmetric relation's sides unordered); :class:`CaptionNegatives` drops those
+that fail.
 
 A maker is a callable ``(caption, rng) -> str | None`` (None: the caption has nothing it can
 change), registered in the ``negatives`` registry (entry-point group ``xmatch_negatives``) and
@@ -35,6 +54,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,7 +63,18 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from xmatch.eval.probes import SwapAttributes, Tagger, join_words, split_words
+from xmatch.eval.lexicons import (
+    CONTAINMENT,
+    DETERMINERS,
+    PEOPLE,
+    SCENE_NOUNS,
+    Structure,
+    match_relation,
+    relation_named,
+    replacement,
+    structure_of,
+)
+from xmatch.eval.probes import Tagger, join_words, respace, split_words
 
 #: word -> its converse inside a spatial relation phrase (general English, both directions)
 CONVERSE_WORDS: dict[str, str] = {
@@ -102,10 +134,11 @@ def noun_phrases(words: Sequence[str], tagger: Tagger) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class SwapRoles:
-    """Two noun phrases with their attributes change places: who does what to whom changes.
-
-    Pairs joined by a relation phrase ("A left of B", "a dog chasing a cat" with a relation
-    class of verbs) are preferred; otherwise any two different noun phrases.
+    """The two noun phrases a place relation joins directly change places, whole: what is
+    where changes. Never across a verb, containment ("in", "inside", "outside", "in the middle
+    of"), "with", "of" or a symmetric relation ("next to": still true); never a phrase that
+    would tear ("the shore of ..."), the scene, a body part or clothing; never a person "on" a
+    thing, nor a singular with a plural phrase; None when no pair qualifies.
 
     Example:
         >>> from xmatch.scenes.tagger import scenes_tagger
@@ -118,30 +151,40 @@ class SwapRoles:
 
     def __call__(self, text: str, rng: np.random.Generator) -> str | None:
         words = split_words(text)
-        phrases = noun_phrases(words, self.tagger)
-        relations = self.tagger.spans(words, "relation") if "relation" in self.tagger.classes else []
-        pairs, linked = [], []
-        for a, (s1, e1) in enumerate(phrases):
-            for s2, e2 in phrases[a + 1:]:
-                if [w.lower() for w in words[s1:e1]] == [w.lower() for w in words[s2:e2]]:
-                    continue
-                pairs.append((s1, e1, s2, e2))
-                if any(e1 <= rs and re <= s2 for rs, re in relations) and not any(
-                    e1 <= ps and pe <= s2 for ps, pe in phrases
-                ):
-                    linked.append((s1, e1, s2, e2))
-        options = linked or pairs
+        structure = structure_of(words, self.tagger)
+        options: list[tuple[int, int]] = []
+        for link in structure.links:
+            # a verb's sides swapped are absurd ("a wine glass holding a man"), a container's too
+            # ("a cup in a ball"); "with" and "of" are no relation, a symmetric one stays true
+            if link.verb or link.symmetric or (link.relation is not None and link.relation.name in CONTAINMENT):
+                continue
+            subject = _direct_subject(structure, link)
+            if subject is None or _torn(structure, subject, link.object):
+                continue
+            a, b = sorted((subject, link.object))
+            (s1, e1), (s2, e2) = structure.phrases[a], structure.phrases[b]
+            if a == b or not (structure.is_thing(a) and structure.is_thing(b)):
+                continue  # "the table is also on a lamp", "shade standing in a giraffe"
+            if link.relation is not None and link.relation.name == "on":
+                continue  # what bears a thing seldom rests on it: "a clock on a pole" -> "a pole on a clock"
+            if structure.plural[a] != structure.plural[b] or (a, b) in options:
+                continue
+            if _lower(words[s1:e1]) == _lower(words[s2:e2]):
+                continue  # the same phrase twice: nothing changes
+            options.append((a, b))
         if not options:
             return None
-        s1, e1, s2, e2 = options[int(rng.integers(len(options)))]
-        return join_words(words[:s1] + words[s2:e2] + words[e1:s2] + words[s1:e1] + words[e2:])
+        a, b = options[int(rng.integers(len(options)))]
+        (s1, e1), (s2, e2) = structure.phrases[a], structure.phrases[b]
+        return _rewrite(structure, [(s1, e1, _moved(structure, s2, e2)), (s2, e2, _moved(structure, s1, e1))])
 
 
 @dataclass(frozen=True)
 class SwapBoundAttributes:
-    """Two attributes of one class (colour, size, ...) bound to different nouns change places:
-    :class:`xmatch.eval.probes.SwapAttributes` on one of the tagger's attribute classes, drawn
-    at random among those that change the caption.
+    """Two different attributes of one class (colour, size, material, pattern, ...) bound to
+    different noun phrases change places; the class, then the pair, drawn at random. Not two
+    shades of one colour, not a colour coordinated with another ("yellow and white"), not a
+    swap that gives a phrase one attribute twice, not a place's attribute.
 
     Example:
         >>> from xmatch.scenes.tagger import scenes_tagger
@@ -153,19 +196,42 @@ class SwapBoundAttributes:
     name: str = "swap-attributes"
 
     def __call__(self, text: str, rng: np.random.Generator) -> str | None:
-        classes = list(self.tagger.attributes)
-        for k in rng.permutation(len(classes)):
-            swapped = SwapAttributes(classes[int(k)], self.tagger)(text, rng)
-            if swapped != text:
-                return swapped
-        return None
+        structure = structure_of(split_words(text), self.tagger)
+        lower = [w.lower() for w in structure.words]
+        # a place's colour is no thing's ("a green lush shore"); "yellow and white" is one colour
+        movable = [a for a in structure.attributes if _head(structure, a.owner) not in SCENE_NOUNS and not _coordinated(structure, a)
+                   and (a.stop >= len(lower) or lower[a.stop] != "-")]  # "black-haired": a compound's part
+        pairs: dict[str, list[tuple[Any, Any]]] = {}
+        for k, first in enumerate(movable):
+            for second in movable[k + 1:]:
+                if first.word_class != second.word_class or first.owner == second.owner or first.meaning == second.meaning:
+                    continue
+                if lower[first.stop - 1] == lower[second.stop - 1]:
+                    continue  # "white" and "bright white": still white both
+                if _has(structure, first.owner, second) or _has(structure, second.owner, first):
+                    continue  # the phrase would say one colour twice
+                if first.word_class == "size" and _contains(structure, first.owner, second.owner):
+                    continue  # "a small ball in a big box" -> "a big ball in a small box" cannot be drawn
+                pairs.setdefault(first.word_class, []).append((first, second))
+        if not pairs:
+            return None
+        options = pairs[sorted(pairs)[int(rng.integers(len(pairs)))]]
+        first, second = options[int(rng.integers(len(options)))]
+        words = structure.words
+        return _rewrite(structure, [(first.start, first.stop, list(words[second.start:second.stop])),
+                                    (second.start, second.stop, list(words[first.start:first.stop]))])
 
 
 @dataclass(frozen=True)
 class ReplaceRelation:
-    """One relation phrase becomes its converse ("left of" -> "right of", "on top of" ->
-    "beneath": :data:`CONVERSE_WORDS`, :data:`CONVERSE_PHRASES`) or, when it has none,
-    another relation of :data:`RELATION_PHRASES`.
+    """One relation between two noun phrases becomes its converse ("left of" -> "right of",
+    "on top of" -> "beneath": :data:`CONVERSE_WORDS`, :data:`CONVERSE_PHRASES`, the table
+    :data:`xmatch.eval.lexicons.RELATION_TABLE`), one of proximity (``next to``) "far from",
+    another without a converse an asymmetric relation of the table that is not its synonym. A
+    relation word a word list declares and the table does not know becomes a relation of the
+    table. Verbs, "with", "by", "between", a plain "in", a relation with the scene, a body
+    part or clothing on either side, an "on" that does not link two things directly and a
+    preposition before an attribute ("in yellow") are left alone.
 
     Example:
         >>> from xmatch.scenes.tagger import scenes_tagger
@@ -177,20 +243,147 @@ class ReplaceRelation:
     name: str = "replace-relation"
 
     def __call__(self, text: str, rng: np.random.Generator) -> str | None:
-        if "relation" not in self.tagger.classes:
-            return None
-        words = split_words(text)
-        spans = self.tagger.spans(words, "relation")
-        if not spans:
-            return None
-        start, stop = spans[int(rng.integers(len(spans)))]
-        phrase = words[start:stop]
-        replacement = converse(phrase)
-        if replacement is None:
-            current = tuple(w.lower() for w in phrase)
-            others = [p for p in RELATION_PHRASES if tuple(p.split()) != current]
-            replacement = others[int(rng.integers(len(others)))].split()
-        return join_words(words[:start] + replacement + words[stop:])
+        structure = structure_of(split_words(text), self.tagger)
+        options = [link for link in structure.links if _relates_things(structure, link)]
+        rng.shuffle(options)
+        for link in options:
+            new = _replacement(list(structure.words[link.start:link.stop]), link.relation, rng)
+            if new is not None:
+                return _rewrite(structure, [(link.start, link.stop, new)])
+        return None
+
+
+#: relations that a verb before them often means otherwise ("grazing on grass", "fighting over a frisbee",
+#: "standing over a plate"): replaced only between two things they link directly
+VERTICAL = frozenset({"on", "above", "below"})
+#: words that may stand between a relation and the phrase it says something about ("a cup is also on a book")
+GAP_WORDS = frozenset({"is", "are", "was", "were", "be", "also", "still"})
+
+
+def _direct_subject(structure: Structure, link: Any) -> int | None:
+    """The phrase right before a relation (only a copula or an adverb between: "a cup is on a
+    book"), or None: a verb places the thing ("sitting on a chair"), or the parse attaches the
+    relation to another thing ("a man preparing food on an oven")."""
+    k = link.start
+    while k > 0 and (structure.words[k - 1].lower() in GAP_WORDS or (structure.tags is not None and structure.tags[k - 1] in ("AUX", "ADV"))):
+        k -= 1
+    before = next((p for p, (_, stop) in enumerate(structure.phrases) if stop == k), None)
+    if before is None:
+        return None
+    head = structure.words[structure.heads[before][0]:structure.heads[before][1]]
+    if len(head) > 1 and head[-1].lower().endswith("ing"):
+        return None  # "a giraffe grazing" read as one noun: the verb places the thing
+    if link.subject is not None and link.subject != before and structure.is_thing(link.subject):
+        return None
+    return before
+
+
+def _torn(structure: Structure, subject: int, obj: int) -> bool:
+    """Whether moving the two phrases would tear a longer one or move a verb's object: the
+    object continues with "of" or another noun ("the shore of a body of water", "a bathroom |
+    counter"); the subject ends "a thing of ...", follows a preposition, an "and" or a verb
+    ("a person reaching for a pizza on a pan", "a man and his wife on a bed", "blow out a candle
+    on a dessert"; but "an image showing X below Y" and "a picture of X below Y": the frame
+    holds any thing), or is the end of a phrase the parse split ("a small | spotted violet spoon")."""
+    words, tags = structure.words, structure.tags
+    start, after = structure.phrases[subject][0], structure.phrases[obj][1]
+    if after < len(words) and (words[after].lower() in ("of", "'s") or any(s == after for s, _ in structure.phrases)):
+        return True
+    if not all(_opens(words[structure.phrases[p][0]]) for p in (subject, obj)):
+        return True  # "lady", "is place": no article, the phrase is not what the parse took it for
+    if any(stop == start for _, stop in structure.phrases):
+        return True
+    if start == 0:
+        return False
+    before = words[start - 1].lower()
+    frame = next((p for p, (_, stop) in enumerate(structure.phrases) if stop == start - 1), None)
+    if before == "of" or (tags is not None and tags[start - 1] == "VERB"):
+        return frame is None or structure.is_thing(frame)
+    return before in ("and", "or", "&") or (tags is not None and tags[start - 1] in ("ADP", "CCONJ", "PART", "DET", "ADJ", "NUM"))
+
+
+def _opens(word: str) -> bool:
+    """Whether a word opens a whole noun phrase: a determiner, a possessive or a count."""
+    lower = word.lower()
+    return lower in DETERMINERS or lower == "an" or _number(lower) is not None
+
+
+def _relates_things(structure: Structure, link: Any) -> bool:
+    """Whether a relation may be replaced: not a verb; neither side the scene, a body part or
+    clothing ("in the picture", "in one hand", "in a uniform"); not a plain "in" (a place, a
+    container, clothes: too many meanings); "on", "above", "below" (and their synonyms) only
+    between two things they link directly ("a cup on a book", not "sitting on a chair",
+    "fighting over a frisbee", "a youngster on a skateboard")."""
+    if link.verb or not structure.is_thing(link.object):
+        return False
+    after = structure.phrases[link.object][1]
+    if after < len(structure.words) and structure.words[after].lower() == "'s":
+        return False  # "out of the catcher 's glove": the glove is the object
+    if link.subject is not None and not structure.is_thing(link.subject):
+        return False
+    subject = _direct_subject(structure, link)
+    if subject is not None and not structure.is_thing(subject):
+        return False
+    phrase = tuple(w.lower() for w in structure.words[link.start:link.stop])
+    if phrase in (("in",), ("out", "of")):
+        return False  # "eating hay out of a basket", "sticking out of": a source, not a place
+    if link.relation is not None and link.relation.name == "on" and link.object is not None:
+        if not _opens(structure.words[structure.phrases[link.object][0]]):
+            return False  # "on parade", "on display": no thing is on anything
+    if link.relation is not None and link.relation.name in VERTICAL:
+        return subject is not None and _head(structure, subject) not in PEOPLE
+    return True
+
+
+def _head(structure: Structure, phrase: int) -> str:
+    """A phrase's noun, lower-cased (the last word of its head)."""
+    return structure.words[structure.heads[phrase][1] - 1].lower()
+
+
+def _coordinated(structure: Structure, attribute: Any) -> bool:
+    """Whether an attribute is coordinated with another of its class in one phrase ("yellow and
+    white", "black-and-white"): together they are one description."""
+    words = [w.lower() for w in structure.words]
+    for other in structure.attributes:
+        if other is attribute or other.word_class != attribute.word_class:
+            continue
+        first, second = sorted((attribute, other), key=lambda a: a.start)
+        if 0 < second.start - first.stop <= 1 and words[first.stop] in ("and", "-", ",", "or", "&"):
+            return True
+    return False
+
+
+def _contains(structure: Structure, first: int, second: int) -> bool:
+    """Whether a containment relation ("in", "inside", ...) joins phrases ``first`` and ``second``."""
+    for link in structure.links:
+        if link.relation is None or link.relation.name not in CONTAINMENT:
+            continue
+        if {link.object, _direct_subject(structure, link), link.subject} >= {first, second}:
+            return True
+    return False
+
+
+def _has(structure: Structure, owner: int, incoming: Any) -> bool:
+    """Whether phrase ``owner`` already has another attribute meaning what ``incoming`` means."""
+    return any(a.owner == owner and a.word_class == incoming.word_class and a.meaning == incoming.meaning
+               for a in structure.attributes if a is not incoming)
+
+
+def _replacement(phrase: list[str], relation: Any, rng: np.random.Generator) -> list[str] | None:
+    """What a relation phrase becomes: the word-level converse where it is the table's converse
+    (it keeps the caption's wording: "left of" -> "right of"), else the table's."""
+    if relation is None:  # a word list's relation the table does not know ("riding")
+        others = [p for p in RELATION_PHRASES if tuple(p.split()) != tuple(w.lower() for w in phrase)]
+        return others[int(rng.integers(len(others)))].split()
+    new = replacement(relation, rng)
+    if new is None:
+        return None
+    if relation.converse is not None:
+        worded = converse(phrase)
+        found = match_relation(worded, 0) if worded else None
+        if found is not None and found[0] == len(worded) and found[1].name == relation_named(new).name:
+            return worded
+    return new.split()
 
 
 def converse(phrase: Sequence[str]) -> list[str] | None:
@@ -211,15 +404,16 @@ def converse(phrase: Sequence[str]) -> list[str] | None:
 
 @dataclass(frozen=True)
 class ChangeCount:
-    """A count becomes another number ("two dogs" -> "three dogs"): the tagger's ``count``
-    class where it has one, else number words and numerals that the tagger does not take for
-    a noun (the scenes' "digit 7" is a name, not a count).
+    """A count of 2 to 10 becomes another of 2 to 10 within two of it ("two dogs" -> "three
+    dogs"), so the noun stays plural and the picture may hold the count: the tagger's ``count`` class where it has one (and the counted phrase
+    is plural), else number words and numerals that the tagger does not take for a noun (the
+    scenes' "digit 7" is a name, not a count). "a" and "one" are left alone.
 
     Example:
         >>> from xmatch.eval.probes import WordListTagger
         >>> tagger = WordListTagger({"noun": ["dogs", "cat"]})
         >>> ChangeCount(tagger)("two dogs and a cat", np.random.default_rng(0))
-        'nine dogs and a cat'
+        'four dogs and a cat'
     """
 
     tagger: Any = field(repr=False, compare=False)
@@ -229,6 +423,10 @@ class ChangeCount:
         words = split_words(text)
         if "count" in self.tagger.classes:
             spans = [(s, e) for s, e in self.tagger.spans(words, "count") if e - s == 1]
+            if getattr(self.tagger, "structure", None) is not None:
+                structure = self.tagger.structure(words)
+                plural = [p for p, (s, e) in enumerate(structure.phrases) if structure.plural[p]]
+                spans = [(s, e) for s, e in spans if any(structure.phrases[p][0] <= s < structure.phrases[p][1] for p in plural)]
         else:
             in_noun = np.zeros(len(words), dtype=bool)
             for s, e in self.tagger.spans(words, "noun"):
@@ -236,12 +434,16 @@ class ChangeCount:
             spans = [(k, k + 1) for k, w in enumerate(words)
                      if not in_noun[k] and (w.lower() in NUMBER_WORDS or (w.isdigit() and 0 < int(w) <= 10))]
         numbers = [(s, _number(words[s])) for s, _ in spans]
-        numbers = [(s, n) for s, n in numbers if n is not None]
+        numbers = [(s, n) for s, n in numbers if n is not None and n >= 2]
         if not numbers:
             return None
         at, value = numbers[int(rng.integers(len(numbers)))]
-        other = int(rng.choice([n for n in range(1, 11) if n != value]))
+        # a count a picture may hold: within two of the true one ("two people ride the motorcycle"
+        # -> "ten" is rejected without the picture)
+        other = int(rng.choice([n for n in range(max(2, value - 2), min(10, value + 2) + 1) if n != value]))
         new = str(other) if words[at].isdigit() else NUMBER_WORDS[other - 1]
+        if words[at][:1].isupper():
+            new = new.capitalize()
         return join_words(words[:at] + [new] + words[at + 1:])
 
 
@@ -250,6 +452,92 @@ def _number(word: str) -> int | None:
     if lower in NUMBER_WORDS:
         return NUMBER_WORDS.index(lower) + 1
     return int(word) if word.isdigit() and 0 < int(word) <= 10 else None
+
+
+#: single capital letters read with a vowel first ("an F", "an X")
+VOWEL_LETTERS = frozenset("AEFHILMNORSX")
+#: words that start with a vowel letter and a consonant sound ("a unicorn", "a one-way sign")
+CONSONANT_SOUNDS = ("uni", "use", "usu", "uti", "ute", "uk", "ur", "eu", "ewe", "one", "once")
+#: words that start with a silent h ("an hour")
+SILENT_H = ("hour", "honest", "honor", "honour", "heir")
+
+
+def _article(word: str) -> str:
+    """``a`` or ``an`` before ``word``."""
+    if len(word) == 1 and word.isalpha():
+        return "an" if word.upper() in VOWEL_LETTERS else "a"
+    if word[:1].isdigit():
+        return "an" if word.startswith("8") or word in ("11", "18") or (len(word) in (5, 6) and word[:2] in ("11", "18")) else "a"
+    lower = word.lower()
+    if lower.startswith(SILENT_H):
+        return "an"
+    return "an" if lower[:1] in "aeiou" and not lower.startswith(CONSONANT_SOUNDS) else "a"
+
+
+def _lower(words: Sequence[str]) -> list[str]:
+    """A phrase's words to compare: case aside, and "a"/"an" alike."""
+    return [("a" if w.lower() == "an" else w.lower()) for w in words]
+
+
+def _moved(structure: Structure, start: int, stop: int) -> list[str]:
+    """A phrase's words to move elsewhere: the sentence's capital stays at the start ("A man"
+    moved inside becomes "a man"; "K" stays a capital)."""
+    words = list(structure.words[start:stop])
+    tags = structure.tags
+    if start == 0 and words and words[0][0].isupper() and (len(words[0]) == 1 or words[0][1:].islower()):
+        if words[0].lower() in DETERMINERS | {"an"} or (len(words[0]) > 1 and (tags is None or tags[0] != "PROPN")):
+            words[0] = words[0].lower()
+    return words
+
+
+def _rewrite(structure: Structure, replacements: Sequence[tuple[int, int, list[str]]]) -> str:
+    """The caption with word ranges replaced (``(start, stop, new words)``, not overlapping),
+    the first word capitalised when the original's was, and every "a"/"an" agreeing with the
+    word after it."""
+    words = list(structure.words)
+    out: list[str] = []
+    k = 0
+    for start, stop, new in sorted(replacements):
+        out += words[k:start] + list(new)
+        k = stop
+    out += words[k:]
+    if words and out and words[0][:1].isupper() and out[0][:1].islower():
+        out[0] = out[0][:1].upper() + out[0][1:]
+    for j in range(len(out) - 1):
+        # a capital "A" inside the sentence is a letter ("the letter A"), not an article
+        if out[j] in ("a", "an") or (j == 0 and out[j] in ("A", "An")):
+            article = _article(out[j + 1])
+            out[j] = article.capitalize() if out[j][0].isupper() else article
+    return re.sub(r"(\w)- (\w)", r"\1-\2", join_words(out))  # "polka-dot", as it was
+
+
+def negative_problem(original: str, negative: str, tagger: Tagger, read: Structure | None = None) -> str | None:
+    """What is wrong with a negative, or None: re-read by ``tagger``, it must keep the
+    original's grammatical pattern (:meth:`~xmatch.eval.lexicons.Structure.pattern`: the
+    coarse tags outside the noun phrases in order, the phrases' shapes; only a tagger with
+    tags, the spaCy one, has one) and say something else
+    (:meth:`~xmatch.eval.lexicons.Structure.key`: synonyms merged, a symmetric relation's
+    sides unordered). ``read``: the negative's structure, when it was read already.
+
+    Example:
+        >>> from xmatch.scenes.tagger import scenes_tagger
+        >>> negative_problem("a red 7 above a blue circle", "a blue circle above a red 7", scenes_tagger()) is None
+        True
+        >>> negative_problem("a red 7 above a blue circle", "a red 7 over a blue circle", scenes_tagger())
+        'says what the original says (a synonym, or the sides of a symmetric relation swapped)'
+    """
+    before = _read(split_words(original), tagger, cache=True)
+    after = read if read is not None else _read(split_words(negative), tagger, cache=False)
+    if before.pattern() != after.pattern():
+        return f"the grammatical pattern changed: {before.pattern()} -> {after.pattern()}"
+    if before.key() == after.key():
+        return "says what the original says (a synonym, or the sides of a symmetric relation swapped)"
+    return None
+
+
+def _read(words: list[str], tagger: Tagger, cache: bool) -> Structure:
+    own = getattr(tagger, "structure", None)
+    return own(words, cache=cache) if own is not None else structure_of(words, tagger)
 
 
 @dataclass
@@ -269,12 +557,15 @@ class CaptionNegatives:
 
     The makers are tried in an order drawn from ``(seed, epoch, caption index)``, and each maker
     draws from the same generator: the negatives depend on nothing else, so a resumed run (or a
-    run on another number of processes) sees the same ones.
+    run on another number of processes) sees the same ones. A negative that fails
+    :func:`negative_problem` with its maker's tagger is dropped (``check``).
 
     Args:
         makers: :class:`NegativeMaker` callables (see :func:`build_makers`).
         per_caption: negatives per caption (fewer when the makers cannot change a caption).
         seed: the run's seed.
+        check: drop the negatives :func:`negative_problem` finds fault with (with the spaCy
+            tagger each negative is parsed once more).
 
     Example:
         >>> from xmatch.scenes.tagger import scenes_tagger
@@ -284,7 +575,7 @@ class CaptionNegatives:
         (['a red 7 below a blue circle'], [0])
     """
 
-    def __init__(self, makers: Sequence[NegativeMaker], per_caption: int = 2, seed: int = 0) -> None:
+    def __init__(self, makers: Sequence[NegativeMaker], per_caption: int = 2, seed: int = 0, check: bool = True) -> None:
         if not makers:
             raise ValueError("structural negatives need at least one maker (e.g. 'swap-roles').")
         if per_caption < 1:
@@ -292,18 +583,11 @@ class CaptionNegatives:
         self.makers = list(makers)
         self.per_caption = per_caption
         self.seed = seed
+        self.check = check
 
     def for_caption(self, text: str, index: int, epoch: int) -> list[str]:
         """The negatives of caption ``index`` (text ``text``) in ``epoch``."""
-        rng = np.random.default_rng([self.seed, epoch, int(index)])
-        made: list[str] = []
-        for k in rng.permutation(len(self.makers)):
-            negative = self.makers[int(k)](text, rng)
-            if negative is not None and negative.lower() != text.lower() and negative not in made:
-                made.append(negative)
-                if len(made) == self.per_caption:
-                    break
-        return made
+        return self._choose([text], [int(index)], epoch)[0]
 
     def draw(self, texts: Sequence[str], indices: Sequence[int] | torch.Tensor, epoch: int) -> NegativeTexts:
         """The negatives of a batch of captions (their dataset indices ``indices``)."""
@@ -311,11 +595,63 @@ class CaptionNegatives:
         if len(indices) != len(texts):
             raise ValueError(f"{len(texts)} captions but {len(indices)} caption indices.")
         out, owner = [], []
-        for row, (text, index) in enumerate(zip(texts, indices)):
-            made = self.for_caption(text, index, epoch)
+        for row, made in enumerate(self._choose(list(texts), [int(i) for i in indices], epoch)):
             out += made
             owner += [row] * len(made)
         return NegativeTexts(out, torch.tensor(owner, dtype=torch.long))
+
+    def _candidates(self, text: str, index: int, epoch: int) -> list[tuple[NegativeMaker, str]]:
+        """Every maker's negative of a caption, in the caption's order of makers. A maker's
+        output depends only on the makers called before it, so calling them all gives the
+        negatives of stopping at ``per_caption`` too."""
+        rng = np.random.default_rng([self.seed, epoch, index])
+        out: list[tuple[NegativeMaker, str]] = []
+        for k in rng.permutation(len(self.makers)):
+            maker = self.makers[int(k)]
+            negative = maker(text, rng)
+            if negative is None:
+                continue
+            negative = respace(text, negative)
+            if negative.lower() != text.lower() and all(negative != n for _, n in out):
+                out.append((maker, negative))
+        return out
+
+    def _choose(self, texts: list[str], indices: list[int], epoch: int) -> list[list[str]]:
+        """Each caption's first ``per_caption`` candidates that pass the check. The check reads
+        the candidates in rounds, each round's parses in one batch (a spaCy tagger parses a
+        batch two to three times faster than one caption at a time), a round reading only the
+        candidates the captions still short of negatives need next."""
+        candidates = [self._candidates(t, i, epoch) for t, i in zip(texts, indices)]
+        made: list[list[str]] = [[] for _ in texts]
+        tried = [0] * len(texts)
+        while True:
+            wanted = [(row, tried[row] + j) for row in range(len(texts))
+                      for j in range(min(self.per_caption - len(made[row]), len(candidates[row]) - tried[row]))]
+            if not wanted:
+                return made
+            read = self._read_all([candidates[row][k] for row, k in wanted])
+            for (row, k), structure in zip(wanted, read):
+                maker, negative = candidates[row][k]
+                tagger = getattr(maker, "tagger", None)
+                tried[row] = k + 1
+                if self.check and tagger is not None and negative_problem(texts[row], negative, tagger, structure) is not None:
+                    continue
+                made[row].append(negative)
+
+    def _read_all(self, candidates: list[tuple[NegativeMaker, str]]) -> list[Structure | None]:
+        """The structures of the candidates whose tagger reads many at once (None for the others)."""
+        read: list[Structure | None] = [None] * len(candidates)
+        if not self.check:
+            return read
+        by_tagger: dict[int, list[int]] = {}
+        for k, (maker, _) in enumerate(candidates):
+            if hasattr(getattr(maker, "tagger", None), "structures"):
+                by_tagger.setdefault(id(maker.tagger), []).append(k)
+        for ks in by_tagger.values():
+            tagger = candidates[ks[0]][0].tagger
+            for k, structure in zip(ks, tagger.structures([split_words(candidates[k][1]) for k in ks])):
+                read[k] = structure
+        return read
 
 
 def build_makers(names: Sequence[str], tagger: Tagger) -> list[NegativeMaker]:
@@ -364,9 +700,40 @@ def tagger_for(source: str, dataset: Any) -> Tagger:
     return make_tagger(source)
 
 
-def training_groups(dataset: Any) -> list[tuple[int, ...]]:
-    """The hard-negative groups a training set declares (``hard_negative_groups()``: member
-    image indices per group), or ``[]``."""
+def training_groups(dataset: Any, groups_file: str | os.PathLike | None = None) -> list[tuple[int, ...]]:
+    """The hard-negative groups of a training set (member image indices per group): the ones a
+    JSON file lists (``groups_file``, the format of ``xmatch eval --groups``:
+    :meth:`xmatch.eval.groups.GroupSet.from_json`, images by name or index), else the ones the
+    set declares (``hard_negative_groups()``), else ``[]``. A file's per-image ``captions`` are
+    not read here: training batches every caption of the member images.
+
+    Raises:
+        FileNotFoundError: no such file.
+        GroupsFileError: the file is not in the groups layout, or a group does not fit the
+            training split (the message names the file, the group and the fix).
+
+    Example:
+        >>> from pathlib import Path
+        >>> from types import SimpleNamespace
+        >>> split = SimpleNamespace(image_names=["a.jpg", "b.jpg", "c.jpg"], caption_image=np.array([0, 1, 2]), split="train")
+        >>> _ = Path("twins.json").write_text('{"groups": [{"images": ["a", 2], "kind": "relation"}]}')
+        >>> training_groups(split, "twins.json")
+        [(0, 2)]
+    """
+    if groups_file is not None:
+        from xmatch.eval.groups import GroupSet, GroupsFileError
+
+        try:
+            listed = GroupSet.from_json(groups_file, dataset)
+        except GroupsFileError as exc:
+            split = getattr(dataset, "split", None)
+            raise GroupsFileError(
+                f"{exc} A training groups file lists images of the training split"
+                + (f" ('{split}'" if split else " (")
+                + f", {len(dataset.image_names)} images) by name or index: correct that group, or pass the file "
+                "written for the split that --split names."
+            ) from None
+        return [tuple(int(i) for i in group.images) for group in listed.groups]
     declared = getattr(dataset, "hard_negative_groups", None)
     if declared is None:
         return []
@@ -391,8 +758,8 @@ def structural_hinge(
     Args:
         scores: ``[B, B]`` batch scores (row = image, column = caption, positives on the
             diagonal).
-        negative_scores: ``[B, M]`` scores of the batch images against the negative captions
-            (None: no caption negatives).
+        negative_scores: ``[M]`` the score of each negative caption with its own caption's
+            image, ``S(owner[m], n_m)`` (None: no caption negatives).
         owner: ``[M]`` the batch row each negative caption was made from.
         margin: the hinge margin.
         group_ids: ``[B]`` each row's hard-negative group (-1: none); None: no group terms.
@@ -403,7 +770,7 @@ def structural_hinge(
 
     Example:
         >>> scores = torch.tensor([[1.0, 0.9], [0.95, 1.0]])
-        >>> loss, logs = structural_hinge(scores, torch.tensor([[0.7], [0.2]]), torch.tensor([0]),
+        >>> loss, logs = structural_hinge(scores, torch.tensor([0.7]), torch.tensor([0]),
         ...                               group_ids=torch.tensor([4, 4]), image_ids=torch.tensor([0, 1]))
         >>> round(logs["negatives_captions"].item(), 2), round(logs["negatives_groups"].item(), 2)
         (0.0, 0.5)
@@ -413,7 +780,12 @@ def structural_hinge(
     captions = zero
     if negative_scores is not None and owner is not None and owner.numel():
         owner = owner.to(scores.device)
-        own = negative_scores[owner, torch.arange(len(owner), device=scores.device)]
+        if negative_scores.shape != owner.shape:
+            raise ValueError(
+                f"negative_scores are the [M] scores of each negative with its own caption's image "
+                f"(MatchingModel.paired_scores); got {tuple(negative_scores.shape)} for {owner.numel()} negatives."
+            )
+        own = negative_scores.to(scores.device)
         captions = (margin - positive[owner] + own).clamp_min(0).sum()
     groups = zero
     if group_ids is not None:
@@ -433,6 +805,6 @@ def structural_hinge(
 
 __all__ = [
     "CONVERSE_PHRASES", "CONVERSE_WORDS", "CaptionNegatives", "ChangeCount", "NegativeMaker", "NegativeTexts",
-    "ReplaceRelation", "SwapBoundAttributes", "SwapRoles", "build_makers", "converse", "noun_phrases",
+    "ReplaceRelation", "SwapBoundAttributes", "SwapRoles", "build_makers", "converse", "negative_problem", "noun_phrases",
     "structural_hinge", "tagger_for", "training_groups",
 ]

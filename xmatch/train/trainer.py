@@ -4,12 +4,14 @@ validation with best-model selection, exact resumption, and DDP through ``torchr
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
 import random
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,12 +46,15 @@ from xmatch.io.run_folder import (
     write_run_record,
 )
 from xmatch.io.safe_load import JsonDepthError, load_json
-from xmatch.train.negatives import CaptionNegatives, build_makers, tagger_for, training_groups
+from xmatch.train.negatives import CaptionNegatives, NegativeTexts, build_makers, tagger_for, training_groups
 from xmatch.train.sampler import EpochBatches, epoch_sampler, group_units
-from xmatch.train.selection import check_metric_name, metric_value, minimised
+from xmatch.train.selection import VERIFIER_FIGURES, check_metric_name, metric_value, minimised, trains_only_verifier
 from xmatch.data.vocab import check_captions
 
 logger = logging.getLogger(__name__)
+
+#: candidates per query that a verifier model's validation re-ranks, beside the pooler's figures
+VAL_RERANK = 20
 
 
 def cpu_has_native_bf16() -> bool:
@@ -160,6 +165,9 @@ class Trainer:
         self.progress = progress and self.ctx.is_main
         self.callbacks = list(callbacks)
         self.stop_requested = False
+        #: (epoch, caption indices, negatives) of the next batch, drawn during the last micro-step
+        self._negatives_ahead: tuple[int, torch.Tensor, NegativeTexts] | None = None
+        self.verifier_record: dict[str, Any] | None = None  # the head's last validation, kept in its bundles
         _check_model(model)
         if not resume and not overwrite:  # refuse early, before data or weights are touched
             refusal = self.ctx.broadcast(claim_for_new_run(self.run_dir, overwrite=False) if self.ctx.is_main else None)
@@ -167,7 +175,11 @@ class Trainer:
                 raise RunFolderError(refusal)
         check_data_fits(model, train_data, "training", allow_unknown_words=self.config.allow_unknown_words)
         if val_data is not None:
-            check_metric_name(self.config.select_metric, self.config.val_relevance)
+            try:
+                check_metric_name(self.config.select_metric, self.config.val_relevance, verifier=model.verifier is not None,
+                                  verifier_only=trains_only_verifier(model, self.config.param_groups))
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         if isinstance(val_data, ImageTextDataset):
             check_data_fits(model, val_data, "validation", allow_unknown_words=self.config.allow_unknown_words)
         self._check_amp()
@@ -194,11 +206,13 @@ class Trainer:
 
     def _plan_negatives(self) -> None:
         """The structural negatives of the recipe (refused before training when their word
-        classes are missing) and, where the training set declares hard-negative groups, the
-        units that batch each group's members together."""
+        classes are missing) and, where the training set has hard-negative groups (a groups file,
+        or the ones it declares), the units that batch each group's members together; a set
+        without groups, with ``groups = true``, is warned about (its group terms stay 0)."""
         self.negatives: CaptionNegatives | None = None
         self.units: list[list[int]] | None = None
         self.group_of_image: torch.Tensor | None = None
+        self.groups_record: dict[str, Any] | None = None
         plan = self.config.negatives
         if plan is None:
             return
@@ -207,7 +221,19 @@ class Trainer:
             self.negatives = CaptionNegatives(build_makers(plan.kinds, tagger), plan.per_caption, self.config.seed)
         except (ValueError, ImportError, FileNotFoundError, XmatchError) as exc:
             raise ConfigError(f"train -> negatives: {exc}") from exc
-        groups = training_groups(self.train_data) if plan.groups else []
+        self._warm_parses(tagger)
+        groups = training_groups(self.train_data, plan.groups_file) if plan.groups else []
+        if plan.groups_file is not None:
+            # the file's groups are training data: run.json records them, so a resume with other groups is refused
+            digest = hashlib.sha256(json.dumps(groups).encode("utf-8")).hexdigest()
+            self.groups_record = {"groups": len(groups), "groups_sha256": digest}
+        if plan.groups and not groups and self.ctx.is_main:
+            logger.warning(
+                "train -> negatives -> groups = true, but the training set (%s) declares no hard-negative groups: "
+                "the group terms stay 0 (negatives_groups in the log). List its groups in a JSON file (the format of "
+                "xmatch eval --groups, docs/evaluation.md) and pass it with xmatch train --groups FILE "
+                "(negatives.groups_file), or set negatives.groups = false.", type(self.train_data).__name__,
+            )
         if groups:
             caption_image = np.asarray(self.train_data.caption_image)
             self.units = group_units(caption_image, groups)
@@ -215,6 +241,27 @@ class Trainer:
             for k, members in enumerate(groups):
                 group_of_image[[m for m in members if group_of_image[m] < 0]] = k
             self.group_of_image = torch.from_numpy(group_of_image)
+
+    def _warm_parses(self, tagger: Any) -> None:
+        """Every training caption parsed before the first step where the makers read a parse
+        (the spaCy tagger): from the disk cache of this training set
+        (:mod:`xmatch.train.parse_cache`), the others in batches and then cached. Parsed one by
+        one inside the steps, they made the first epoch's steps dearer than the later ones, in
+        every new run (docs/training.md, Throughput)."""
+        from xmatch.eval.spacy_tagger import SpacyTagger
+
+        captions = getattr(self.train_data, "captions", None)
+        if not isinstance(tagger, SpacyTagger) or captions is None:
+            return
+        from xmatch.train.parse_cache import warm_tagger
+
+        fingerprint = data_fingerprint(self.train_data)
+        if self.ctx.is_main:  # one process parses and writes, the others read its file
+            done = warm_tagger(tagger, captions, fingerprint)
+            logger.info("parses of the training captions: %d read from %s, %d parsed", done.loaded, done.path, done.parsed)
+        self.ctx.barrier()
+        if not self.ctx.is_main:
+            warm_tagger(tagger, captions, fingerprint, write=False)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.config.amp == "none":
@@ -233,6 +280,19 @@ class Trainer:
         )
         self.steps_per_epoch = math.ceil(len(self.batches) / cfg.accumulate)
         self.scheduler = build_scheduler(self.optimizer, cfg, self.steps_per_epoch)
+        # said, not rescaled: a recipe's warm-up means the same at every data size, and a resume
+        # with other epochs or max_steps keeps the learning-rate trajectory it started with
+        total = int(min(cfg.max_steps or math.inf, cfg.epochs * self.steps_per_epoch))
+        if 2 * cfg.warmup_steps > total and ctx.is_main:
+            warmup = cfg.warmup_steps
+            logger.warning(
+                "train -> warmup_steps: the linear warm-up (%d steps) covers %s optimizer steps of this run (%d per "
+                "epoch): the learning rate %s. Shorten the warm-up (--set warmup_steps=%d, about a tenth of the run) "
+                "or train longer (--set epochs=N).",
+                warmup, f"all {total}" if warmup >= total else f"{warmup} of the {total}", self.steps_per_epoch,
+                f"never reaches {cfg.lr:g}" if warmup > total else f"reaches {cfg.lr:g} only at step {warmup}",
+                max(1, total // 10),
+            )
         use_scaler = cfg.amp == "fp16"
         self.scaler = torch.amp.GradScaler(ctx.device.type) if use_scaler else None
         plan = cfg.negatives
@@ -285,7 +345,10 @@ class Trainer:
                 "validations": []}
 
     def _data_record(self) -> dict[str, Any]:
-        return {"train": data_fingerprint(self.train_data), "val": data_fingerprint(self.val_data)}
+        record = {"train": data_fingerprint(self.train_data), "val": data_fingerprint(self.val_data)}
+        if self.groups_record is not None:
+            record["groups"] = self.groups_record
+        return record
 
     def _restored_state(self) -> dict[str, Any] | None:
         candidates = ckpt.checkpoint_candidates(self.run_dir)
@@ -435,7 +498,9 @@ class Trainer:
             bar.close()
             self._close_logs()
         if ctx.is_main:
-            ckpt.write_bundle(self.run_dir / "final", self.model)
+            # the head's record describes these weights only when the last validation saw them
+            record = self.verifier_record if self.verifier_record and self.verifier_record["step"] == state["step"] else None
+            ckpt.write_bundle(self.run_dir / "final", self.model, verifier_validation=record)
         ctx.barrier()
         return TrainResult(
             steps=state["step"], epochs=state["epoch"], best_metric=state["best"], best_step=state["best_step"],
@@ -463,12 +528,13 @@ class Trainer:
         window_start, window_pairs = time.perf_counter(), 0
         step_start, step_pairs = time.perf_counter(), 0
         last_loss = None
-        for batch in self._loader(state["epoch"], state["batch"]):
+        for batch, upcoming in _with_next(self._loader(state["epoch"], state["batch"])):
             b = state["batch"]
             group_start = b - b % cfg.accumulate
             group_len = min(cfg.accumulate, n_batches - group_start)
             last_in_group = b - group_start == group_len - 1
-            logs = self._micro_step(batch, state, group_len, last_in_group)
+            with self._drawing_ahead(upcoming, state["epoch"]):
+                logs = self._micro_step(batch, state, group_len, last_in_group)
             for k, v in logs.items():
                 window.setdefault(k, []).append(v)
             window_pairs += len(batch) * self.ctx.world_size
@@ -503,10 +569,44 @@ class Trainer:
                 break
         return last_loss
 
+    @contextlib.contextmanager
+    def _drawing_ahead(self, upcoming: PairBatch | None, epoch: int) -> Iterator[None]:
+        """Draw the next batch's structural negatives in a thread while this micro-step computes:
+        torch releases the GIL in its kernels, and the negatives' makers and validity check
+        (with spaCy, a parse of every negative) took a sixth to a third of a step on the main
+        thread; where a core is free they cost nothing then. The thread
+        ends with the step, so nothing else (a validation) uses the tagger at the same time; the
+        negatives depend only on (seed, epoch, caption), so drawn ahead they are the same."""
+        if self.negatives is None or upcoming is None or upcoming.indices is None:
+            yield
+            return
+        drawn: list[NegativeTexts] = []
+
+        def draw() -> None:
+            # an error is raised where the batch's negatives are drawn again, on the main thread
+            with contextlib.suppress(Exception):
+                drawn.append(self.negatives.draw(upcoming.texts, upcoming.indices, epoch))
+
+        thread = threading.Thread(target=draw, name="xmatch-negatives", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            thread.join()
+            self._negatives_ahead = (epoch, upcoming.indices, drawn[0]) if drawn else None
+
+    def _negatives_of(self, batch: PairBatch, epoch: int) -> NegativeTexts:
+        """The batch's structural negatives: those drawn ahead during the previous micro-step
+        (:meth:`_drawing_ahead`) when they are this batch's, else drawn now."""
+        ahead, self._negatives_ahead = self._negatives_ahead, None
+        if ahead is not None and ahead[0] == epoch and torch.equal(ahead[1], batch.indices):
+            return ahead[2]
+        return self.negatives.draw(batch.texts, batch.indices, epoch)
+
     def _micro_step(self, batch: PairBatch, state: dict[str, Any], group_len: int, last: bool) -> dict[str, float]:
         extras: dict[str, Any] = {}
         if self.negatives is not None:
-            extras["negatives"] = self.negatives.draw(batch.texts, batch.indices, state["epoch"])
+            extras["negatives"] = self._negatives_of(batch, state["epoch"])
         if self.group_of_image is not None:
             extras["group_ids"] = self.group_of_image[batch.image_ids].to(self.ctx.device, non_blocking=True)
         batch = batch.to(self.ctx.device, non_blocking=True)
@@ -574,8 +674,14 @@ class Trainer:
         cfg = self.config
         payload = None
         if self.ctx.is_main:
-            result = evaluate(self.model, self.val_data, cfg.val_protocol, relevance=self.relevance, progress=False)
-            figures = result.figures()
+            if self.model.verifier is not None:
+                # the head's own figures, and the pooler's beside the re-ranked ones, from one encoding
+                validation = self._validate_verifier()
+                figures = validation.figures()
+                self.verifier_record = validation.record(getattr(self.val_data, "split", None), state["step"])
+            else:
+                result = evaluate(self.model, self.val_data, cfg.val_protocol, relevance=self.relevance, progress=False)
+                figures = result.figures()
             payload = (metric_value(figures, cfg.select_metric), figures)
         self.model.train()
         value, figures = self.ctx.broadcast(payload)
@@ -586,7 +692,8 @@ class Trainer:
         if better:
             state["best"], state["best_step"], state["bad_validations"] = value, state["step"], 0
             if self.ctx.is_main:
-                ckpt.write_bundle(self.run_dir / "best", self.model, {"metrics.json": json.dumps(record, indent=1)})
+                ckpt.write_bundle(self.run_dir / "best", self.model, {"metrics.json": json.dumps(record, indent=1)},
+                                  verifier_validation=self.verifier_record)
         else:
             state["bad_validations"] += 1
         if self.ctx.is_main:
@@ -596,8 +703,22 @@ class Trainer:
             mark = " (best)" if better else ""
             with logging_redirect_tqdm() if self.progress else contextlib.nullcontext():  # keeps the bar whole
                 logger.info("validation at step %d: %s = %.4f%s", state["step"], cfg.select_metric, value, mark)
+                if "verifier" in figures:
+                    logger.info("%s", _verifier_line(figures))
         for cb in self.callbacks:
             cb.on_validation_end(self, state["step"], figures)
+
+    def _validate_verifier(self) -> Any:
+        """The verifier head's validation (:func:`~xmatch.train.verifier_validation.validate_verifier`)
+        with the recipe's structural negatives and the split's declared groups."""
+        from xmatch.eval.groups import dataset_groups
+        from xmatch.train.verifier_validation import validate_verifier
+
+        if not hasattr(self, "val_groups"):
+            declared = getattr(self.val_data, "hard_negative_groups", None) is not None
+            self.val_groups = dataset_groups(self.val_data) if declared else None
+        return validate_verifier(self.model, self.val_data, k=VAL_RERANK, recall=self.config.val_protocol,
+                                 negatives=self.negatives, groups=self.val_groups, relevance=self.relevance)
 
     # -- logs --------------------------------------------------------------------------------
 
@@ -632,11 +753,46 @@ class Trainer:
             self.tb.close()
 
 
+def _with_next(batches: Iterable[PairBatch]) -> Iterator[tuple[PairBatch, PairBatch | None]]:
+    """Each batch with the one after it (None for the last): the next batch's negatives are
+    drawn while this one trains.
+
+    Example:
+        >>> list(_with_next([1, 2, 3]))
+        [(1, 2), (2, 3), (3, None)]
+    """
+    it = iter(batches)
+    current = next(it, None)
+    while current is not None:
+        upcoming = next(it, None)
+        yield current, upcoming
+        current = upcoming
+
+
 def _flat(figures: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"rsum": figures["rsum"]}
     for direction in ("i2t", "t2i"):
         out.update({f"{direction}_{k}": v for k, v in figures[direction].items()})
+    verifier = figures.get("verifier")
+    if verifier:  # the head's figures, and the re-ranked rsum beside the pooler's rsum above
+        out.update({name: verifier[key] for name, key in VERIFIER_FIGURES.items() if verifier.get(key) is not None})
+        out["verifier_chance"] = verifier["chance"]
+        out["rerank_lowered"] = ";".join(verifier["lowered"])
     return out
+
+
+def _verifier_line(figures: dict[str, Any]) -> str:
+    """One log line of a verifier head's validation: its accuracy beside chance, the twins, and
+    the re-ranked rsum beside the pooler's (said when re-ranking lowers the pooler's figures)."""
+    v = figures["verifier"]
+    parts = [f"verifier accuracy {v['accuracy']:.1f} % (chance {v['chance']:.0f} %, {v['pairs']} pairs)"]
+    if v.get("twins") is not None:
+        parts.append(f"twins t2i {v['twins']:.1f} % (chance {v['twins_chance']:.1f} %)")
+    if v.get("rerank_rsum") is not None:
+        parts.append(f"rsum re-ranked top {v['k']} {v['rerank_rsum']:.1f} beside the pooler's {figures['rsum']:.1f}")
+    if v["lowered"]:
+        parts.append(f"re-ranking LOWERS the pooler's {', '.join(v['lowered'])}")
+    return "; ".join(parts)
 
 
 def _check_model(model: Any) -> None:
