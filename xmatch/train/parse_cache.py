@@ -12,8 +12,8 @@ read, or that belongs to other data, is named in a warning, ignored and written 
 
 Example:
     >>> from xmatch.eval.spacy_tagger import SpacyTagger
-    >>> done = warm_tagger(SpacyTagger(), ["a dog on a sofa", "a cat under a table"], {"captions": "..."})  # doctest: +SKIP
-    >>> done.parsed, done.loaded  # doctest: +SKIP
+    >>> done = warm_tagger(SpacyTagger(), ["a dog on a sofa", "a cat under a table"], {"captions": "..."})  # writes into the xmatch cache  # doctest: +SKIP
+    >>> done.parsed, done.loaded  # parsed now, read from an earlier run  # doctest: +SKIP
     (2, 0)
 """
 
