@@ -1,4 +1,5 @@
-"""The command line's start-up: CPU seconds of ``xmatch --help`` and ``xmatch CMD --help``.
+"""The command line's start-up: CPU seconds of ``xmatch --help``, ``xmatch CMD --help``, ``xmatch
+models`` and ``xmatch info NAME``.
 
 Each command runs in a fresh interpreter; its CPU time (user + system, from the kernel's
 accounting of the child) is the minimum of ``--repeats`` rounds, the commands interleaved in
@@ -38,6 +39,9 @@ def main() -> None:
         "python -c 'import torch'": [*python, "import torch"],
         "xmatch --help": [sys.executable, "-m", "xmatch", "--help"],
         **{f"xmatch {c} --help": [sys.executable, "-m", "xmatch", c, "--help"] for c in COMMANDS},
+        # commands that answer from data alone (the zoo's TOML): they too run without torch
+        "xmatch models": [sys.executable, "-m", "xmatch", "models"],
+        "xmatch info teran-mrsw-coco": [sys.executable, "-m", "xmatch", "info", "teran-mrsw-coco"],
     }
     best = {name: float("inf") for name in runs}
     for _ in range(args.repeats):

@@ -35,7 +35,7 @@ def test_every_command_is_one_module_with_add_parser_and_run():
 #: the smallest command line each command parses
 REQUIRED = {"info": ["tern-coco"], "download": ["tern-coco"], "convert": ["a.pth", "out"], "eval": ["tern-coco"],
             "train": ["tern-coco"], "vocab": ["tern-coco"], "extract": ["images", "--out", "feats"],
-            "index": ["--out", "idx"], "search": ["idx"]}
+            "index": ["--out", "idx"], "search": ["idx"], "serve": ["idx"]}
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

@@ -35,6 +35,21 @@ def test_listing_the_zoo_imports_no_heavy_package():
     assert modules_after(code) == set()
 
 
+@pytest.mark.parametrize("entry", ["teran-mrsw-coco", "teran-mrsw-hn-scenes", "scan-t2i-avg-f30k"])
+def test_a_card_imports_no_heavy_package_and_still_says_what_params_leave_out(entry):
+    """``xmatch info`` reads whether a text encoder takes a corpus vocabulary from the
+    builder's source, not by importing it (its card said so by importing torch)."""
+    code = f"import contextlib, io\nfrom xmatch.cli.main import main\nwith contextlib.redirect_stdout(io.StringIO()):\n    main(['info', {entry!r}])"
+    assert modules_after(code) == set()
+    from xmatch.core.registry import get_registry
+
+    encoders = get_registry("text_encoders")
+    for name in encoders.names():  # the source reading agrees with the imported builders
+        import inspect
+
+        assert encoders.parameter_names(name) == tuple(inspect.signature(encoders.get(name)).parameters), name
+
+
 def test_import_xmatch_is_light_and_its_public_names_load_on_use():
     assert modules_after("import xmatch, xmatch.regions") == set()
     assert "torch" in modules_after("import xmatch\nxmatch.build")

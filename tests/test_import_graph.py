@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "xmatch"
 LAYERS = ("core", "io", "model", "components", "regions", "data",  # the library
-          "extract", "eval", "scenes", "tabletop", "train", "index", "demo", "cli")  # the applications
+          "extract", "eval", "scenes", "tabletop", "train", "index", "demo", "serve", "cli")  # the applications
 #: what ``import xmatch`` may load: build's needs, none of the applications or regions
 IMPORT_BUDGET = 25
 

@@ -166,3 +166,28 @@ def test_search_rerank_with_a_head_that_has_no_record_warns(tmp_path, capsys):
     assert f"--rerank 3: local-dir:{index.root / 'model'}'s verifier has no recorded validation" in err
     assert main(["search", str(index.root), "--text", TEXTS[0], "-k", "2"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_the_verifier_recipe_counts_steps_not_epochs_and_leaves_the_warm_up_early():
+    # a head needs steps at a learning rate that leaves the chance plateau, whatever the data's size
+    recipe = load_recipe("verifier")
+    assert [(g.match, g.freeze) for g in recipe.param_groups] == [("verifier.*", False), ("*", True)]
+    assert recipe.max_steps == 400 and recipe.lr == 2e-3 and recipe.select_metric == "verifier_accuracy"
+    assert recipe.warmup_steps <= recipe.max_steps // 10 and recipe.max_steps % recipe.val_every_steps == 0
+    assert recipe.negatives is not None and recipe.negatives.groups
+    for captions in (2_000, 5_000, 100_000):  # the epochs only bound the run
+        assert recipe.epochs * -(-captions // recipe.batch_size) >= recipe.max_steps
+
+
+def test_the_verifier_recipe_stops_at_its_steps_and_validates_on_the_way(scenes, tmp_path):
+    torch.manual_seed(0)
+    model = xmatch.build(small_spec(verifier=HEAD))
+    recipe = dataclasses.replace(load_recipe("verifier"), batch_size=4, max_steps=6, val_every_steps=3, warmup_steps=1,
+                                 log_every_steps=1, tensorboard=False)
+    steps_per_epoch = -(-len(scenes["train"]) // 4)
+    assert steps_per_epoch > 6  # the run ends inside its first epoch, after two validations
+    result = Trainer(model, scenes["train"], recipe, val_data=scenes["val"], run_dir=tmp_path / "run", progress=False).fit()
+    assert result.steps == 6
+    assert [v["step"] for v in result.validations] == [3, 6]
+    record = read_verifier_validation(tmp_path / "run" / "best" / "model.safetensors")
+    assert record["step"] == result.best_step and record["accuracy"] == pytest.approx(result.best_metric)

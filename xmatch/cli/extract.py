@@ -24,6 +24,31 @@ def _int_or_none(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected an integer or 'none', got {text!r}") from None
 
 
+def _seconds(text: str) -> float:
+    """``--progress-every``: a number of seconds, 0 or more."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise argparse.ArgumentTypeError(f"expected 0 seconds or more, got {text!r}")
+    return seconds
+
+
+def proposer_names() -> list[str]:
+    """The proposers ``--proposer`` takes, as the ``proposers`` registry lists them without
+    importing any (xmatch's own and the installed plugins' entry points): parsing the
+    command line must not import torch.
+
+    Example:
+        >>> "selective-search" in proposer_names()
+        True
+    """
+    from xmatch.core.registry import proposers
+
+    return proposers.declared_names()
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``extract`` to ``xmatch``'s subcommands."""
     from xmatch.io.pictures import MAX_BATCH_PIXELS, MAX_PIXELS
@@ -50,7 +75,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--max-batch-pixels", type=int, default=MAX_BATCH_PIXELS,
                         help=f"decoded pixels a batch keeps at once for a proposer that looks at pixels (default: "
                         f"{MAX_BATCH_PIXELS:,}); a batch over it runs in parts")
-    parser.add_argument("--proposer", default="windows", help="grid, windows (default), boxes, torchvision-detector, or a plugin's")
+    proposers = ", ".join(f"{name} (default)" if name == "windows" else name for name in proposer_names())
+    parser.add_argument("--proposer", default="windows",
+                        help=f"{proposers}; a plugin adds its own (entry-point group xmatch_proposers)")
     parser.add_argument("--proposer-option", action="append", metavar="KEY=VALUE",
                         help="proposer argument, e.g. source=boxes.json (boxes), backbone=fasterrcnn_resnet50_fpn_v2 or weights=none (torchvision-detector) (repeatable)")
     parser.add_argument("--regions", type=int, help="boxes per image (default: the proposer's, 36)")
@@ -82,7 +109,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--device", help="cpu, cuda, mps (default: CUDA when available; torchrun: one GPU per process)")
     parser.add_argument("--resume", action="store_true", help="continue the extraction in --out (finished images are skipped)")
     parser.add_argument("--overwrite", action="store_true", help="remove the extraction in --out first")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (nor progress lines)")
+    parser.add_argument("--progress-every", type=_seconds, metavar="SECONDS",
+                        help="where stderr is not a terminal (a log), a progress line every SECONDS: images done / "
+                        "total, images/s, time left (default: $XMATCH_PROGRESS_EVERY, else 60)")
     return parser
 
 
@@ -123,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     result = extract(
         args.images, args.out, pipeline, layout=args.layout, captions=args.captions, split=args.split,
         dtype=args.dtype, batch_size=args.batch_size, workers=args.workers, device=args.device,
-        resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
+        resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress, progress_every=args.progress_every,
         allow_outside_root=args.allow_outside_root, max_pixels=args.max_pixels, max_batch_pixels=args.max_batch_pixels,
     )
     print(result.summary())

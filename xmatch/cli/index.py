@@ -131,6 +131,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"... and {len(skipped) - 20} more.", file=sys.stderr)
         if skipped:
             print(f"xmatch index: {len(skipped)} pictures were skipped and are not in the index.", file=sys.stderr)
+    if args.images is not None and index.pictures != args.images.expanduser().resolve():
+        if index.pictures is not None:
+            print(f"xmatch index: {args.out} keeps {index.pictures} as its picture folder (its earlier items are "
+                  f"pictures there); to show the pictures of {args.images} too, serve it with a folder that holds "
+                  f"them all: xmatch serve {args.out} --images DIR.", file=sys.stderr)
+        else:
+            print(f"xmatch index: {args.out} records no picture folder: {args.images} does not hold the picture of "
+                  f"every item it holds; serve it with a folder that does: xmatch serve {args.out} --images DIR.",
+                  file=sys.stderr)
     tokenizer = f" --tokenizer {args.tokenizer}" if args.tokenizer is not None else ""
     print(f"indexed {added} {what} into {args.out} ({len(index)} in all, engine {index.engine}); "
           f"search it with: xmatch search {args.out}{tokenizer} --{'text' if what == 'images' else 'image'} ...")
@@ -189,6 +198,8 @@ def _fill(args: argparse.Namespace, exists: bool, made: list[Any]) -> tuple[Any,
                         dtype=args.dtype, engine=args.engine, qdrant=args.qdrant, collection=args.collection)
         made.append(target)
         added = copy_index(source, target, progress=progress)
+        if source.pictures is not None:  # the same ids: their pictures are where the source's are
+            target.record_pictures(source.pictures)
         index = target
     else:
         if exists:

@@ -8,7 +8,7 @@ import logging
 import sys
 from types import ModuleType
 
-from xmatch.cli import convert, demo, download, extract, index, info, models, search, train, vocab
+from xmatch.cli import convert, demo, download, extract, index, info, models, search, serve, train, vocab
 from xmatch.cli import eval as evaluate
 from xmatch.core.version import __version__
 
@@ -27,6 +27,7 @@ COMMANDS: dict[str, ModuleType] = {
     "demo": demo,
     "index": index,
     "search": search,
+    "serve": serve,
 }
 
 

@@ -22,16 +22,19 @@ Example:
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import difflib
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import logging
 import threading
 import tomllib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import catalogue
@@ -198,6 +201,53 @@ class Registry:
         self._load_builtins()
         self._load_entry_points()
         return sorted(self._names.values(), key=str.lower)
+
+    def parameter_names(self, name: str) -> tuple[str, ...]:
+        """The parameter names of the builder registered as ``name``, without importing it
+        when it has not been imported yet: a built-in registered lazily, or a plugin's entry
+        point not loaded yet, is read from its module's source (its ``def``), so a card can ask
+        what a component takes without importing torch. A builder already imported (or
+        registered at run time) is inspected.
+
+        Raises:
+            RegistryError: unknown name (as :meth:`get`).
+
+        Example:
+            >>> import xmatch
+            >>> "vocab" in xmatch.core.registry.get_registry("text_encoders").parameter_names("bigru")
+            True
+        """
+        key = name.lower() if isinstance(name, str) else name
+        self._load_builtins()
+        target = self._lazy.get(key) if isinstance(key, str) else None
+        if target is None and isinstance(key, str) and key not in self._names and not self._entry_points_loaded:
+            # a plugin's component: its entry point names the builder, read without loading the plugin
+            target = next((ep.value for ep in importlib.metadata.entry_points(group=self.entry_point_group)
+                           if ep.name.lower() == key and ":" in ep.value), None)
+        if target is not None:
+            module, _, attr = target.partition(":")
+            found = _source_parameters(module, attr)
+            if found is not None:
+                return found
+        return tuple(inspect.signature(self.get(name)).parameters)
+
+    def declared_names(self) -> list[str]:
+        """The names :meth:`names` gives, without importing anything: the registered names and
+        those of the installed plugins' entry points, not loaded (one that would fail to load
+        is listed all the same), sorted case-insensitively. For a command line's help, which
+        must not import torch.
+
+        Example:
+            >>> import xmatch
+            >>> "selective-search" in xmatch.core.registry.proposers.declared_names()
+            True
+        """
+        self._load_builtins()
+        names = dict(self._names)
+        if not self._entry_points_loaded:  # once loaded, they are in _names (or broken)
+            for ep in importlib.metadata.entry_points(group=self.entry_point_group):
+                names.setdefault(ep.name.lower(), ep.name)
+        return sorted(names.values(), key=str.lower)
 
     def canonical(self, name: str) -> str:
         """The registered spelling of ``name``."""
@@ -397,3 +447,30 @@ register_dataset = _decorator(datasets)
 register_proposer = _decorator(proposers)
 register_verifier = _decorator(verifiers)
 register_negative = _decorator(negatives)
+
+
+def _source_parameters(module: str, attr: str) -> tuple[str, ...] | None:
+    """The parameter names of the function (or class ``__init__``, without ``self``) ``attr``
+    defined at the top of ``module``'s source, read without importing it; None when the
+    source cannot be found or does not define it plainly."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    defined = {node.name: node for node in tree.body
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    node = defined.get(attr)
+    while isinstance(node, ast.ClassDef):
+        init = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None)
+        if init is not None:
+            return _argument_names(init.args)[1:]
+        # an inherited __init__: followed through the module's own first base class only
+        base = node.bases[0] if node.bases else None
+        node = defined.get(base.id) if isinstance(base, ast.Name) else None
+    return _argument_names(node.args) if node is not None else None
+
+
+def _argument_names(args: ast.arguments) -> tuple[str, ...]:
+    named = [*args.posonlyargs, *args.args]
+    extra = [args.vararg] if args.vararg else []
+    return tuple(a.arg for a in [*named, *extra, *args.kwonlyargs, *([args.kwarg] if args.kwarg else [])])

@@ -14,7 +14,7 @@ from typing import Any
 from xmatch.core.errors import XmatchError
 from xmatch.core.registry import RegistryError, get_registry, models
 from xmatch.core.sources import HF_HUB, PLUGINS_FILE, unpinned_problem, validate_weight_source, zoo_folder
-from xmatch.core.spec import merge, signature_of
+from xmatch.core.spec import merge
 
 ENTRY_KEYS = {
     "base", "overrides", "spec", "description", "paper", "dataset", "params", "metrics",
@@ -192,10 +192,10 @@ def params_leave_out_vocabulary(spec: dict[str, Any]) -> bool:
         True
     """
     try:
-        builder = get_registry("text_encoders").get(spec["text_encoder"]["name"])
+        # read from the builder's source where it is not imported yet: a card needs no torch
+        return "vocab" in get_registry("text_encoders").parameter_names(spec["text_encoder"]["name"])
     except (RegistryError, KeyError, TypeError):
         return False
-    return "vocab" in signature_of(builder).parameters
 
 
 def format_params(params: int, spec: dict[str, Any], note: str = " (without the word-embedding table)") -> str:

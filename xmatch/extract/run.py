@@ -7,6 +7,12 @@ record of it (image sizes, images left out) is written into ``OUT/.extract/``; a
 record is finished. Under ``torchrun`` every process takes every N-th chunk; the first one
 then writes the dataset files and the manifest from the chunk records.
 
+In the teran layout the dataset file (``dataset_xmatch.json``) is written as soon as a split
+is finished (every chunk holding one of its images has its record), with the finished splits'
+images only, named under ``finished_splits`` (the others under ``pending_splits``), so that
+training can start on them; the run's end writes it whole, as a run that was never read
+midway would.
+
 Decoded pixels are budgeted: a picture whose header declares more than ``max_pixels`` is not
 decoded but left out and listed, as an unreadable one is. A proposer that looks at pixels (a
 detector) keeps the whole pictures of a chunk; when they would hold more than
@@ -22,7 +28,8 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +48,7 @@ from xmatch.extract.writers import (
     PRECOMP_PREFIX,
     RegionFiles,
     check_precomp,
+    karpathy_document,
     write_json_atomic,
     write_precomp,
     write_teran,
@@ -114,6 +122,7 @@ def extract(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    progress_every: float | None = None,
     allow_outside_root: bool = False,
     max_pixels: int = MAX_PIXELS,
     max_batch_pixels: int = MAX_BATCH_PIXELS,
@@ -143,7 +152,10 @@ def extract(
         resume: continue the run in ``out`` (finished chunks are skipped; the settings must
             be the same).
         overwrite: remove a previous extraction's files in ``out`` first.
-        progress: show a progress bar.
+        progress: show a progress bar on a terminal; elsewhere (a log) a plain line every
+            ``progress_every`` seconds (:func:`xmatch.core.progress.progress_bar`).
+        progress_every: seconds between two progress lines in a log (0: one per chunk);
+            None: ``XMATCH_PROGRESS_EVERY`` from the environment, else 60.
         allow_outside_root: read images that the captions file places outside ``images``
             (absolute paths, ``..``, symbolic links out of the folder); off, such an entry is
             refused, naming it.
@@ -165,8 +177,8 @@ def extract(
         CaptionsError: a captions file naming an image outside ``images`` (without
             ``allow_outside_root``), a split or id that is not a plain name, a name with a
             control character (the entry named).
-        ValueError: bad arguments, e.g. a layout that cannot hold the captions, or an unknown
-            pipeline setting.
+        ValueError: bad arguments, e.g. a layout that cannot hold the captions, an unknown
+            pipeline setting, or a negative ``progress_every``.
 
     Example:
         >>> from xmatch.extract import extract
@@ -183,6 +195,8 @@ def extract(
         raise ValueError(f"batch_size must be at least 1 and workers at least 0, got {batch_size}, {workers}.")
     if max_pixels < 1 or max_batch_pixels < 1:
         raise ValueError(f"max_pixels and max_batch_pixels must be at least 1, got {max_pixels}, {max_batch_pixels}.")
+    if progress_every is not None and not progress_every >= 0:
+        raise ValueError(f"progress_every must be 0 seconds or more, got {progress_every}.")
     if resume and overwrite:
         raise ValueError("resume continues the previous run and overwrite removes it; choose one.")
     procs = Processes.join(device)
@@ -211,8 +225,12 @@ def extract(
         logger.info("extracting %d images into %s: %d to do here, %d already done", len(records), out,
                     sum(len(chunks[k]) for k in pending), skipped)
         chunk_set = _ChunkSet(chunks, pending, pipe.loader(max_pixels), max_batch_pixels)
+        finished = _FinishedSplits(out, records, chunks) if layout == "teran" and procs.is_main else None
+        if finished is not None:
+            finished.update()  # the splits a resumed run had finished
         extracted = _run_chunks(pipe, chunk_set, files, out, workers, progress and procs.is_main, skipped,
-                                sum(len(chunks[k]) for k in mine))
+                                sum(len(chunks[k]) for k in mine), progress_every,
+                                finished.update if finished is not None else None)
         procs.barrier()
         if procs.is_main:
             manifest = _finish(out, manifest, records, len(chunks), layout, dtype)
@@ -302,6 +320,8 @@ def _run_chunks(
     progress: bool,
     skipped: int,
     total: int,
+    progress_every: float | None = None,
+    chunk_done: Callable[[], None] | None = None,
 ) -> int:
     from xmatch.core.progress import progress_bar
 
@@ -309,7 +329,8 @@ def _run_chunks(
         chunk_set, batch_size=None, shuffle=False, num_workers=min(workers, len(chunk_set)), collate_fn=_unbatched,
     )
     done = 0
-    with progress_bar(total=total, initial=skipped, desc="extract", unit="img", show=progress) as bar:
+    bar = progress_bar(total=total, initial=skipped, desc="extract", unit="img", show=progress, every=progress_every)
+    with bar:
         for k, parts, first in loader:
             sizes: dict[str, list[int]] = {}
             bad: list[tuple[str, str]] = []
@@ -321,6 +342,8 @@ def _run_chunks(
                 bar.update(len(part))
             write_json_atomic(_chunk_file(out, k), {"sizes": sizes, "unreadable": bad})
             done += len(sizes)
+            if chunk_done is not None:
+                chunk_done()
     return done
 
 
@@ -339,6 +362,49 @@ def _run_part(pipe: RegionPipeline, files: RegionFiles, items: Loaded) -> tuple[
 
 def _chunk_file(out: Path, k: int) -> Path:
     return out / STATE / f"chunk-{k:07d}.json"
+
+
+def _read_chunk(out: Path, k: int) -> dict[str, Any]:
+    """The record of finished chunk ``k``: ``sizes`` (key -> width, height), ``unreadable``."""
+    return json.loads(_chunk_file(out, k).read_text(encoding="utf-8"))
+
+
+class _FinishedSplits:
+    """The teran layout's dataset file, written again each time a split is finished: every chunk
+    holding one of its images has its record (written by any process: under ``torchrun`` the
+    first process looks at the records on disk)."""
+
+    def __init__(self, out: Path, records: list[ImageRecord], chunks: list[list[ImageRecord]]) -> None:
+        self.out, self.records = out, records
+        self.chunks: dict[str, list[int]] = {}  # split -> the chunks holding its images, in order
+        for k, chunk in enumerate(chunks):
+            for record in chunk:
+                of_split = self.chunks.setdefault(record.split, [])
+                if not of_split or of_split[-1] != k:
+                    of_split.append(k)
+        self.waiting = {split: deque(ks) for split, ks in self.chunks.items()}  # chunks not yet seen finished
+
+    def update(self) -> None:
+        """Write the dataset file if a split was finished since the last call (records are
+        never removed, so each split's chunks are looked at once, in order)."""
+        newly = False
+        for split, left in list(self.waiting.items()):
+            while left and _chunk_file(self.out, left[0]).is_file():
+                left.popleft()
+            if not left:
+                del self.waiting[split]
+                newly = True
+        if newly and self.waiting:  # with every split finished, the run's end writes the whole file
+            self._write()
+
+    def _write(self) -> None:
+        done = [split for split in self.chunks if split not in self.waiting]
+        sizes: dict[str, tuple[int, int]] = {}
+        for k in sorted({k for split in done for k in self.chunks[split]}):
+            sizes.update({key: tuple(v) for key, v in _read_chunk(self.out, k)["sizes"].items()})
+        readable = [r for r in self.records if r.split in done and r.key in sizes]
+        doc = {**karpathy_document(readable, sizes), "finished_splits": done, "pending_splits": list(self.waiting)}
+        write_json_atomic(self.out / DATASET_FILE, doc)
 
 
 # -- the output folder and the manifest ----------------------------------------------------
@@ -428,7 +494,7 @@ def _finish(out: Path, manifest: dict[str, Any], records: list[ImageRecord], n_c
     sizes: dict[str, tuple[int, int]] = {}
     unreadable: list[list[str]] = []
     for k in range(n_chunks):
-        doc = json.loads(_chunk_file(out, k).read_text(encoding="utf-8"))
+        doc = _read_chunk(out, k)
         sizes.update({key: tuple(v) for key, v in doc["sizes"].items()})
         unreadable += doc["unreadable"]
     readable = [r for r in records if r.key in sizes]

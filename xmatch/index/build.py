@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Subset
 
 from xmatch.data.collate import collate_images
 from xmatch.model.embeddings import Embeddings
+from xmatch.index.photos import dataset_pictures
 from xmatch.index.search import SearchIndex, check_compute_dtype, encoding
 from xmatch.core.progress import progress_bar
 
@@ -51,6 +52,10 @@ def index_dataset(
         compute_dtype: ``"bfloat16"`` encodes under bfloat16 autocast
             (:func:`xmatch.index.search.encoding`).
 
+    An image index records the folder of the dataset's pictures, where one holds the picture
+    of every stored item (:func:`xmatch.index.photos.dataset_pictures`; ``xmatch serve``
+    shows them from there).
+
     Returns:
         The number of items added.
 
@@ -86,6 +91,10 @@ def index_dataset(
     if pending:
         added += _commit(index, pending, ids, dataset)
     bar.close()
+    if index.side == "images" and index.pictures is None:
+        folder = dataset_pictures(dataset, index.ids)
+        if folder is not None:
+            index.record_pictures(folder)
     return added
 
 

@@ -7,6 +7,11 @@ Pictures that cannot be indexed (broken, not an image, over the pixel budget, a 
 plain names joined by ``/`` as every index id must be, a link out of the folder) are skipped and
 listed; every ``shard_size`` pictures are one committed append, so a killed run keeps what it
 finished and ``resume=True`` (``--append``) encodes only the pictures not indexed yet.
+
+The index records the folder its pictures are in (:meth:`SearchIndex.record_pictures`), for
+``xmatch serve`` to show them: the folder of ``index_images``, the folder of a dataset's
+pictures (:func:`dataset_pictures`), once it holds the picture of every stored item
+(:func:`holds_pictures`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,11 @@ from xmatch.index.search import SearchIndex, check_compute_dtype
 from xmatch.io.pictures import MAX_PIXELS, check_pixels
 from xmatch.model.inputs import PixelInputs, input_type_of
 
+#: suffixes tried after an id itself, for datasets whose ids are file stems (the scenes' ``948``)
+PICTURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+#: where a dataset folder keeps its pictures (the scenes' and ``xmatch extract``'s ``images/``)
+PICTURE_SUBFOLDER = "images"
+
 
 def index_images(
     index: SearchIndex,
@@ -36,7 +46,9 @@ def index_images(
     max_pixels: int = MAX_PIXELS,
     compute_dtype: str = "float32",
 ) -> tuple[int, list[tuple[str, str]]]:
-    """Encode every picture under ``folder`` (recursively) into the image index ``index``.
+    """Encode every picture under ``folder`` (recursively) into the image index ``index``, and
+    record ``folder`` as the index's picture folder (:meth:`SearchIndex.record_pictures`) where
+    the index records none and the folder holds the picture of every stored item.
 
     Args:
         index: an image index of a model that reads pixels.
@@ -106,7 +118,70 @@ def index_images(
             added += index.add(PixelInputs(pictures), ids=ids, batch_size=batch_size, compute_dtype=compute_dtype)
         bar.update(len(unindexed[start : start + shard_size]))
     bar.close()
+    if index.pictures is None and holds_pictures(root, index.ids):
+        index.record_pictures(root)
     return added, skipped
+
+
+def picture_candidates(folder: Path, item: str) -> list[Path]:
+    """The files the picture of the stored item ``item`` may be in the picture folder
+    ``folder``, in order: ``folder/ID``, ``folder/ID.png`` (and the other
+    :data:`PICTURE_SUFFIXES`), then the same under ``folder/images/``: ``index_images`` names
+    pictures by their path in the folder, a dataset (the scenes) by the stem of
+    ``images/ID.png``. None at all for an absolute id or one holding a NUL.
+
+    Example:
+        >>> [p.as_posix() for p in picture_candidates(Path("scenes"), "948")][:3]
+        ['scenes/948', 'scenes/948.png', 'scenes/948.jpg']
+        >>> picture_candidates(Path("scenes"), "/etc/passwd")
+        []
+    """
+    if "\x00" in item or os.path.isabs(item):
+        return []
+    return [place / (item + suffix) for place in (folder, folder / PICTURE_SUBFOLDER) for suffix in ("", *PICTURE_SUFFIXES)]
+
+
+def holds_pictures(folder: str | os.PathLike, ids: list[str]) -> bool:
+    """Whether ``folder`` holds a picture file (:func:`picture_candidates`) for every id of ``ids``.
+
+    Example:
+        >>> from PIL import Image
+        >>> Path("scene/images").mkdir(parents=True)
+        >>> Image.new("RGB", (8, 8)).save("scene/images/3.png")
+        >>> holds_pictures("scene", ["3"]), holds_pictures("scene", ["3", "4"])
+        (True, False)
+    """
+    folder = Path(folder)
+    return folder.is_dir() and all(any(c.is_file() for c in picture_candidates(folder, i)) for i in ids)
+
+
+def dataset_pictures(dataset: Any, ids: list[str] | None = None) -> Path | None:
+    """The folder (absolute) that holds the picture of each image of ``dataset``, or of each id
+    of ``ids`` (default the dataset's image ids), where one is known: the folder of an
+    image-captions file (its ids are paths in it), the dataset's root (the scenes keep
+    ``images/ID.png``), the folder ``xmatch extract`` read the pictures from (its
+    ``extract.json`` records it). None when no such folder holds them all: region features
+    whose pictures are elsewhere.
+
+    Example:
+        >>> dataset_pictures(xmatch.scenes.dataset.open_scenes(split="test"))  # the scenes cache  # doctest: +SKIP
+        PosixPath('/home/me/.cache/xmatch/datasets/scenes/scenes-small-224px-seed0-v1')
+    """
+    from xmatch.regions.manifest import ManifestError, read_manifest
+
+    ids = list(dataset.image_names) if ids is None else ids
+    places = []
+    captions = getattr(dataset, "captions_file", None)
+    if captions is not None:
+        places.append(Path(captions).parent)
+    root = getattr(dataset, "root", None)
+    if root is not None:
+        places.append(Path(root))
+        try:
+            places.append(Path(read_manifest(root)["images_folder"]))
+        except (ManifestError, KeyError):  # not made by xmatch extract, or by one that did not record it
+            pass
+    return next((place.resolve() for place in places if holds_pictures(place, ids)), None)
 
 
 def _refusal(root: Path, name: str) -> str:

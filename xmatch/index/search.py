@@ -36,6 +36,7 @@ from xmatch.index.shards import STORED_DTYPES
 from xmatch.index.store import (
     FORMAT,
     MANIFEST,
+    PICTURES,
     ShardStore,
     check_side,
     manifest_signature,
@@ -119,6 +120,39 @@ class SearchIndex(Ranking):
     @property
     def fingerprint(self) -> str:
         return self.manifest["model"]["fingerprint"]
+
+    @property
+    def pictures(self) -> Path | None:
+        """The folder the stored pictures were read from, as the index records it (``xmatch
+        index --images DIR``, a dataset's folder of pictures; :meth:`record_pictures`), or None
+        where it records none (the folder was not known, or the index was made before it was
+        recorded)."""
+        record = self.manifest.get(PICTURES)
+        return Path(record["root"]) if record is not None else None
+
+    def record_pictures(self, folder: str | os.PathLike) -> Path:
+        """Record ``folder`` (made absolute, links resolved) as where the stored pictures are
+        read from (``xmatch serve`` shows them from there), unless the index records a folder
+        already: that one stays, since the ids already stored name pictures in it.
+
+        Returns:
+            The folder the index records.
+
+        Example:
+            >>> from xmatch.index.synthetic import scoring_model
+            >>> index = xmatch.index.create("idx", scoring_model("MrSw", 16))
+            >>> Path("photos").mkdir()
+            >>> index.record_pictures("photos") == Path("photos").resolve() == xmatch.index.open("idx").pictures
+            True
+        """
+        from filelock import FileLock
+
+        with FileLock(str(self.root / ".lock")):
+            self._reload_if_changed()
+            if self.pictures is None:
+                self.manifest[PICTURES] = {"root": str(Path(folder).expanduser().resolve())}
+                write_manifest(self.root, self.manifest)
+        return self.pictures
 
     def __len__(self) -> int:
         return len(self.store)
@@ -324,6 +358,26 @@ class SearchIndex(Ranking):
         clash = next((i for i in ids if i in present), None)
         if clash is not None:
             raise SearchIndexError(f"id {clash!r} is already in the index {self.root}; ids must be unique.")
+
+    def refresh(self) -> None:
+        """Take in what any process committed since this index last looked, as every search,
+        ``get()`` and append do first: for a caller that reads ``len(index)`` or ``ids``
+        without searching (``xmatch serve``'s ``/health``).
+
+        Raises:
+            SearchIndexError: as a search would (the change could not be taken in, the index
+                was rebuilt with another model, removed).
+
+        Example:
+            >>> from xmatch.index.synthetic import scoring_model
+            >>> writer = xmatch.index.create("idx", scoring_model("MrSw", 16))
+            >>> reader = xmatch.index.open("idx")
+            >>> writer.add(xmatch.RegionInputs(torch.rand(2, 3, 16), torch.tensor([0.1, 0.1, 0.5, 0.5]).expand(2, 3, 4)))
+            2
+            >>> len(reader), (reader.refresh(), len(reader))[1]
+            (0, 2)
+        """
+        self._reload_if_changed()
 
     def _reload_if_changed(self) -> None:
         """Take in what any process committed since this index last looked: each call reads the

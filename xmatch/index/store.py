@@ -4,7 +4,8 @@ Layout::
 
     INDEX/
       index.json              what the index holds: side, model fingerprint and spec, engine,
-                              and the list of complete shards (the commit record)
+                              the list of complete shards (the commit record), and where
+                              known the folder the pictures were read from (``pictures``)
       shards/00000000.safetensors ...   one per appended batch (see xmatch.index.shards)
       ann/                    stage-1 structures (FAISS files), derived from the shards
 
@@ -45,6 +46,8 @@ SHARD_FILE = re.compile(r"shards/[0-9]{8,}\.safetensors")
 OWN_SHARD_FILE = re.compile(r"[0-9]{8,}\.safetensors(\.partial)?")
 #: the record of each shard in the manifest, and what each entry is
 SHARD_RECORD = {"file": str, "count": int, "width": int, "bytes": int, "sha256": str}
+#: the manifest's optional record of the folder the stored pictures were read from: ``{"root": absolute path}``
+PICTURES = "pictures"
 
 
 #: how many bytes of the manifest :func:`manifest_signature` reads: the generation id is in them
@@ -131,6 +134,10 @@ def _manifest_problem(manifest: dict[str, Any]) -> str | None:
     generation = manifest.get("generation")  # absent from manifests written before it was recorded
     if generation is not None and not (isinstance(generation, str) and re.fullmatch(r"[0-9a-f]{32}", generation)):
         return f"'generation' is {str(generation)[:40]!r}, not the 32 hex digits of a generation id"
+    pictures = manifest.get(PICTURES)  # absent where the folder is not known, and from indexes made before it was
+    if pictures is not None and not (isinstance(pictures, dict) and isinstance(pictures.get("root"), str)
+                                     and os.path.isabs(pictures["root"])):
+        return f"'{PICTURES}' must be {{\"root\": the absolute path of the picture folder}}, not {str(pictures)[:60]!r}"
     if manifest.get("side") not in SIDES:
         return f"'side' is {manifest.get('side')!r}, not one of {', '.join(SIDES)}"
     if not _count(manifest.get("dim")) or manifest["dim"] == 0:
