@@ -49,11 +49,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from eval_speed import STEP, WORDS, caption_lengths, drawn_embeddings, full_size_teran
 
 import xmatch
 from xmatch.core.memory import release_free_memory
-from xmatch.eval.evaluate import _SpilledImages  # what score_dataset holds the images in
+from xmatch.eval.evaluate import _SpilledCaptions, _SpilledImages  # what score_dataset holds the embeddings in
+from xmatch.model.embeddings import Embeddings
 from xmatch.eval.protocol import evaluate_scores
 from xmatch.model.parameter_counts import write_bert_base_dir
 
@@ -96,6 +98,23 @@ def spilled_images(n: int, dim: int) -> _SpilledImages:
         spilled.add(drawn_embeddings(stop - start, np.full(stop - start, 36), dim, seed=start).to_embeddings())
         release_free_memory()
     return spilled
+
+
+def spilled_captions(n: int, lengths: np.ndarray, dim: int, seed: int, batch: int = 256) -> _SpilledCaptions:
+    """Unit-norm token sets of the given lengths, drawn batch by batch in length order (the
+    longest batch first, as ``encode_captions`` encodes them), each batch written to the
+    temporary file and the buckets filled from there as ``score_dataset`` does (its own class)."""
+    g = torch.Generator().manual_seed(seed)
+    order = np.argsort(lengths, kind="stable")
+    chosen = [order[start : start + batch] for start in range(0, n, batch)]
+
+    def drawn():
+        for b in reversed(range(len(chosen))):
+            width = int(lengths[chosen[b]].max())
+            tokens = F.normalize(torch.randn(len(chosen[b]), width, dim, generator=g), dim=-1)
+            yield b, Embeddings(tokens, torch.arange(width)[None] < torch.from_numpy(lengths[chosen[b]])[:, None])
+
+    return _SpilledCaptions.from_batches(drawn(), [torch.from_numpy(idx.astype(np.int64)) for idx in chosen])
 
 
 def write_cli_set(root: Path, n_images: int, n_captions: int) -> None:
@@ -146,8 +165,13 @@ def main() -> None:
     if args.path == "evaluate":
         spilled = spilled_images(args.images, model.embed_dim)
         phases.report("images written to a temporary file, batch by batch")
-    captions = drawn_embeddings(args.captions, caption_lengths(args.captions, seed=1), model.embed_dim, seed=1)
-    phases.report("captions (float32, bucketed)")
+    lengths = caption_lengths(args.captions, seed=1)
+    if args.path == "evaluate":
+        captions = spilled_captions(args.captions, lengths, model.embed_dim, seed=1)
+        phases.report("captions written to a temporary file, bucket by bucket")
+    else:
+        captions = drawn_embeddings(args.captions, lengths, model.embed_dim, seed=1)
+        phases.report("captions (float32, bucketed)")
     images = None
     if args.path != "evaluate":
         images = drawn_embeddings(args.images, np.full(args.images, 36), model.embed_dim, seed=0)
@@ -161,15 +185,29 @@ def main() -> None:
     # touched, as it is once the last step is written
     scores = np.random.default_rng(0).random((args.images, args.captions), dtype=np.float32)
     phases.report("score matrix (float32)")
+    steps = range(0, min(args.steps * STEP, args.images), STEP)
     with torch.inference_mode():
-        for start in range(0, min(args.steps * STEP, args.images), STEP):
+        if images is None:  # score_dataset's order: one caption bucket read back at a time, each step of images against it
             t = time.perf_counter()
-            stop = min(start + STEP, args.images)
-            step = spilled.read(start, stop, torch.device("cpu")) if images is None else images[start:stop]
-            scores[start:stop] = score(step, captions).numpy()
-            del step
-            print(f"  step of {stop - start} images: {time.perf_counter() - t:.1f} s", flush=True)
-    phases.report(f"scoring ({args.steps} step(s){', images read back' if images is None else ''})")
+            for k in range(len(captions)):
+                bucket, positions = captions.bucket(k, torch.device("cpu"))
+                for start in steps:
+                    step = spilled.read(start, min(start + STEP, args.images), torch.device("cpu"))
+                    scores[start : start + len(step), positions.numpy()] = score(step, bucket).numpy()
+                    del step
+                del bucket
+                release_free_memory()
+            print(f"  {len(steps)} step(s) of images against {len(captions)} caption buckets: {time.perf_counter() - t:.1f} s",
+                  flush=True)
+        else:
+            for start in steps:
+                t = time.perf_counter()
+                stop = min(start + STEP, args.images)
+                step = images[start:stop]
+                scores[start:stop] = score(step, captions).numpy()
+                del step
+                print(f"  step of {stop - start} images: {time.perf_counter() - t:.1f} s", flush=True)
+    phases.report(f"scoring ({args.steps} step(s){', images and caption buckets read back' if images is None else ''})")
     release_free_memory()
     phases.report("freed pages handed back")
     t = time.perf_counter()

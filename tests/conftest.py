@@ -80,6 +80,18 @@ NDCG_RTOL = 1e-6
 
 
 @pytest.fixture(scope="session")
+def ray_cluster():
+    """One local cluster of 2 CPUs for the session's Ray tests (joined where one is running)."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
 def mrsw_small() -> Path:
     return FIXTURES / "teran-original" / "mrsw-small"
 

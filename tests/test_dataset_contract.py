@@ -75,6 +75,14 @@ def image_captions_case(tmp: Path, scenes_root: Path) -> Case:
     return Case(folder, "test", read_at_open=(folder / "test.csv", folder / ds.image_names[0]))
 
 
+def webdataset_case(tmp: Path, scenes_root: Path | None) -> Case:
+    from test_webdataset_layout import png, sample, write_shard
+
+    shards = [write_shard(tmp / "shards" / f"{s:05d}.tar", [m for k in range(2) for m in sample(
+        f"{s}{k}", png((90 * k, 60 * s, 30)), f"picture {k} of shard {s}".encode())]) for s in range(2)]
+    return Case(tmp / "shards" / "{00000..00001}.tar", "test", read_at_open=(shards[1],))
+
+
 def scenes_case(tmp: Path, scenes_root: Path) -> Case:
     return Case(scenes_root, "test", dict(FAST_SCENES, generate=False))
 
@@ -92,6 +100,7 @@ CASES: dict[str, Callable[[Path, Path | None], Case]] = {
     "image-captions": image_captions_case,
     "scenes": scenes_case,
     "tabletop": tabletop_case,
+    "webdataset": webdataset_case,
 }
 
 
@@ -101,7 +110,7 @@ def test_every_registered_dataset_has_a_contract_case():
 
 @pytest.fixture(params=sorted(CASES))
 def case(request, tmp_path) -> tuple[str, Case]:
-    scenes = None if request.param in ("scan-precomp", "tabletop") else request.getfixturevalue("scenes_root")
+    scenes = None if request.param in ("scan-precomp", "tabletop", "webdataset") else request.getfixturevalue("scenes_root")
     return request.param, CASES[request.param](tmp_path, scenes)
 
 

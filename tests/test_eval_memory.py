@@ -94,16 +94,33 @@ def test_evaluate_holds_one_step_of_images_and_leaves_no_files(fixture_bert, mon
     data = _tiny_set(300, same_length=True)
     scored = []
     similarity = model.similarity
-    monkeypatch.setattr(model, "similarity", lambda img, txt, **kw: scored.append(len(img)) or similarity(img, txt, **kw))
+    monkeypatch.setattr(model, "similarity",
+                        lambda img, txt, **kw: scored.append((len(img), len(txt))) or similarity(img, txt, **kw))
     monkeypatch.setattr(EVALUATE, "encode_dataset", lambda *a, **k: pytest.fail("every image encoded and held"))
+    monkeypatch.setattr(EVALUATE, "encode_captions", lambda *a, **k: pytest.fail("every caption encoded and held"))
     monkeypatch.setattr(EVALUATE.tempfile, "tempdir", str(tmp_path))
     result = evaluate(model, data, "full", progress=False)
-    assert scored == [256, 44]  # score_dataset's steps, never the 300 images at once
-    assert list(tmp_path.iterdir()) == []  # the image batches' files are gone
+    buckets = len(scored) // 2
+    assert buckets > 3 and [n for n, _ in scored] == [256, 44] * buckets  # per caption bucket, score_dataset's steps
+    assert sum(m for _, m in scored[::2]) == 1500 and max(m for _, m in scored) < 1500  # one bucket of captions at a time
+    assert list(tmp_path.iterdir()) == []  # the image and caption files are gone
     assert set(result.timings) == {"model0_encode_s", "model0_similarity_s"}
     scored.clear()
     evaluate(model, data, "coco-1k", fold_images=100, progress=False)
-    assert scored == [100, 100, 100]
+    assert {n for n, _ in scored} == {100} and sum(m for _, m in scored) == 3 * 500
+
+
+def test_captions_read_back_are_the_buckets_encode_captions_holds(fixture_bert):
+    model, data = _model(fixture_bert, "MrSw"), _tiny_set(200, same_length=True)
+    held = encode_captions(model, data.captions, batch_size=64, progress=False)
+    spilled = EVALUATE._SpilledCaptions.encode(model, data.captions, 64, progress=False)
+    try:
+        assert len(spilled) == len(held.parts) > 3
+        for k, (part, positions) in enumerate(zip(held.parts, held.positions)):
+            got, at = spilled.bucket(k, torch.device("cpu"))
+            assert torch.equal(got.tokens, part.tokens) and torch.equal(got.mask, part.mask) and torch.equal(at, positions)
+    finally:
+        spilled.close()
 
 
 def test_score_dataset_refuses_folds_it_cannot_stream(fixture_bert):
@@ -154,3 +171,62 @@ def test_the_peak_no_longer_holds_every_image(fixture_bert):
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
         growth[path] = float(out.stdout.split()[-1])
     assert growth["streamed"] < growth["two-stage"] - 150, growth
+
+
+CAPTIONS_PEAK_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np, torch
+    sys.path.insert(0, {tests!r})
+    import xmatch
+    from conftest import random_regions, tiny_spec
+    from test_eval_run import WORDS, TinySet
+    from xmatch.core.memory import release_free_memory
+    from xmatch.eval.evaluate import encode_dataset, score_blocks, score_dataset
+
+    def resident(field):
+        return int(next(l for l in open("/proc/self/status") if l.startswith(field)).split()[1]) / 1024
+
+    def reset_peak():
+        release_free_memory()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+
+    evaluate = sys.modules["xmatch.eval.evaluate"]
+    score_spilled = evaluate._score_spilled
+    peaks = []
+
+    def scoring(*args, **kwargs):  # the scoring phase's peak: every caption is encoded by then
+        reset_peak()
+        blocks = score_spilled(*args, **kwargs)
+        peaks.append(resident("VmHWM"))
+        return blocks
+
+    evaluate._score_spilled = scoring
+    torch.manual_seed(0)
+    model = xmatch.build(tiny_spec({bert!r}, embed_dim=1024)).eval()
+    regions, boxes, mask = random_regions(200, 4, 12, seed=0)
+    mask[:] = True
+    rng = np.random.default_rng(0)
+    captions = [" ".join(rng.choice(WORDS, size=int(k))) for k in rng.integers(3, 30, size=6000)]
+    data = TinySet(regions, boxes, mask, captions, captions_per_image=30)
+    reset_peak()
+    base = resident("VmRSS")
+    streamed = score_dataset(model, data, [slice(0, 200)], 30, progress=False)[0]
+    encoded = encode_dataset(model, data, progress=False)  # every caption held, as before
+    reset_peak()
+    held = score_blocks(model, encoded, [slice(0, 200)], 30, progress=False)
+    np.testing.assert_array_equal(streamed[0], held[0])
+    print(peaks[0] - base, resident("VmHWM") - base, encoded.captions.slots * encoded.captions.dim * 4 / 2**20)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="resets the peak resident size through /proc")
+def test_the_peak_no_longer_holds_every_caption(fixture_bert):
+    # 6,000 captions of 3 to 30 words at 1,024-d: about 400 MiB of caption embeddings in buckets
+    # (the largest about 100 MiB); the images and the scores a few MiB. The pooler's blocks and
+    # the heap add up to ~130 MiB to either; scoring with every caption held peaks ~400 MiB higher
+    script = CAPTIONS_PEAK_SCRIPT.format(tests=str(ROOT / "tests"), bert=fixture_bert)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
+    streamed, held, captions = (float(v) for v in out.stdout.split()[-3:])
+    assert captions > 300 and held > captions and streamed < held - 200, (streamed, held, captions)

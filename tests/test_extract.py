@@ -275,10 +275,8 @@ def test_karpathy_captions_keep_their_ids_and_splits(photos, tmp_path):
 # -- resuming, and errors ---------------------------------------------------------------------
 
 
-def test_resume_after_a_crash_gives_identical_files(photos, tmp_path, monkeypatch):
-    clean = tmp_path / "clean"
-    extract(photos, clean, PIPE, batch_size=2, workers=0, progress=False)
-    crashed = tmp_path / "crashed"
+def extract_killed_at_the_second_chunk(images, out: Path, monkeypatch) -> None:
+    """An extraction in chunks of 2 interrupted as its second chunk runs (a killed process)."""
     real = RegionPipeline.forward
     calls = {"n": 0}
 
@@ -290,8 +288,15 @@ def test_resume_after_a_crash_gives_identical_files(photos, tmp_path, monkeypatc
 
     monkeypatch.setattr(RegionPipeline, "forward", dies_on_the_second_chunk)
     with pytest.raises(KeyboardInterrupt):
-        extract(photos, crashed, PIPE, batch_size=2, workers=0, progress=False)
+        extract(images, out, PIPE, batch_size=2, workers=0, progress=False)
     monkeypatch.setattr(RegionPipeline, "forward", real)
+
+
+def test_resume_after_a_crash_gives_identical_files(photos, tmp_path, monkeypatch):
+    clean = tmp_path / "clean"
+    extract(photos, clean, PIPE, batch_size=2, workers=0, progress=False)
+    crashed = tmp_path / "crashed"
+    extract_killed_at_the_second_chunk(photos, crashed, monkeypatch)
     assert len(os.listdir(crashed / "bu_att")) == 2 and not read_manifest(crashed)["complete"]
     with pytest.raises(ExtractError, match=r"already holds an extraction .*--resume"):
         extract(photos, crashed, PIPE, batch_size=2, workers=0, progress=False)

@@ -107,6 +107,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "where they only compete with the backbone, else 2)")
     parser.set_defaults(**dict.fromkeys(ROI_FLAGS, _UNSET))
     parser.add_argument("--device", help="cpu, cuda, mps (default: CUDA when available; torchrun: one GPU per process)")
+    parser.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                        help="compute the chunks on a Ray cluster's workers, each holding the pipeline once "
+                        "(pip install 'xmatch-zoo[ray]'): without ADDRESS a local one is started (or the one RAY_ADDRESS "
+                        "names joined), else the one at ADDRESS (auto, HOST:6379); the same files as one process. See "
+                        "docs/scale.md")
+    parser.add_argument("--ray-workers", type=int, metavar="N",
+                        help="with --ray: Ray workers (default: one per CPU of the cluster); the CPUs are divided among "
+                        "them as torch threads")
     parser.add_argument("--resume", action="store_true", help="continue the extraction in --out (finished images are skipped)")
     parser.add_argument("--overwrite", action="store_true", help="remove the extraction in --out first")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (nor progress lines)")
@@ -155,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype, batch_size=args.batch_size, workers=args.workers, device=args.device,
         resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress, progress_every=args.progress_every,
         allow_outside_root=args.allow_outside_root, max_pixels=args.max_pixels, max_batch_pixels=args.max_batch_pixels,
+        ray=args.ray, ray_workers=args.ray_workers,
     )
     print(result.summary())
     for name, reason in result.unreadable:

@@ -57,6 +57,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "a tokenizer's save_pretrained writes) instead of the model's own source, e.g. the Hub's; "
                         "pictures are indexed without one, captions and text searches need it (xmatch search --tokenizer)")
     parser.add_argument("--device", help="cpu, cuda, mps (default: cpu)")
+    parser.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                        help="encode on a Ray cluster's workers, each holding the model once, and commit every shard "
+                        "at once at the end (pip install 'xmatch-zoo[ray]'; embedded engine): without ADDRESS a local "
+                        "one is started (or the one RAY_ADDRESS names joined), else the one at ADDRESS (auto, "
+                        "HOST:6379); a killed run continues with --append. See docs/scale.md")
+    parser.add_argument("--ray-workers", type=int, metavar="N",
+                        help="with --ray: Ray workers (default: one per CPU of the cluster)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
@@ -75,6 +82,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.copy is not None:
         return _copy(args)
+    if args.ray_workers is not None and args.ray is None:
+        print("xmatch index: --ray-workers is the number of workers of --ray; add --ray [ADDRESS].", file=sys.stderr)
+        return 2
+    if args.ray is not None and (args.engine != "faiss" or args.from_index):
+        print("xmatch index: --ray encodes into an embedded index (--engine faiss); to fill Qdrant, build one with "
+              "--ray, then copy it: xmatch index --from-index INDEX --engine qdrant --out QDRANT_INDEX.", file=sys.stderr)
+        return 2
     exists = (args.out / MANIFEST).is_file()
     if exists and args.overwrite:
         others = foreign_files(args.out)
@@ -111,7 +125,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         index, added = _fill(args, exists, made)
     except BaseException:
-        if made and len(made[0]) == 0 or not made and fresh:
+        staged = len(list((args.out / "staging").glob("chunk-*.json"))) if args.ray is not None else 0
+        if staged:  # a Ray run commits at its end: what its workers encoded waits there for --append
+            print(f"xmatch index: stopped with {staged} chunks encoded and staged in {args.out / 'staging'}, none "
+                  "committed; continue with --append.", file=sys.stderr)
+        elif made and len(made[0]) == 0 or not made and fresh:
             if made:
                 made[0].close()
             if args.out.is_dir():
@@ -222,15 +240,24 @@ def _fill(args: argparse.Namespace, exists: bool, made: list[Any]) -> tuple[Any,
             index = create(args.out, model, side=args.side, model_ref=model_ref(args.model), dtype=args.dtype,
                            engine=args.engine, qdrant=args.qdrant, collection=args.collection)
             made.append(index)
+        fill = {"batch_size": args.batch_size, "shard_size": args.shard_size, "resume": args.append,
+                "progress": progress, "compute_dtype": args.compute_dtype}
+        if args.ray is not None:
+            fill |= {"ray": args.ray, "ray_workers": args.ray_workers}
         if dataset is None:
-            from xmatch.index.photos import index_images
+            if args.ray is not None:
+                from xmatch.index.ray_build import index_images_on_ray as index_images
+            else:
+                from xmatch.index.photos import index_images
 
             budget = {} if args.max_pixels is None else {"max_pixels": args.max_pixels}
-            added = index_images(index, args.images, batch_size=args.batch_size, shard_size=args.shard_size,
-                                 resume=args.append, progress=progress, compute_dtype=args.compute_dtype, **budget)
+            added = index_images(index, args.images, **fill, **budget)
+        elif args.ray is not None:
+            from xmatch.index.ray_build import index_dataset_on_ray
+
+            added = index_dataset_on_ray(index, dataset, **fill)
         else:
-            added = index_dataset(index, dataset, batch_size=args.batch_size, shard_size=args.shard_size,
-                                  resume=args.append, progress=progress, compute_dtype=args.compute_dtype)
+            added = index_dataset(index, dataset, **fill)
     index.progress = progress
     index.prepare(args.stage1)
     return index, added

@@ -47,6 +47,7 @@ BUILTINS: dict[str, dict[str, str]] = {
         "teran": "xmatch.data.teran:TeranDataset",
         "scan-precomp": "xmatch.data.precomp:PrecompDataset",
         "image-captions": "xmatch.data.image_captions:ImageCaptionsDataset",
+        "webdataset": "xmatch.data.webdataset:WebDataset",
         "scenes": "xmatch.scenes.dataset:open_scenes",
         "tabletop": "xmatch.tabletop.dataset:open_tabletop",
     },

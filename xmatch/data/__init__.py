@@ -7,7 +7,8 @@ Registered in the ``datasets`` registry (entry-point group ``xmatch_datasets`` f
 - ``scan-precomp``: SCAN / VSE++ ``<split>_ims.npy`` + ``<split>_caps.txt``
   (:class:`PrecompDataset`);
 - ``image-captions``: image files with a CSV / JSONL captions file
-  (:class:`ImageCaptionsDataset`).
+  (:class:`ImageCaptionsDataset`);
+- ``webdataset``: WebDataset tar shards, ``KEY.jpg`` + ``KEY.txt`` (:class:`WebDataset`).
 
 Every dataset has ``captions`` ordered image by image, ``caption_image``,
 ``captions_per_image``, ``image(i)``, a pair view for training (``dataset[k]``,
@@ -37,6 +38,7 @@ from xmatch.data.image_captions import ImageCaptionsDataset
 from xmatch.data.items import ImageItem, Pair, RegionImage
 from xmatch.data.precomp import PrecompDataset
 from xmatch.data.teran import TeranDataset
+from xmatch.data.webdataset import WebDataset
 from xmatch.core.registry import get_registry
 from xmatch.core.spec import check_component, instantiate
 
@@ -104,6 +106,6 @@ def _from_text(value: Any, hint: Any) -> Any:
 
 __all__ = [
     "DataError", "DataFileNotFoundError", "ImageCaptionsDataset", "ImageItem", "ImageTextDataset",
-    "ImageView", "NoCaptionsError", "Pair", "PrecompDataset", "RegionImage", "TeranDataset", "collate", "collate_images",
+    "ImageView", "NoCaptionsError", "Pair", "PrecompDataset", "RegionImage", "TeranDataset", "WebDataset", "collate", "collate_images",
     "open_dataset",
 ]

@@ -33,6 +33,16 @@ def _image_captions(root: Path) -> bool:
     return any(root.glob("*.csv")) or any(root.glob("*.jsonl"))
 
 
+def _webdataset(root: Path) -> bool:
+    from xmatch.data.webdataset import SHARD_SUFFIX, is_shard_spec
+
+    if not root.exists():
+        return is_shard_spec(root)
+    if root.is_file():
+        return root.suffix == SHARD_SUFFIX
+    return any(root.glob(f"*{SHARD_SUFFIX}")) or any(root.glob(f"*/*{SHARD_SUFFIX}"))
+
+
 def _scenes(root: Path) -> bool:
     return any(p.is_dir() for p in root.glob("scenes-*"))
 
@@ -41,6 +51,7 @@ BUILT_IN: dict[str, Callable[[Path], bool]] = {
     "teran": _teran,
     "scan-precomp": _precomp,
     "image-captions": _image_captions,
+    "webdataset": _webdataset,
     "scenes": _scenes,
 }
 
@@ -52,8 +63,10 @@ def guess_layouts(root: str | Path) -> list[str]:
         >>> guess_layouts("/no/such/folder")
         []
     """
+    from xmatch.data.webdataset import is_shard_spec
+
     root = Path(root).expanduser()
-    if not root.exists():
+    if not root.exists() and not is_shard_spec(root):  # a shard pattern names files, not itself
         return []
     registry = get_registry("datasets")
     found = []

@@ -7,26 +7,28 @@ score blocks the protocol needs are computed (the 5 diagonal 1K blocks for COCO 
 matrix for 5K), chunked through the model's pooler. Several models form an ensemble by
 averaging their score blocks (TERAN's ensemble).
 
-:func:`evaluate` never holds every image's embeddings while it scores: :func:`score_dataset`
-writes them to a temporary file as they are encoded and reads each step of images back,
-with the same scores bit for bit as :func:`encode_dataset` followed by :func:`score_blocks`.
-At COCO-5K size that is 0.69 GiB (5,000 x 36 regions x 1,024 float32) less at the peak.
+:func:`evaluate` never holds every image's or every caption's embeddings while it scores:
+:func:`score_dataset` writes them to temporary files as they are encoded and reads back one
+caption bucket and one step of images at a time, with the same scores bit for bit as
+:func:`encode_dataset` followed by :func:`score_blocks`. At COCO-5K size that is 0.69 GiB of
+images (5,000 x 36 regions x 1,024 float32) and about 1 GiB of captions less at the peak.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from xmatch.model.buckets import BucketedEmbeddings
+from xmatch.model.buckets import BucketedEmbeddings, plan_buckets, slice_bucket, token_spans
 from xmatch.model.embeddings import Embeddings
 from xmatch.data.base import ImageTextDataset
 from xmatch.data.fit import check_images_fit
@@ -113,9 +115,7 @@ def encode_captions(
     texts = list(captions)
     if not texts:
         raise ValueError("the dataset has no captions to encode.")
-    # characters are a cheap proxy of the token count; the buckets use the real counts
-    order = sorted(range(len(texts)), key=lambda k: len(texts[k]))
-    batches = [order[i : i + batch_size] for i in range(0, len(texts), batch_size)]
+    batches = _caption_batches(texts, batch_size)
     parts: list[Embeddings | None] = [None] * len(batches)
     # longest batch first: the text encoder's largest activations (a batch of run-on captions:
     # 0.2 GiB for BERT-base) come while few captions are held, not beside all the others.
@@ -126,6 +126,13 @@ def encode_captions(
         release_free_memory()
     positions = [torch.tensor(chosen, dtype=torch.long) for chosen in batches]
     return BucketedEmbeddings.from_parts(parts, positions, consume=True)
+
+
+def _caption_batches(texts: Sequence[str], batch_size: int) -> list[list[int]]:
+    """The captions' indices in batches of similar length, shortest first; characters are a
+    cheap proxy of the token count (the buckets use the real counts)."""
+    order = sorted(range(len(texts)), key=lambda k: len(texts[k]))
+    return [order[i : i + batch_size] for i in range(0, len(texts), batch_size)]
 
 
 #: what :func:`score_blocks` scores: a fold (a slice of images against their own captions), or
@@ -188,9 +195,11 @@ def score_dataset(
     The images are encoded first, in the batches :func:`encode_dataset` encodes them, and each
     batch is written to a temporary file (``tempfile``'s, in ``TMPDIR``, unlinked from the
     start; on a tmpfs it stays in memory, outside the process) instead of being kept; then the
-    captions are encoded (:func:`encode_captions`); then each step of ``rows_per_step`` images
-    is read back, scored against its fold's captions and dropped. Neither encoder runs while the captions and the
-    scores are held, so their activations never add to that peak.
+    captions are encoded in :func:`encode_captions`'s batches and put in its buckets, each
+    bucket written to a second temporary file; then, one caption bucket at a time, each step of
+    ``rows_per_step`` images is read back, scored against the bucket's captions of its fold and
+    dropped. So scoring holds the scores, one bucket of captions and one step of images, never
+    every caption (1.2 GiB at COCO-5K size), and neither encoder runs while the scores are held.
 
     The batches, the steps and the captions' buckets are those of the two-stage path, so the
     scores are the same bit for bit when every image has the same number of regions
@@ -228,40 +237,77 @@ def score_dataset(
                 f"the dataset yielded {len(images)} images for {len(dataset.captions)} captions "
                 f"({c} per image = {n_images} images expected)."
             )
-        captions = encode_captions(model, dataset.captions, batch_size=text_batch_size, progress=progress)
-        encode_s = time.perf_counter() - start
-        start = time.perf_counter()
-        blocks = []
-        with progress_bar(total=sum(f.stop - f.start for f in folds), desc="similarity", unit="img", show=progress) as bar:
-            for f in folds:
-                txt = captions[c * f.start : c * f.stop]  # a view, as score_blocks takes it
-                block = np.empty((f.stop - f.start, len(txt)), dtype=np.float32)
-                for i in range(f.start, f.stop, rows_per_step):
-                    j = min(i + rows_per_step, f.stop)
-                    step = images.read(i, j, model.device)
-                    block[i - f.start : j - f.start] = model.similarity(step, txt).float().cpu().numpy()
-                    del step
-                    bar.update(j - i)
-                blocks.append(block)
+        captions = _SpilledCaptions.encode(model, dataset.captions, text_batch_size, progress)
+        with contextlib.closing(captions):
+            encode_s = time.perf_counter() - start
+            start = time.perf_counter()
+            blocks = _score_spilled(model, images, captions, folds, c, rows_per_step, progress)
     return blocks, encode_s, time.perf_counter() - start
 
 
-class _SpilledImages:
-    """Encoded image batches kept in one temporary file instead of memory. The file is unlinked
-    when it is made (``tempfile.TemporaryFile``), so nothing is left behind, even by a killed
-    process; it lives in ``TMPDIR`` (on a tmpfs it stays in memory, outside the process)."""
+def _score_spilled(
+    model: MatchingModel,
+    images: _SpilledImages,
+    captions: _SpilledCaptions,
+    folds: Sequence[slice],
+    c: int,
+    rows_per_step: int,
+    progress: bool,
+) -> list[np.ndarray]:
+    """Each fold's block, one caption bucket at a time: the bucket read back, each step of the
+    fold's images read back and scored against the bucket's captions of that fold. The pooler
+    scores bucket against bucket whichever way the buckets arrive, so these are the blocks of
+    ``score_blocks`` on the same buckets, bit for bit."""
+    blocks = [np.empty((f.stop - f.start, c * (f.stop - f.start)), dtype=np.float32) for f in folds]
+    pairs = sum(c * (f.stop - f.start) ** 2 for f in folds)
+    with progress_bar(total=pairs, desc="similarity", unit="pair", show=progress) as bar:
+        for k in range(len(captions)):
+            _score_bucket(model, images, captions, k, folds, blocks, c, rows_per_step, bar)
+            release_free_memory()  # the bucket's pages, before the next one is read
+    return blocks
+
+
+def _score_bucket(
+    model: MatchingModel,
+    images: _SpilledImages,
+    captions: _SpilledCaptions,
+    k: int,
+    folds: Sequence[slice],
+    blocks: list[np.ndarray],
+    c: int,
+    rows_per_step: int,
+    bar: Any,
+) -> None:
+    """Caption bucket ``k`` scored against each fold's images, into ``blocks``; its own
+    function, so that no view of the bucket outlives it while the next one is read."""
+    bucket, positions = captions.bucket(k, model.device)
+    for f, block in zip(folds, blocks):
+        piece = slice_bucket(bucket, positions, c * f.start, c * f.stop)
+        if piece is None:
+            continue
+        txt, columns = piece[0], piece[1].numpy()
+        for i in range(f.start, f.stop, rows_per_step):
+            j = min(i + rows_per_step, f.stop)
+            step = images.read(i, j, model.device)
+            block[i - f.start : j - f.start, columns] = model.similarity(step, txt).float().cpu().numpy()
+            del step
+            bar.update((j - i) * len(columns))
+
+
+class _SpillFile:
+    """Embeddings kept in one temporary file instead of memory. The file is unlinked when it is
+    made (``tempfile.TemporaryFile``), so nothing is left behind, even by a killed process; it
+    lives in ``TMPDIR`` (on a tmpfs it stays in memory, outside the process)."""
 
     FIELDS = ("tokens", "mask", "pooled", "boxes")
 
-    def __init__(self) -> None:
-        self.file = tempfile.TemporaryFile(prefix="xmatch-eval-images-")
-        # per batch: first image, one past the last, and per field (offset, dtype, shape) or None
-        self.batches: list[tuple[int, int, dict[str, tuple[int, torch.dtype, torch.Size] | None]]] = []
+    def __init__(self, prefix: str) -> None:
+        self.file = tempfile.TemporaryFile(prefix=prefix)
+        # per entry, per field: (offset, dtype, shape), or None for a field the entry lacks
+        self.entries: list[dict[str, tuple[int, torch.dtype, torch.Size] | None]] = []
 
-    def __len__(self) -> int:
-        return self.batches[-1][1] if self.batches else 0
-
-    def add(self, e: Embeddings) -> None:
+    def add(self, e: Embeddings) -> int:
+        """Write ``e``; returns its entry number."""
         fields: dict[str, tuple[int, torch.dtype, torch.Size] | None] = {}
         for name in self.FIELDS:
             t = getattr(e, name)
@@ -271,18 +317,13 @@ class _SpilledImages:
             t = t.detach().contiguous().cpu()
             fields[name] = (self.file.seek(0, os.SEEK_END), t.dtype, t.shape)
             self.file.write(t.reshape(-1).view(torch.uint8).numpy().data)  # raw bytes: any dtype, bf16 too
-        self.batches.append((len(self), len(self) + len(e), fields))
+        self.entries.append(fields)
+        return len(self.entries) - 1
 
-    def read(self, start: int, stop: int, device: torch.device) -> BucketedEmbeddings:
-        """Images ``start .. stop - 1``, bucketed (one bucket when they all have the same length:
-        ``encode_dataset``'s buckets sliced there)."""
-        pieces = [self._batch(fields, device)[max(start - first, 0) : stop - first]
-                  for first, end, fields in self.batches if first < stop and end > start]
-        return BucketedEmbeddings.from_parts(pieces, consume=True)
-
-    def _batch(self, fields: dict[str, tuple[int, torch.dtype, torch.Size] | None], device: torch.device) -> Embeddings:
+    def get(self, k: int, device: torch.device | str = "cpu") -> Embeddings:
+        """Entry ``k``, read back."""
         tensors = {}
-        for name, where in fields.items():
+        for name, where in self.entries[k].items():
             if where is None:
                 tensors[name] = None
                 continue
@@ -295,6 +336,99 @@ class _SpilledImages:
 
     def close(self) -> None:
         self.file.close()
+
+
+class _SpilledImages:
+    """Encoded image batches kept in a temporary file (:class:`_SpillFile`), read back a step at
+    a time."""
+
+    def __init__(self) -> None:
+        self.spill = _SpillFile("xmatch-eval-images-")
+        self.ranges: list[tuple[int, int]] = []  # per batch: first image, one past the last
+
+    def __len__(self) -> int:
+        return self.ranges[-1][1] if self.ranges else 0
+
+    def add(self, e: Embeddings) -> None:
+        self.spill.add(e)
+        self.ranges.append((len(self), len(self) + len(e)))
+
+    def read(self, start: int, stop: int, device: torch.device) -> BucketedEmbeddings:
+        """Images ``start .. stop - 1``, bucketed (one bucket when they all have the same length:
+        ``encode_dataset``'s buckets sliced there)."""
+        pieces = [self.spill.get(k, device)[max(start - first, 0) : stop - first]
+                  for k, (first, end) in enumerate(self.ranges) if first < stop and end > start]
+        return BucketedEmbeddings.from_parts(pieces, consume=True)
+
+    def close(self) -> None:
+        self.spill.close()
+
+
+class _SpilledCaptions:
+    """The caption buckets :func:`encode_captions` makes, kept in a temporary file and read back
+    one at a time: the same batches, encoded longest first, each written to a file as soon as
+    it is encoded; then each bucket filled from them (:func:`~xmatch.model.buckets.plan_buckets`)
+    and written to a second file, the first closed. At COCO-5K size this keeps one bucket (at
+    most a few hundred MB) in memory instead of every caption (1.2 GiB)."""
+
+    def __init__(self, buckets: _SpillFile, positions: list[torch.Tensor]) -> None:
+        self.buckets, self.positions = buckets, positions
+
+    @classmethod
+    @torch.inference_mode()
+    def encode(cls, model: MatchingModel, captions: Sequence[str], batch_size: int, progress: bool) -> _SpilledCaptions:
+        """The captions encoded in :func:`encode_captions`'s batches, longest first, and bucketed."""
+        texts = list(captions)
+        if not texts:
+            raise ValueError("the dataset has no captions to encode.")
+        batches = _caption_batches(texts, batch_size)
+
+        def encoded() -> Iterator[tuple[int, Embeddings]]:
+            for b in progress_bar(reversed(range(len(batches))), total=len(batches), desc="encode captions",
+                                  unit="batch", show=progress):
+                yield b, model.encode_texts([texts[k] for k in batches[b]], batch_size=batch_size)
+
+        return cls.from_batches(encoded(), [torch.tensor(chosen, dtype=torch.long) for chosen in batches])
+
+    @classmethod
+    def from_batches(cls, batches: Iterable[tuple[int, Embeddings]], positions: Sequence[torch.Tensor]) -> _SpilledCaptions:
+        """Bucket encoded batches ``(b, embeddings)`` (in any order; batch ``b`` holds the
+        captions at corpus ``positions[b]``) as ``BucketedEmbeddings.from_parts`` would, each
+        batch written to a file as it arrives and each bucket as it is filled."""
+        spans: list[torch.Tensor | None] = [None] * len(positions)
+        entry: dict[int, int] = {}
+        encoded = _SpillFile("xmatch-eval-caption-batches-")
+        buckets = _SpillFile("xmatch-eval-captions-")
+        try:
+            for b, e in batches:
+                spans[b] = token_spans(e.mask).cpu()
+                entry[b] = encoded.add(e)
+                del e
+                release_free_memory()
+            if any(s is None for s in spans):
+                raise ValueError(f"{sum(s is None for s in spans)} of {len(spans)} caption batches never arrived.")
+            plans = plan_buckets(spans, positions)
+            for plan in plans:
+                read = functools.lru_cache(maxsize=2)(lambda b: encoded.get(entry[b]))  # a batch feeds one or two buckets in a row
+                buckets.add(plan.fill(read))
+                del read
+                release_free_memory()
+        except BaseException:
+            buckets.close()
+            raise
+        finally:
+            encoded.close()
+        return cls(buckets, [plan.positions for plan in plans])
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def bucket(self, k: int, device: torch.device) -> tuple[Embeddings, torch.Tensor]:
+        """Bucket ``k`` and its items' corpus positions."""
+        return self.buckets.get(k, device), self.positions[k]
+
+    def close(self) -> None:
+        self.buckets.close()
 
 
 def _encode_images_to(model: MatchingModel, dataset: RetrievalSet, batch_size: int, progress: bool) -> _SpilledImages:

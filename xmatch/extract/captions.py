@@ -12,7 +12,11 @@ The captions come from ``--captions FILE`` or, without it, from the image folder
    ``<split>.jsonl`` files; image paths are relative to the captions file's folder; ids are
    0, 1, 2... in the order images first appear; rows without a split go to ``default_split``;
 4. nothing: every image found under the folder, ids in path order, no captions (the features
-   can be encoded, but ``xmatch eval`` / ``train`` need captions).
+   can be encoded, but ``xmatch eval`` / ``train`` need captions);
+5. WebDataset shards instead of a folder (``shards/{00000..00099}.tar``, a ``.tar`` file, or a
+   folder holding ``.tar`` files and no pictures): each sample's caption is its ``KEY.txt``, its
+   id its key, its name ``shard/key``, every sample in ``default_split``, in shard then member
+   order (:mod:`xmatch.data.webdataset`); pictures are read from the tar in place.
 
 A captions file is data from elsewhere, and its names become paths: every image it names must
 resolve (symbolic links followed) inside the image folder unless ``allow_outside_root`` is
@@ -24,16 +28,21 @@ file, the entry and the value.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from xmatch.core.errors import XmatchError
-from xmatch.data._io import check_text_name, inside_root, plain_id, plain_name, plain_path, shown
+from xmatch.data._io import check_text_name, first_few, inside_root, plain_id, plain_name, plain_path, shown
 from xmatch.data.errors import DataFileNotFoundError
 from xmatch.data.image_captions import read_caption_rows
+from xmatch.data.webdataset import expand_shards, names_shards, scan_shards
+from xmatch.io.archive import ArchiveMember
 from xmatch.regions.images import find_images
+
+logger = logging.getLogger(__name__)
 
 CAPTION_SUFFIXES = (".csv", ".jsonl")
 #: split files recognised in an image folder, in this order
@@ -50,8 +59,9 @@ class ImageRecord:
 
     Attributes:
         key: the feature id (``bu_att/<key>.npz``), unique.
-        name: the image's path relative to the image folder (POSIX), as proposers see it.
-        path: the image file.
+        name: the image's path relative to the image folder (POSIX), as proposers see it
+            (``shard/key`` for a WebDataset sample).
+        path: the image file, or its member of a WebDataset shard.
         split: ``train``, ``val``, ``test``... (as the captions say).
         captions: its captions (possibly none).
         entry: the original Karpathy entry, kept when the captions came from one.
@@ -59,7 +69,7 @@ class ImageRecord:
 
     key: str
     name: str
-    path: Path
+    path: Path | ArchiveMember
     split: str
     captions: list[str] = field(default_factory=list)
     entry: dict[str, Any] | None = None
@@ -76,7 +86,9 @@ def read_records(
 
     Args:
         images: the image folder (paths in caption files are relative to it for Karpathy and
-            COCO files, to the captions file's folder for CSV / JSONL).
+            COCO files, to the captions file's folder for CSV / JSONL), or WebDataset shards
+            (a pattern such as ``shards/{00000..00099}.tar``, a ``.tar`` file, or a folder
+            of ``.tar`` files and no pictures): their captions are their ``KEY.txt``.
         captions: a captions file, or None to look in ``images`` (see the module docstring).
         default_split: the split of images whose captions name none.
         allow_outside_root: accept image paths that resolve outside ``images`` (absolute
@@ -101,9 +113,13 @@ def read_records(
         ('0', 'test', ['a dog on a beach'])
     """
     root = Path(images).expanduser()
+    plain_name(default_split, "the default split (--split)", "split", CaptionsError)
+    if names_shards(root):
+        if captions is not None:
+            raise CaptionsError(f"{images}: WebDataset shards carry their captions (KEY.txt); leave out --captions.")
+        return shard_records(images, default_split)
     if not root.is_dir():
         raise DataFileNotFoundError(f"image folder {root} does not exist or is not a folder.")
-    plain_name(default_split, "the default split (--split)", "split", CaptionsError)
     files = [Path(captions).expanduser()] if captions is not None else _discover(root)
     for f in files:
         if not f.is_file():
@@ -129,6 +145,47 @@ def read_records(
         records = _table_records(root, files, default_split, allow_outside_root)
     _check(records, files)
     return records, ", ".join(map(str, files))
+
+
+def shard_records(shards: str | os.PathLike, split: str) -> tuple[list[ImageRecord], str]:
+    """The samples of WebDataset shards as records, in shard then member order (a resumed
+    extraction cuts the same chunks): id the sample's key, name ``shard/key``, the picture its
+    tar member, the caption its ``KEY.txt`` (none when it has none or one that cannot be read).
+
+    A sample whose picture cannot be read stays a record: the extraction leaves it out and
+    lists it as it does an unreadable file. What cannot be a record (a damaged tar's rest, a
+    key met again, a key without a picture or that is not a plain name) and captions that
+    cannot be read are logged as warnings, and named in the returned source.
+
+    Raises:
+        xmatch.data.errors.DataFileNotFoundError: a shard the pattern names is missing.
+        CaptionsError: no sample with a picture.
+
+    Example:
+        >>> records, source = shard_records("shards/{00000..00003}.tar", "train")  # needs the shards  # doctest: +SKIP
+        >>> records[0].key, records[0].name, records[0].captions  # doctest: +SKIP
+        ('000000011', '00000/000000011', ['a dog on a beach'])
+    """
+    paths = expand_shards(shards)
+    scan = scan_shards(paths)
+    records, listed = [], list(scan.left_out)
+    for s in scan.samples:
+        where = f"{shards}: sample {s.id}"
+        try:
+            key = plain_name(s.key, where, "key (the feature id)", CaptionsError)
+        except CaptionsError as exc:
+            listed.append((s.id, str(exc)))
+            continue
+        if s.bad_caption:
+            listed.append((s.id, f"{s.bad_caption}; the picture is extracted without a caption"))
+        records.append(ImageRecord(key, s.id, s.picture, split, [s.caption] if s.caption else []))  # type: ignore[arg-type]
+    for where, why in listed:
+        logger.warning("left out of %s: %s: %s", shards, where, why)
+    if not records:
+        raise CaptionsError(f"{shards}: no sample with a picture in its {len(paths)} shards"
+                            + (f"; left out: {first_few([f'{w}: {y}' for w, y in listed])}." if listed else "."))
+    left = f", {len(listed)} members or captions left out (logged)" if listed else ""
+    return records, f"WebDataset shards {os.fspath(shards)} ({len(paths)} shards{left})"
 
 
 def _discover(root: Path) -> list[Path]:
@@ -244,6 +301,4 @@ def _check(records: list[ImageRecord], files: list[Path]) -> None:
             raise CaptionsError(f"{where}: image {r.name} (id {r.key}) has an empty caption.")
     missing = [str(r.path) for r in records if not r.path.is_file()]
     if missing:
-        from xmatch.data._io import first_few
-
         raise DataFileNotFoundError(f"{where} names {len(missing)} image files that do not exist: {first_few(missing)}.")

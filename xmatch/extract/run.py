@@ -5,7 +5,9 @@ is computed, written and resumed. Its images run through the backbone together, 
 or re-split run gives the same bytes. After a chunk's region files are in place, a small
 record of it (image sizes, images left out) is written into ``OUT/.extract/``; a chunk with a
 record is finished. Under ``torchrun`` every process takes every N-th chunk; the first one
-then writes the dataset files and the manifest from the chunk records.
+then writes the dataset files and the manifest from the chunk records. With ``ray`` the
+chunks are computed by a Ray cluster's actors instead (:mod:`xmatch.extract.ray_run`), and this
+process writes the dataset files and the manifest.
 
 In the teran layout the dataset file (``dataset_xmatch.json``) is written as soon as a split
 is finished (every chunk holding one of its images has its record), with the finished splits'
@@ -23,7 +25,6 @@ parts, and the same bytes, on every run), the later parts decoded as their turn 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -38,10 +39,10 @@ import torch
 
 from xmatch.core.errors import XmatchError
 from xmatch.extract.captions import ImageRecord, read_records
-from xmatch.io.pictures import MAX_BATCH_PIXELS, MAX_PIXELS, ImageTooLargeError
-from xmatch.regions.images import UnreadableImageError, picture_size
+from xmatch.extract.chunks import STATE, ChunkSet, chunk_file, read_chunk, run_chunk
+from xmatch.io.pictures import MAX_BATCH_PIXELS, MAX_PIXELS
 from xmatch.regions.manifest import FORMAT, MANIFEST, ManifestError, read_manifest, settings_differences
-from xmatch.regions.pipeline import PictureLoader, Prepared, RegionPipeline
+from xmatch.regions.pipeline import RegionPipeline
 from xmatch.extract.writers import (
     DATASET_FILE,
     LAYOUTS,
@@ -56,7 +57,6 @@ from xmatch.extract.writers import (
 
 logger = logging.getLogger(__name__)
 
-STATE = ".extract"
 DTYPES = ("float32", "float16")
 #: the settings that decide the bytes written; a resumed run must use the same
 COMPARED = ("layout", "dtype", "batch_size", "pipeline", "images", "pixels")
@@ -126,6 +126,8 @@ def extract(
     allow_outside_root: bool = False,
     max_pixels: int = MAX_PIXELS,
     max_batch_pixels: int = MAX_BATCH_PIXELS,
+    ray: str | None = None,
+    ray_workers: int | None = None,
 ) -> ExtractResult:
     """Extract region features of every image of a folder into ``out``.
 
@@ -165,6 +167,14 @@ def extract(
         max_batch_pixels: the decoded pixels a chunk keeps at once for a proposer that looks at
             pixels (default 100 megapixels); a chunk over it runs in parts. A single picture
             within ``max_pixels`` always runs, alone if need be.
+        ray: compute the chunks on a Ray cluster (``xmatch extract --ray [ADDRESS]``; needs
+            ``pip install 'xmatch-zoo[ray]'``): ``"local"`` starts (or joins) a local one, any
+            other value is the address of one (``auto``, ``HOST:6379``); a cluster this process
+            joined already is used as it is. The files are the same bytes as one process
+            writes; a worker that dies has its chunk redone, a killed run continues with
+            ``resume``. None: this process (or ``torchrun``'s).
+        ray_workers: Ray actors, each holding the pipeline once (default: one per CPU of the
+            cluster); the cluster's CPUs are divided among them as torch threads.
 
     Returns:
         An :class:`ExtractResult` (on every process; the dataset files exist when it returns
@@ -199,7 +209,13 @@ def extract(
         raise ValueError(f"progress_every must be 0 seconds or more, got {progress_every}.")
     if resume and overwrite:
         raise ValueError("resume continues the previous run and overwrite removes it; choose one.")
+    if ray_workers is not None and (ray is None or ray_workers < 1):
+        raise ValueError(f"ray_workers (--ray-workers) is the number of Ray workers, at least 1, and needs ray (--ray); "
+                         f"got {ray_workers} with ray={ray!r}.")
     procs = Processes.join(device)
+    if ray is not None and procs.world > 1:
+        procs.leave()
+        raise ValueError("ray runs the chunks on a Ray cluster's workers; start one process (not torchrun) to drive it.")
     try:
         records, source = read_records(images, captions, split, allow_outside_root=allow_outside_root)
         pipe = pipeline if isinstance(pipeline, RegionPipeline) else RegionPipeline.from_table(
@@ -220,17 +236,23 @@ def extract(
             return _result(out, read_manifest(out), 0, len(records), time.perf_counter() - start)
         chunks = [records[i : i + batch_size] for i in range(0, len(records), batch_size)]
         mine = [k for k in range(len(chunks)) if k % procs.world == procs.rank]
-        pending = [k for k in mine if not _chunk_file(out, k).is_file()]
+        pending = [k for k in mine if not chunk_file(out, k).is_file()]
         skipped = sum(len(chunks[k]) for k in mine if k not in pending)
         logger.info("extracting %d images into %s: %d to do here, %d already done", len(records), out,
                     sum(len(chunks[k]) for k in pending), skipped)
-        chunk_set = _ChunkSet(chunks, pending, pipe.loader(max_pixels), max_batch_pixels)
+        chunk_set = ChunkSet(chunks, pending, pipe.loader(max_pixels), max_batch_pixels)
         finished = _FinishedSplits(out, records, chunks) if layout == "teran" and procs.is_main else None
         if finished is not None:
             finished.update()  # the splits a resumed run had finished
-        extracted = _run_chunks(pipe, chunk_set, files, out, workers, progress and procs.is_main, skipped,
-                                sum(len(chunks[k]) for k in mine), progress_every,
-                                finished.update if finished is not None else None)
+        chunk_done = finished.update if finished is not None else None
+        if ray is None:
+            extracted = _run_chunks(pipe, chunk_set, files, out, workers, progress and procs.is_main, skipped,
+                                    sum(len(chunks[k]) for k in mine), progress_every, chunk_done)
+        else:
+            from xmatch.extract.ray_run import run_chunks_on_ray
+
+            extracted = run_chunks_on_ray(ray, ray_workers, pipe, chunk_set, files, out, progress, skipped,
+                                          progress_every, chunk_done)
         procs.barrier()
         if procs.is_main:
             manifest = _finish(out, manifest, records, len(chunks), layout, dtype)
@@ -261,59 +283,13 @@ def decoding_workers(cores: int | None = None) -> int:
 # -- the chunks ---------------------------------------------------------------------------
 
 
-Loaded = list[tuple[ImageRecord, Prepared | str]]
-
-
-class _ChunkSet(torch.utils.data.Dataset):
-    """Chunk ``k`` of the work -> ``(k, parts, first part decoded)``, decoded in workers; the
-    other parts (a chunk over the batch budget) are decoded by :meth:`load_part` in turn."""
-
-    def __init__(self, chunks: list[list[ImageRecord]], pending: list[int], load: PictureLoader, max_batch_pixels: int) -> None:
-        self.chunks, self.pending, self.load, self.max_batch_pixels = chunks, pending, load, max_batch_pixels
-
-    def __len__(self) -> int:
-        return len(self.pending)
-
-    def __getitem__(self, i: int) -> tuple[int, list[list[ImageRecord]], Loaded]:
-        k = self.pending[i]
-        parts = self.parts(self.chunks[k])
-        return k, parts, self.load_part(parts[0])
-
-    def parts(self, chunk: list[ImageRecord]) -> list[list[ImageRecord]]:
-        """The chunk cut where the pictures it keeps would pass the batch budget (sizes from the
-        headers; only a loader that keeps pictures holds more than one at a time)."""
-        if not self.load.keep_picture:
-            return [chunk]
-        parts: list[list[ImageRecord]] = [[]]
-        held = 0
-        for record in chunk:
-            size = picture_size(record.path)
-            pixels = size[0] * size[1] if size is not None and size[0] * size[1] <= self.load.max_pixels else 0
-            if parts[-1] and held + pixels > self.max_batch_pixels:
-                parts.append([])
-                held = 0
-            parts[-1].append(record)
-            held += pixels
-        return parts
-
-    def load_part(self, records: list[ImageRecord]) -> Loaded:
-        """``(record, Prepared or the reason it is left out)`` of each record."""
-        items: Loaded = []
-        for record in records:
-            try:
-                items.append((record, self.load(record.path, record.name)))
-            except (UnreadableImageError, ImageTooLargeError, FileNotFoundError) as exc:
-                items.append((record, str(exc)))
-        return items
-
-
 def _unbatched(item: Any) -> Any:
     return item
 
 
 def _run_chunks(
     pipe: RegionPipeline,
-    chunk_set: _ChunkSet,
+    chunk_set: ChunkSet,
     files: RegionFiles,
     out: Path,
     workers: int,
@@ -332,41 +308,10 @@ def _run_chunks(
     bar = progress_bar(total=total, initial=skipped, desc="extract", unit="img", show=progress, every=progress_every)
     with bar:
         for k, parts, first in loader:
-            sizes: dict[str, list[int]] = {}
-            bad: list[tuple[str, str]] = []
-            for j, part in enumerate(parts):
-                part_sizes, part_bad = _run_part(pipe, files, first if j == 0 else chunk_set.load_part(part))
-                first = None  # a part's pictures go once it has run, before the next is decoded
-                sizes.update(part_sizes)
-                bad += part_bad
-                bar.update(len(part))
-            write_json_atomic(_chunk_file(out, k), {"sizes": sizes, "unreadable": bad})
-            done += len(sizes)
+            done += run_chunk(pipe, chunk_set, files, out, k, parts, first, bar.update)
             if chunk_done is not None:
                 chunk_done()
     return done
-
-
-def _run_part(pipe: RegionPipeline, files: RegionFiles, items: Loaded) -> tuple[dict[str, list[int]], list[tuple[str, str]]]:
-    """Regions of the decoded pictures of ``items`` written; ``(sizes, images left out)``."""
-    good = [(r, p) for r, p in items if isinstance(p, Prepared)]
-    bad = [(r.name, p) for r, p in items if isinstance(p, str)]
-    for _, reason in bad:
-        logger.warning("skipping image: %s", reason)
-    regions = pipe([p for _, p in good]) if good else []
-    for (record, _), reg in zip(good, regions, strict=True):
-        if not files.done(record.key):
-            files.write(record.key, reg.features.numpy(), reg.boxes.numpy())
-    return {r.key: [p.width, p.height] for r, p in good}, bad
-
-
-def _chunk_file(out: Path, k: int) -> Path:
-    return out / STATE / f"chunk-{k:07d}.json"
-
-
-def _read_chunk(out: Path, k: int) -> dict[str, Any]:
-    """The record of finished chunk ``k``: ``sizes`` (key -> width, height), ``unreadable``."""
-    return json.loads(_chunk_file(out, k).read_text(encoding="utf-8"))
 
 
 class _FinishedSplits:
@@ -389,7 +334,7 @@ class _FinishedSplits:
         never removed, so each split's chunks are looked at once, in order)."""
         newly = False
         for split, left in list(self.waiting.items()):
-            while left and _chunk_file(self.out, left[0]).is_file():
+            while left and chunk_file(self.out, left[0]).is_file():
                 left.popleft()
             if not left:
                 del self.waiting[split]
@@ -401,7 +346,7 @@ class _FinishedSplits:
         done = [split for split in self.chunks if split not in self.waiting]
         sizes: dict[str, tuple[int, int]] = {}
         for k in sorted({k for split in done for k in self.chunks[split]}):
-            sizes.update({key: tuple(v) for key, v in _read_chunk(self.out, k)["sizes"].items()})
+            sizes.update({key: tuple(v) for key, v in read_chunk(self.out, k)["sizes"].items()})
         readable = [r for r in self.records if r.split in done and r.key in sizes]
         doc = {**karpathy_document(readable, sizes), "finished_splits": done, "pending_splits": list(self.waiting)}
         write_json_atomic(self.out / DATASET_FILE, doc)
@@ -488,13 +433,13 @@ def _remove_outputs(out: Path) -> None:
 
 def _finish(out: Path, manifest: dict[str, Any], records: list[ImageRecord], n_chunks: int, layout: str, dtype: str) -> dict[str, Any]:
     """Gather the chunk records, write the dataset files and the complete manifest."""
-    missing = [k for k in range(n_chunks) if not _chunk_file(out, k).is_file()]
+    missing = [k for k in range(n_chunks) if not chunk_file(out, k).is_file()]
     if missing:
         raise ExtractError(f"{len(missing)} chunks of {out} were not extracted (e.g. chunk {missing[0]}); rerun with --resume.")
     sizes: dict[str, tuple[int, int]] = {}
     unreadable: list[list[str]] = []
     for k in range(n_chunks):
-        doc = _read_chunk(out, k)
+        doc = read_chunk(out, k)
         sizes.update({key: tuple(v) for key, v in doc["sizes"].items()})
         unreadable += doc["unreadable"]
     readable = [r for r in records if r.key in sizes]

@@ -144,7 +144,8 @@ def karpathy_document(records: Sequence[ImageRecord], sizes: dict[str, tuple[int
 
 
 def _id(key: str) -> int | str:
-    return int(key) if key.isdigit() else key
+    # a zero-padded key (img2dataset's 000000011) stays a string: as an integer it would name another feature file
+    return int(key) if key.isdigit() and str(int(key)) == key else key
 
 
 def write_teran(out: Path, records: Sequence[ImageRecord], sizes: dict[str, tuple[int, int]]) -> None:

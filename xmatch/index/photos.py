@@ -2,7 +2,9 @@
 --images DIR``), for models whose image encoder reads pixels (``timm-grid``,
 ``pixel-regions``, CLIP-family towers).
 
-Each picture's id is its path relative to the folder (POSIX-style), so a hit names the file.
+Each picture's id is its path relative to the folder (POSIX-style), so a hit names the file;
+WebDataset shards (``shards/{00000..00099}.tar``) are read in place, each picture's id its
+sample's ``shard/key`` (:mod:`xmatch.data.webdataset`).
 Pictures that cannot be indexed (broken, not an image, over the pixel budget, a name that is not
 plain names joined by ``/`` as every index id must be, a link out of the folder) are skipped and
 listed; every ``shard_size`` pictures are one committed append, so a killed run keeps what it
@@ -22,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from xmatch.core.progress import progress_bar
-from xmatch.data._io import plain_path
+from xmatch.data._io import first_few, plain_path
 from xmatch.data.errors import DataError
+from xmatch.data.webdataset import expand_shards, names_shards, scan_shards
 from xmatch.index.errors import SearchIndexError
 from xmatch.index.search import SearchIndex, check_compute_dtype
+from xmatch.io.archive import ArchiveMember
 from xmatch.io.pictures import MAX_PIXELS, check_pixels
 from xmatch.model.inputs import PixelInputs, input_type_of
 
@@ -52,7 +56,10 @@ def index_images(
 
     Args:
         index: an image index of a model that reads pixels.
-        folder: the picture folder.
+        folder: the picture folder, or WebDataset shards (a pattern such as
+            ``shards/{00000..00099}.tar``, a ``.tar`` file, a folder of ``.tar`` files and no
+            pictures): their pictures are read from the tars in place, named ``shard/key``, in
+            shard then member order, and never recorded as the index's picture folder.
         batch_size: pictures encoded at once.
         shard_size: pictures per committed append.
         resume: skip pictures whose ids (relative paths) the index holds already; without it
@@ -67,7 +74,8 @@ def index_images(
     Returns:
         ``(pictures added, [(relative path, why skipped), ...])``: a picture that cannot be
         read, one whose name is not a plain id (:func:`xmatch.data._io.plain_path`: a newline,
-        a ``\\``...), and a link that leads out of the folder are skipped, each with the reason.
+        a ``\\``...), and a link that leads out of the folder are skipped, each with the reason;
+        from shards, also what their scan leaves out (``shard/key`` or the shard, and why).
 
     Raises:
         SearchIndexError: a caption index, or a model that reads precomputed region features
@@ -80,8 +88,6 @@ def index_images(
         >>> index_images(index, "my_photos")  # doctest: +SKIP
         (120, [])
     """
-    from xmatch.regions.images import find_images
-
     if index.side != "images":
         raise SearchIndexError(f"{index.root} holds captions; pictures go to an image index (--side images).")
     if input_type_of(index.model.image_encoder) is not PixelInputs:
@@ -94,21 +100,16 @@ def index_images(
         raise ValueError(f"batch_size and shard_size must be positive, got {batch_size} and {shard_size}.")
     check_compute_dtype(compute_dtype)
     root = Path(folder).expanduser()
-    if not root.is_dir():
-        raise FileNotFoundError(f"picture folder {root} does not exist or is not a folder.")
-    found = find_images(root)
-    if not found:
-        raise FileNotFoundError(f"no pictures in {root} (looked recursively); is it the right folder?")
-    refused = [(n, _refusal(root, n)) for n in found]
-    skipped = [(n, why) for n, why in refused if why]
+    shards = names_shards(folder)
+    candidates, skipped = pictures_to_index(folder, max_pixels)
     present = set(index.ids) if resume else set()
-    unindexed = [n for n, why in refused if not why and n not in present]
+    unindexed = [(n, source) for n, source in candidates if n not in present]
     bar = progress_bar(total=len(unindexed), desc="index pictures", unit="picture", show=progress)
     added = 0
     for start in range(0, len(unindexed), shard_size):
         pictures, ids = [], []
-        for name in unindexed[start : start + shard_size]:
-            picture, why = _load(root / name, max_pixels)
+        for name, source in unindexed[start : start + shard_size]:
+            picture, why = _load(source, max_pixels)
             if picture is None:
                 skipped.append((name, why))
             else:
@@ -118,9 +119,49 @@ def index_images(
             added += index.add(PixelInputs(pictures), ids=ids, batch_size=batch_size, compute_dtype=compute_dtype)
         bar.update(len(unindexed[start : start + shard_size]))
     bar.close()
-    if index.pictures is None and holds_pictures(root, index.ids):
+    if not shards and index.pictures is None and holds_pictures(root, index.ids):
         index.record_pictures(root)
     return added, skipped
+
+
+def _shard_pictures(shards: str | os.PathLike, max_pixels: int) -> tuple[list[tuple[str, ArchiveMember]], list[tuple[str, str]]]:
+    """``([(shard/key, picture member)], [(what, why skipped)])`` of WebDataset shards: the
+    scan's refusals and the pictures it cannot read are skipped (captions are not needed)."""
+    scan = scan_shards(expand_shards(shards), max_pixels=max_pixels)
+    skipped = list(scan.left_out) + [(s.id, s.bad_picture) for s in scan.samples if s.bad_picture]
+    found = [(s.id, s.picture) for s in scan.samples if not s.bad_picture and s.picture is not None]
+    if not found:
+        raise FileNotFoundError(f"no readable picture in the shards {os.fspath(shards)}"
+                                + (f"; skipped: {first_few([f'{w}: {y}' for w, y in skipped])}." if skipped else "."))
+    return found, skipped
+
+
+def pictures_to_index(folder: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
+    """The pictures :func:`index_images` indexes, in its order: ``([(name, file or tar member),
+    ...], [(name, why skipped), ...])``; a folder's pictures by relative path (those leading out
+    of it skipped), WebDataset shards' by ``shard/key`` (damaged samples skipped).
+
+    Raises:
+        FileNotFoundError: no such folder, or no pictures in it.
+
+    Example:
+        >>> pictures_to_index("/no/such/folder")
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: picture folder /no/such/folder does not exist or is not a folder.
+    """
+    from xmatch.regions.images import find_images
+
+    if names_shards(folder):
+        return _shard_pictures(folder, max_pixels)
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"picture folder {root} does not exist or is not a folder.")
+    found = find_images(root)
+    if not found:
+        raise FileNotFoundError(f"no pictures in {root} (looked recursively); is it the right folder?")
+    refused = [(n, _refusal(root, n)) for n in found]
+    return [(n, root / n) for n, why in refused if not why], [(n, why) for n, why in refused if why]
 
 
 def picture_candidates(folder: Path, item: str) -> list[Path]:
@@ -200,7 +241,7 @@ def _refusal(root: Path, name: str) -> str:
     return ""
 
 
-def _load(path: Path, max_pixels: int) -> tuple[object | None, str]:
+def _load(path: Path | ArchiveMember, max_pixels: int) -> tuple[object | None, str]:
     """The picture, or None and why it cannot be read."""
     from xmatch.core.errors import XmatchError
 
@@ -210,12 +251,12 @@ def _load(path: Path, max_pixels: int) -> tuple[object | None, str]:
         return None, str(exc)
 
 
-def load_picture(path: str | os.PathLike, max_pixels: int = MAX_PIXELS, *, option: str = "max_pixels={}") -> Any:
+def load_picture(path: str | os.PathLike | ArchiveMember, max_pixels: int = MAX_PIXELS, *, option: str = "max_pixels={}") -> Any:
     """An image file read as :func:`xmatch.regions.images.load_image` reads it (RGB, upright),
     its size checked against ``max_pixels`` from its header before any pixel is decoded.
 
     Args:
-        path: the image file.
+        path: the image file, or a WebDataset shard's picture member.
         max_pixels: the budget (width x height).
         option: how the caller raises the budget, for the refusal; ``{}`` stands for the
             picture's pixel count.

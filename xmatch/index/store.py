@@ -366,8 +366,9 @@ class ShardStore:
                 ))
 
 
-#: the folders an index makes for itself (whole): the model bundle, stage-1 files, Qdrant Edge storage
-OWN_FOLDERS = ("model", "ann", "qdrant")
+#: the folders an index makes for itself (whole): the model bundle, stage-1 files, Qdrant Edge storage,
+#: the shards of a Ray run not yet committed (xmatch.index.ray_build)
+OWN_FOLDERS = ("model", "ann", "qdrant", "staging")
 
 
 def foreign_files(root: Path) -> list[str]:

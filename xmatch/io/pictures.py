@@ -25,6 +25,8 @@ Example:
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 from xmatch.core.errors import XmatchError
@@ -77,3 +79,16 @@ def is_undecoded(image: Any) -> bool:
     from PIL import ImageFile
 
     return isinstance(image, ImageFile.ImageFile) and bool(image.tile)
+
+def unreadable_reason(exc: BaseException) -> str:
+    """Why Pillow could not read a picture, without the address of the file object it was
+    given (Pillow names an in-memory file by its ``repr``, which differs on every run and
+    would make two runs' records of the same damaged picture differ).
+
+    Example:
+        >>> import io
+        >>> from PIL import UnidentifiedImageError
+        >>> unreadable_reason(UnidentifiedImageError(f"cannot identify image file {io.BytesIO()!r}"))
+        'cannot identify image file'
+    """
+    return re.sub(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>", "", str(exc))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -100,37 +100,23 @@ class BucketedEmbeddings:
         """
         if not parts:
             raise ValueError("BucketedEmbeddings.from_parts needs at least one part.")
-        if not 0 <= max_waste < 1:
-            raise ValueError(f"max_waste must be in [0, 1), got {max_waste}.")
-        if positions is None:
-            starts = torch.tensor([0, *(len(p) for p in parts)]).cumsum(0)
-            positions = [torch.arange(int(starts[k]), int(starts[k + 1])) for k in range(len(parts))]
-        spans = torch.cat([_spans(p.mask).cpu() for p in parts])
-        owner = torch.cat([torch.full((len(p),), k) for k, p in enumerate(parts)])
-        row = torch.cat([torch.arange(len(p)) for p in parts])
-        where = torch.cat([pos.cpu().long() for pos in positions])
-        order = torch.sort(spans, stable=True).indices
         if consume and not isinstance(parts, list):
             raise TypeError("from_parts(consume=True) needs the batches in a list it may empty.")
+        plans = plan_buckets([token_spans(p.mask).cpu() for p in parts], positions, max_waste)
         if consume:
             release_free_memory()  # what the encoding loop freed before the buckets are allocated
         left = torch.tensor([len(p) for p in parts])
         out_parts, out_positions = [], []
-        for chosen in _bucket_runs(spans[order], max_waste):
-            members = order[chosen]
-            width = max(int(spans[members].max()), 1)
-            bucket = _Bucket(parts[int(owner[members[0]])], len(members), width)
-            pieces = []
-            for k in owner[members].unique().tolist():
-                mine = members[owner[members] == k]
-                bucket.add(parts[k], row[mine].to(parts[k].tokens.device))
-                pieces.append(where[mine])
-                left[k] -= len(mine)
+        for plan in plans:
+            bucket = _Bucket(parts[plan.like], len(plan.positions), plan.width)
+            for k, rows in plan.rows:
+                bucket.add(parts[k], rows.to(parts[k].tokens.device))
+                left[k] -= len(rows)
                 if consume and left[k] == 0:
                     parts[k] = None  # type: ignore[call-overload]
                     release_free_memory()  # the batch's pages, which glibc would keep as a heap hole
             out_parts.append(bucket.embeddings())
-            out_positions.append(torch.cat(pieces))
+            out_positions.append(plan.positions)
         return cls(out_parts, out_positions)
 
     # -- views -----------------------------------------------------------------------------------
@@ -177,16 +163,10 @@ class BucketedEmbeddings:
         start, stop, _ = index.indices(n)
         parts, positions = [], []
         for part, pos in zip(self.parts, self.positions):
-            keep = ((pos >= start) & (pos < stop)).nonzero().flatten()
-            if len(keep) == len(part):  # a whole part: a view, so a slice of the corpus is not a copy of it
-                parts.append(part.trimmed())
-                positions.append(pos - start)
-            elif len(keep):
-                first, last = int(keep[0]), int(keep[-1])
-                # a run of neighbouring items (images kept in corpus order) is a view too
-                rows = slice(first, last + 1) if last - first + 1 == len(keep) else keep.to(part.tokens.device)
-                parts.append(part[rows].trimmed())
-                positions.append(pos[keep] - start)
+            piece = slice_bucket(part, pos, start, stop)
+            if piece is not None:
+                parts.append(piece[0])
+                positions.append(piece[1])
         if not parts:
             raise IndexError(f"empty slice {start}:{stop} of {n} items")
         return BucketedEmbeddings(parts, positions)
@@ -257,8 +237,104 @@ class BucketedEmbeddings:
         return cls(parts, positions)
 
 
-def _spans(mask: torch.Tensor) -> torch.Tensor:
-    """Per item, the width it needs: one past its last real token (0 when it has none)."""
+def slice_bucket(part: Embeddings, positions: torch.Tensor, start: int, stop: int) -> tuple[Embeddings, torch.Tensor] | None:
+    """The items of one bucket at corpus positions ``start .. stop - 1`` (trimmed to their own
+    widest) with their positions counted from ``start``, as ``BucketedEmbeddings[start:stop]``
+    holds them; None when the bucket has none there.
+
+    Example:
+        >>> e = Embeddings(torch.randn(3, 4, 8), torch.arange(4)[None] < torch.tensor([[1], [4], [2]]))
+        >>> piece, at = slice_bucket(e, torch.tensor([5, 2, 7]), 4, 8)
+        >>> tuple(piece.tokens.shape), at.tolist()
+        ((2, 2, 8), [1, 3])
+    """
+    keep = ((positions >= start) & (positions < stop)).nonzero().flatten()
+    if len(keep) == len(part):  # a whole part: a view, so a slice of the corpus is not a copy of it
+        return part.trimmed(), positions - start
+    if not len(keep):
+        return None
+    first, last = int(keep[0]), int(keep[-1])
+    # a run of neighbouring items (images kept in corpus order) is a view too
+    rows = slice(first, last + 1) if last - first + 1 == len(keep) else keep.to(part.tokens.device)
+    return part[rows].trimmed(), positions[keep] - start
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """One bucket that :meth:`BucketedEmbeddings.from_parts` makes of encoded batches, planned
+    from the items' widths alone, so that the batches can wait elsewhere (a file) until their
+    bucket is filled.
+
+    Attributes:
+        width: the bucket's width (its widest item's span).
+        like: the batch whose dtypes and fields the bucket takes.
+        rows: ``(batch, rows of it)`` in the order they fill the bucket.
+        positions: the corpus position of each of the bucket's items, in that order.
+    """
+
+    width: int
+    like: int
+    rows: list[tuple[int, torch.Tensor]]
+    positions: torch.Tensor
+
+    def fill(self, batch: Callable[[int], Embeddings]) -> Embeddings:
+        """The bucket's items, taken from ``batch(k)`` (the encoded batch ``k``).
+
+        Example:
+            >>> e = Embeddings(torch.randn(3, 4, 8), torch.arange(4)[None] < torch.tensor([[1], [4], [2]]))
+            >>> [tuple(p.fill(lambda k: e).tokens.shape) for p in plan_buckets([torch.tensor([1, 4, 2])])]
+            [(1, 1, 8), (1, 2, 8), (1, 4, 8)]
+        """
+        bucket = _Bucket(batch(self.like), len(self.positions), self.width)
+        for k, rows in self.rows:
+            part = batch(k)
+            bucket.add(part, rows.to(part.tokens.device))
+        return bucket.embeddings()
+
+
+def plan_buckets(
+    spans: Sequence[torch.Tensor], positions: Sequence[torch.Tensor] | None = None, max_waste: float = DEFAULT_MAX_WASTE
+) -> list[BucketPlan]:
+    """The buckets :meth:`BucketedEmbeddings.from_parts` makes of batches whose items need
+    ``spans[k]`` slots (one past the last real token), at corpus ``positions[k]`` (default: the
+    batches in order).
+
+    Example:
+        >>> [(p.width, p.positions.tolist()) for p in plan_buckets([torch.tensor([3, 12]), torch.tensor([2, 11])])]
+        [(2, [2]), (3, [0]), (12, [1, 3])]
+    """
+    if not spans:
+        raise ValueError("plan_buckets needs at least one batch.")
+    if not 0 <= max_waste < 1:
+        raise ValueError(f"max_waste must be in [0, 1), got {max_waste}.")
+    if positions is None:
+        starts = torch.tensor([0, *(len(s) for s in spans)]).cumsum(0)
+        positions = [torch.arange(int(starts[k]), int(starts[k + 1])) for k in range(len(spans))]
+    flat = torch.cat([s.cpu().long() for s in spans])
+    owner = torch.cat([torch.full((len(s),), k) for k, s in enumerate(spans)])
+    row = torch.cat([torch.arange(len(s)) for s in spans])
+    where = torch.cat([pos.cpu().long() for pos in positions])
+    order = torch.sort(flat, stable=True).indices
+    plans = []
+    for chosen in _bucket_runs(flat[order], max_waste):
+        members = order[chosen]
+        rows, pieces = [], []
+        for k in owner[members].unique().tolist():
+            mine = members[owner[members] == k]
+            rows.append((k, row[mine]))
+            pieces.append(where[mine])
+        plans.append(BucketPlan(max(int(flat[members].max()), 1), int(owner[members[0]]), rows, torch.cat(pieces)))
+    return plans
+
+
+def token_spans(mask: torch.Tensor) -> torch.Tensor:
+    """Per item, the width it needs: one past its last real token (0 when it has none); what
+    :func:`plan_buckets` buckets by.
+
+    Example:
+        >>> token_spans(torch.tensor([[True, False, False], [True, True, True], [False, False, False]])).tolist()
+        [1, 3, 0]
+    """
     width = mask.shape[1]
     idx = torch.arange(1, width + 1, device=mask.device)
     return (mask * idx).amax(dim=1) if width else torch.zeros(len(mask), dtype=torch.long, device=mask.device)

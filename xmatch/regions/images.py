@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from xmatch.core.errors import XmatchError
-from xmatch.io.pictures import MAX_PIXELS, ImageTooLargeError, PictureNotFoundError, check_pixels
+from xmatch.io.archive import ArchiveMember, ArchiveMemberError
+from xmatch.io.pictures import MAX_PIXELS, ImageTooLargeError, PictureNotFoundError, check_pixels, unreadable_reason
 
 #: file suffixes taken for images when a folder is scanned (case-insensitive)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -44,9 +45,9 @@ def find_images(folder: str | os.PathLike) -> list[str]:
     return sorted(found)
 
 
-def picture_size(path: str | os.PathLike) -> tuple[int, int] | None:
+def picture_size(path: str | os.PathLike | ArchiveMember) -> tuple[int, int] | None:
     """``(width, height)`` from an image file's header (nothing is decoded), or None for a
-    file Pillow cannot identify.
+    file Pillow cannot identify; ``path`` may be a tar member (a WebDataset shard's picture).
 
     Example:
         >>> from PIL import Image
@@ -58,16 +59,17 @@ def picture_size(path: str | os.PathLike) -> tuple[int, int] | None:
     from PIL import Image
 
     try:
-        with Image.open(path) as im:
+        with Image.open(path.open() if isinstance(path, ArchiveMember) else path) as im:
             return im.size
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):  # ArchiveMemberError is a ValueError
         return None
 
 
-def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> Any:
-    """An image file as an RGB PIL image, turned upright by its EXIF orientation (as photo
-    viewers show it; the boxes of ``xmatch extract`` are in this frame). The size its header
-    declares is checked against ``max_pixels`` before any pixel is decoded.
+def load_image(path: str | os.PathLike | ArchiveMember, max_pixels: int = MAX_PIXELS) -> Any:
+    """An image file (or a tar member: a WebDataset shard's picture, read in place) as an RGB
+    PIL image, turned upright by its EXIF orientation (as photo viewers show it; the boxes of
+    ``xmatch extract`` are in this frame). The size its header declares is checked against
+    ``max_pixels`` before any pixel is decoded.
 
     Raises:
         FileNotFoundError: no such file.
@@ -83,11 +85,19 @@ def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> Any:
     """
     from PIL import Image, ImageOps, UnidentifiedImageError
 
-    path = Path(path)
-    if not path.is_file():
-        raise PictureNotFoundError(f"image file {path} does not exist.")
+    if isinstance(path, ArchiveMember):
+        if not path.archive.is_file():
+            raise PictureNotFoundError(f"{path}: the archive {path.archive} does not exist.")
+        try:
+            source: Any = path.open()
+        except ArchiveMemberError as exc:
+            raise UnreadableImageError(str(exc)) from None
+    else:
+        path = source = Path(path)
+        if not path.is_file():
+            raise PictureNotFoundError(f"image file {path} does not exist.")
     try:
-        with Image.open(path) as im:
+        with Image.open(source) as im:
             check_pixels(im.size, str(path), max_pixels)
             im.load()
             upright = ImageOps.exif_transpose(im)
@@ -95,7 +105,8 @@ def load_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> Any:
     except ImageTooLargeError:
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise UnreadableImageError(f"{path} is not a readable image: {exc}") from None
+        raise UnreadableImageError(f"{path} is not a readable image: {unreadable_reason(exc)}") from None
     if picture.width < 1 or picture.height < 1:
         raise UnreadableImageError(f"{path} is an empty image ({picture.width}x{picture.height}).")
     return picture
+

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from xmatch.io.archive import ArchiveMember
 from xmatch.io.pictures import MAX_PIXELS
 from xmatch.regions.config import RoIConfig
 from xmatch.regions.features import InputSize, RoIFeatureExtractor
@@ -79,8 +80,11 @@ class PictureLoader:
 
 
 def to_picture(image: Any, index: int = 0, max_pixels: int = MAX_PIXELS) -> Any:
-    """A PIL image (converted to RGB), an image path (read upright by :func:`load_image`, within
-    ``max_pixels``) or a ``uint8`` HWC array, as an RGB PIL image."""
+    """A PIL image (converted to RGB), an image path or a tar member (a WebDataset shard's
+    picture; either read upright by :func:`load_image`, within ``max_pixels``) or a ``uint8``
+    HWC array, as an RGB PIL image."""
+    if isinstance(image, ArchiveMember):
+        return load_image(image, max_pixels)
     if isinstance(image, (str, os.PathLike)):
         return load_image(Path(image), max_pixels)
     from xmatch.components.image.backbone import to_pil
