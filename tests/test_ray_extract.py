@@ -18,6 +18,7 @@ from PIL import Image
 from xmatch.core.optional import MissingDependencyError
 from xmatch.extract import extract
 from xmatch.regions import RegionPipeline
+from xmatch.testing import one_torch_thread  # noqa: F401  (a fixture: one torch thread, as each Ray worker of the 2-CPU cluster gets, so the bytes compare)
 
 from test_extract import CLI_PIPE, PIPE, files_of, make_photos
 

@@ -22,6 +22,7 @@ from xmatch.index.build import index_dataset
 from xmatch.index.photos import index_images
 from xmatch.index.ray_build import STAGING, index_dataset_on_ray, index_images_on_ray
 from xmatch.index.store import read_manifest
+from xmatch.testing import one_torch_thread  # noqa: F401  (a fixture: one torch thread, as each Ray worker of the 2-CPU cluster gets, so the bytes compare)
 
 from conftest import tiny_spec
 from test_extract import make_photos
