@@ -18,7 +18,8 @@ features: RoI-align, 2 x 2 bins of 2 x 2 samples, averaged):
   with the whole image and 2 x 2, 3 x 3... grid cells; ``boxes-crop``: the same boxes, each
   cropped from the picture at 600 px and encoded alone at 96 px (per-object features);
 - ``windows``: 36 multi-scale sliding windows, picture at 224 (stride-32 map);
-  ``windows-600``: at 600 px on a stride-16 map; ``windows-crop``: each window cropped;
+  ``windows-600``: at 600 px on a stride-16 map; ``windows-224-s8``: at the canvas's own
+  224 px (no upscaling) on a stride-8 map; ``windows-crop``: each window cropped;
 - ``ss-600``, ``ss-crop``: ``selective-search`` boxes, on the 600 px stride-16 map / cropped;
 - ``grid6``, ``grid7``: 6 x 6 / 7 x 7 cells of the whole image; ``grid7-crop``: 7 x 7 cells of
   the central 87.5% (what ``timm-grid`` sees), as a boxes file.
@@ -48,6 +49,8 @@ from pathlib import Path
 AT_224 = ["--image-size", "224", "--output-stride", "32"]
 #: the bottom-up convention (xmatch extract's defaults): shorter side 600 px, a stride-16 map
 AT_600 = ["--image-size", "600", "--output-stride", "16"]
+#: the picture at its own size (the scenes' 224-px canvas, never upscaled) on a stride-8 map
+AT_224_S8 = ["--image-size", "224", "--output-stride", "8"]
 #: each box cut out of the picture at 600 px and encoded alone at 96 px
 CROPPED = ["--image-size", "600", "--output-stride", "32", "--mode", "crop", "--crop-size", "96"]
 
@@ -68,6 +71,7 @@ ROWS = [
     Row("boxes-crop", "boxes: the drawn objects, padded; crops of 96 px", "boxes", ["source={objects}"], roi=CROPPED),
     Row("windows", "windows; 224, stride 32", "windows"),
     Row("windows-600", "windows; 600, stride 16", "windows", roi=AT_600),
+    Row("windows-224-s8", "windows; 224 (no upscaling), stride 8", "windows", roi=AT_224_S8),
     Row("windows-crop", "windows; crops of 96 px", "windows", roi=CROPPED),
     Row("ss-600", "selective-search; 600, stride 16", "selective-search", roi=AT_600),
     Row("ss-crop", "selective-search; crops of 96 px", "selective-search", roi=CROPPED),

@@ -14,6 +14,13 @@ data loaders and a 2019 transformers); the bare loop is its step on the same mod
     python benchmarks/train_speed.py --text-source DIR --random-text   # MiniLM config + tokenizer, no weights
     python benchmarks/train_speed.py --steps 6 --warmup 2 --alternate 6   # + float32 / bf16 steps alternated
     python benchmarks/train_speed.py --rotate 6          # only the rotation: bare loop, Trainer fp32, Trainer bf16
+    python benchmarks/train_speed.py --roofline 5        # the step's arithmetic against this CPU's matmul rate
+
+``--roofline ROUNDS`` counts the floating-point work of one float32 forward + backward
+(``torch.utils.flop_counter``: matrix products and attention), per part of the model, and times
+that forward + backward alternated with the step's commonest matrix product alone: the step's
+GFLOP/s against the product's says how far any float32 rewrite of the same arithmetic could
+speed it up.
 
 ``--rotate ROUNDS`` times single steps of three contestants in one process, each with its own
 model: the bare loop (the original code's step: float32, per-tensor Adam), the Trainer in
@@ -276,6 +283,45 @@ def matmul_rates(device: str, rows: int, dtypes: list[torch.dtype], repeats: int
     return {dtype: 2 * rows * 2048 * 6144 / t / 1e9 for dtype, t in best.items()}
 
 
+def roofline(model, data, rounds: int, batch_size: int, device: str) -> None:
+    """Print the FLOPs of one float32 forward + backward by part of the model, and its GFLOP/s
+    against the [batch x 37 x 2048] @ [2048 x 6144] product's, alternated, best of ``rounds``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch = next(iter(data.loader(batch_size, shuffle=True))).to(device)
+    model.train()
+
+    def forward_backward() -> None:
+        model(batch).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    with FlopCounterMode(display=False) as counter:
+        forward_backward()
+    total = counter.get_total_flops()
+    # the parts from a forward alone: the counter files backward's products under the last module run
+    with FlopCounterMode(display=False) as counter:
+        model(batch)
+    forward = counter.get_total_flops()
+    parts = {name.split(".")[1]: sum(counts.values()) for name, counts in counter.get_flop_counts().items()
+             if name.count(".") == 1}  # the model's direct children
+    step = float("inf")
+    rate = 0.0
+    for r in range(rounds + 1):  # the first round warms up
+        _sync(device)
+        start = time.perf_counter()
+        forward_backward()
+        _sync(device)
+        if r:
+            step = min(step, time.perf_counter() - start)
+        rate = max(rate, matmul_rates(device, batch_size * IMAGE_TOKENS, [torch.float32], repeats=1)[torch.float32])
+    shown = ", ".join(f"{k} {v / forward:.0%}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v / forward >= 0.005)
+    print(f"one float32 forward + backward: {total / 1e9:.0f} GFLOP, the forward {forward / 1e9:.0f} ({shown}); "
+          "counted by torch.utils.flop_counter")
+    print(f"  best of {rounds}: {step:.2f} s = {total / step / 1e9:.0f} GFLOP/s; the matmul [{batch_size * IMAGE_TOKENS} x 2048] @ "
+          f"[2048 x 6144] alternated with it: {rate:.0f} GFLOP/s; the step runs at {total / step / 1e9 / rate:.0%} of it, so the "
+          f"same arithmetic in float32 can be at most {rate / (total / step / 1e9):.2f}x faster")
+
+
 def _sync(device: str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -300,6 +346,9 @@ def main() -> None:
     parser.add_argument("--rotate", type=int, default=0, metavar="ROUNDS",
                         help="only the rotation: one step each of the bare loop and the Trainer in float32 and "
                              "bf16 (or --amp) per round, the order rotated each round; ROUNDS rounds, minimum")
+    parser.add_argument("--roofline", type=int, default=0, metavar="ROUNDS",
+                        help="only the roofline: the FLOPs of one float32 forward + backward and its GFLOP/s against "
+                             "the step's commonest matrix product, alternated, ROUNDS rounds, best kept")
     parser.add_argument("--rotate-bare", nargs="+", choices=["none", "bf16", "fp16"], metavar="AMP",
                         help="with --rotate: also the bare loop with fused Adam in these precisions (what the "
                              "Trainer adds to a step)")
@@ -315,6 +364,9 @@ def main() -> None:
           f"{torch.get_num_threads()} threads, load average {load[0]:.2f}")
     if args.rotate:
         rotation(model, data, args)
+        return
+    if args.roofline:
+        roofline(model(), data, args.roofline, args.batch_size, args.device)
         return
     step = optimizer_step_seconds(model(), args.device)
     print(f"one Adam step over every parameter: default {step['default']:.3f} s, fused {step['fused']:.3f} s "

@@ -3,7 +3,9 @@ architecture arguments of towers that build in a fraction of a second."""
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -46,6 +48,7 @@ def write_word_tokenizer(directory: Path) -> Path:
 def tokenizer_dirs() -> dict[str, str]:
     """``{"clip": folder, "siglip": folder}``, written once per test process."""
     root = Path(tempfile.mkdtemp(prefix="xmatch-clip-tokenizers-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # one folder per test process, gone with it
     return {"clip": str(write_clip_tokenizer(root / "clip")), "siglip": str(write_word_tokenizer(root / "siglip"))}
 
 

@@ -145,7 +145,11 @@ def test_rerank_coverage_counts_the_own_image_and_both_twins_in_the_top_k():
     scores = np.array([[0.9, 0.1, 0.5, 0.2], [0.8, 0.9, 0.6, 0.3], [0.7, 0.3, 0.1, 0.1], [0.1, 0.2, 0.9, 0.8]])
     groups = GroupSet([Group((0, 1), "relation"), Group((2, 3), "colour")], caption_image=np.arange(4))
     figures = module.coverage(scores, np.arange(4), groups, [1, 2, 4])
-    assert figures[1]["relation"] == {"own": 1.0, "both": 0.0}
-    assert figures[2]["relation"] == {"own": 1.0, "both": 0.5}  # caption 1's top 2 misses its twin, image 0
-    assert figures[2]["colour"] == {"own": 0.5, "both": 0.0}    # caption 2 ranks its own image last
-    assert figures[4]["colour"] == {"own": 1.0, "both": 1.0}
+    assert figures[1]["relation"] == {"own": 1.0, "both": 0.0, "ceiling": 1.0, "list": 1}
+    assert figures[2]["relation"] == {"own": 1.0, "both": 0.5, "ceiling": 1.0, "list": 2}  # caption 1's top 2 misses its twin, image 0
+    assert figures[2]["colour"] == {"own": 0.5, "both": 0.0, "ceiling": 0.5, "list": 2}    # caption 2 ranks its own image last, its twin first
+    assert figures[4]["colour"] == {"own": 1.0, "both": 1.0, "ceiling": 1.0, "list": 4}
+    # each image's nearest image is its twin: a list of one then holds both twins
+    widened = module.coverage(scores, np.arange(4), groups, [1], near=np.array([[1], [0], [3], [2]]))
+    assert widened[1]["colour"] == widened[1]["relation"] == {"own": 1.0, "both": 1.0, "ceiling": 1.0, "list": 2.0}
+    assert module.twin_nearest(np.array([[1], [0], [0], [2]]), groups) == {"colour": 0.5, "relation": 1.0}

@@ -76,6 +76,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "(a model with a [verifier]; reported apart from the pooler's own figures, with the time it takes, "
                         "and as a row 'MODEL + verifier@K' in tables and reports; in a comparison, models without a "
                         "verifier keep their pooler's figures)")
+    parser.add_argument("--rerank-neighbours", type=int, default=0, metavar="M",
+                        help="with --rerank K: each caption's list also holds the M images nearest to each of its top K "
+                        "(the pooler scoring the images against each other), so a picture and its near-duplicate twin "
+                        "are re-ranked together (default 0; docs/evaluation.md, \"Relations over the whole split\")")
     return parser
 
 
@@ -102,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     records = []
     if names:
         parse_protocols(args.protocol)  # a typo fails before any data or weights are read
-        check_rerank_request(args.rerank, len(names) if args.ensemble else 1)
+        check_rerank_request(args.rerank, len(names) if args.ensemble else 1, args.rerank_neighbours)
         dataset = open_data(args, args.split, args.data_option)
         check_captions_per_image(dataset, args.data, "--data-option")
         relevance = _relevance(args, dataset)
@@ -127,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                 models, dataset, args.protocol, name=" + ".join(entry), model_names=entry, dataset_name=args.dataset,
                 relevance=relevance, fold_images=args.fold_images, groups=args.groups, caption_ids=args.caption_ids,
                 pmrp_dir=args.pmrp, word_classes=word_classes_option(args.word_classes), probes=args.probe, probe_seed=args.probe_seed,
-                rerank=rerank,
+                rerank=rerank, rerank_neighbours=args.rerank_neighbours if rerank is not None else 0,
                 image_batch_size=args.batch_size, text_batch_size=4 * args.batch_size,
             ))
             del models

@@ -46,10 +46,14 @@ logger = logging.getLogger(__name__)
 RERANK = "rerank"
 
 
-def check_rerank_request(k: int | None, ensemble: int = 1) -> None:
-    """Refuse a ``--rerank`` K below 1, or ``--rerank`` on an ensemble of several models, before
-    any data is read."""
+def check_rerank_request(k: int | None, ensemble: int = 1, neighbours: int = 0) -> None:
+    """Refuse a ``--rerank`` K below 1, ``--rerank`` on an ensemble of several models, or
+    ``--rerank-neighbours`` that is negative or comes without ``--rerank``, before any data is read."""
+    if isinstance(neighbours, bool) or not isinstance(neighbours, int) or neighbours < 0:
+        raise ValueError(f"--rerank-neighbours takes the number of nearest images added per candidate, 0 or more; got {neighbours!r}.")
     if k is None:
+        if neighbours:
+            raise ValueError(f"--rerank-neighbours {neighbours} widens the verifier's lists; give --rerank K as well.")
         return
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"--rerank takes the number of candidates re-scored per query, at least 1; got {k!r}.")
@@ -89,6 +93,7 @@ def rerank_figures(
     progress: bool = True,
     encoded: Encoded | None = None,
     warn: bool = True,
+    neighbours: int = 0,
 ) -> dict[str, Any]:
     """The figures of ``model`` with its verifier re-ranking every query's top ``k``, the
     pooler's own figures of the same pass beside them, and the time that takes beside the
@@ -106,9 +111,12 @@ def rerank_figures(
         encoded: ``dataset`` already encoded by ``model`` (:func:`~xmatch.eval.evaluate.encode_dataset`),
             to reuse; default: encoded here.
         warn: log a warning when re-ranking lowers the pooler's figures (:func:`lowered_message`).
+        neighbours: also re-rank, in each caption's list, the ``neighbours`` images nearest to
+            each of its top ``k`` (:meth:`~xmatch.model.model.MatchingModel.image_neighbours`,
+            timed as part of the re-ranking); 0: the top ``k`` alone.
 
     Returns:
-        Plain data: ``k``, ``verifier`` (:func:`verifier_fingerprint`), ``recall`` (``protocol``, ``i2t``, ``t2i``, ``rsum``; None without
+        Plain data: ``k``, ``neighbours``, ``verifier`` (:func:`verifier_fingerprint`), ``recall`` (``protocol``, ``i2t``, ``t2i``, ``rsum``; None without
         Recall@K), ``groups`` (a :meth:`~xmatch.eval.groups.GroupResult.as_dict`, with
         ``groups``: each caption's top ``k`` over the split re-ranked), ``groups_within`` (the
         same, from the verifier deciding within each group, plus its ``pairs`` and
@@ -137,14 +145,16 @@ def rerank_figures(
     pairs = 0
     with torch.inference_mode(), progress_bar(total=len(scored), desc="verifier", unit="block", show=progress) as bar:
         for block, fold in zip(blocks, scored):
-            images, texts = RowGatherer(encoded.images[fold]), RowGatherer(encoded.captions[c * fold.start : c * fold.stop])
+            block_images = encoded.images[fold]
+            near = model.image_neighbours(block_images, neighbours) if neighbours else None
+            images, texts = RowGatherer(block_images), RowGatherer(encoded.captions[c * fold.start : c * fold.stop])
 
             def verify(i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
                 nonlocal pairs
                 pairs += len(i)
                 return model.verify(images(i), texts(t), batch_size=verify_batch)
 
-            out = rerank_scores(torch.from_numpy(block), k, verify, ("i2t", "t2i"), verify_batch)
+            out = rerank_scores(torch.from_numpy(block), k, verify, ("i2t", "t2i"), verify_batch, image_neighbours=near)
             for direction, scores in out.items():
                 reranked[direction].append(scores.numpy())
             bar.update(1)
@@ -159,7 +169,7 @@ def rerank_figures(
 
     without = encode_s + similarity_s
     figures: dict[str, Any] = {
-        "k": k, "verifier": verifier_fingerprint(model), "recall": None, "pairs": pairs,
+        "k": k, "neighbours": neighbours, "verifier": verifier_fingerprint(model), "recall": None, "pairs": pairs,
         "pooler": {"recall": None, "groups": None},
         "timings": {
             "encode_s": encode_s, "similarity_s": similarity_s, "rerank_s": rerank_s,
@@ -360,7 +370,10 @@ def rerank_table(figures: Mapping[str, Any], name: str) -> str:
     """
     from xmatch.eval.groups import GroupResult
 
-    lines = [f"Re-ranked: {name}'s verifier re-scores each query's top {figures['k']} (the figures above are the pooler's own)"]
+    near = figures.get("neighbours") or 0
+    widened = f" and, for each caption, the {near} nearest image{'s' if near > 1 else ''} of each" if near else ""
+    lines = [f"Re-ranked: {name}'s verifier re-scores each query's top {figures['k']}{widened} "
+             "(the figures above are the pooler's own)"]
     recall = figures.get("recall")
     pooler = figures.get("pooler") or {}
     if recall:

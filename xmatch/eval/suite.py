@@ -37,7 +37,7 @@ from xmatch.io.safe_load import MAX_JSON_DEPTH, JsonDepthError, load_json
 from xmatch.model.buckets import BucketedEmbeddings
 from xmatch.eval.evaluate import Encoded, RetrievalSet, ensemble_blocks, score_blocks
 from xmatch.eval.protocol import PROTOCOLS, EvalResult, evaluate_blocks, fold_layout
-from xmatch.eval.rerank import RERANK, check_rerank_models, rerank_figures
+from xmatch.eval.rerank import RERANK, check_rerank_models, check_rerank_request, rerank_figures
 from xmatch.model.model import MatchingModel
 
 logger = logging.getLogger(__name__)
@@ -248,14 +248,16 @@ def _gallery_size(data: Mapping[str, Any], direction: str) -> int:
     return size if isinstance(size, int) and not isinstance(size, bool) and 0 < size <= MAX_GALLERY else MAX_GALLERY
 
 
-def reranked_name(name: str, k: int) -> str:
+def reranked_name(name: str, k: int, neighbours: int = 0) -> str:
     """The label of a model's re-ranked figures in tables and reports.
 
     Example:
         >>> reranked_name("teran-mrsw-hn-scenes", 20)
         'teran-mrsw-hn-scenes + verifier@20'
+        >>> reranked_name("teran-mrsw-hn-scenes", 20, 1)
+        'teran-mrsw-hn-scenes + verifier@20+1nn'
     """
-    return f"{name} + verifier@{k}"
+    return f"{name} + verifier@{k}" + (f"+{neighbours}nn" if neighbours else "")
 
 
 def within_groups_name(name: str) -> str:
@@ -285,7 +287,7 @@ def with_reranked(records: Sequence[RunRecord]) -> list[RunRecord]:
     for record in records:
         out.append(record)
         figures = record.extras.get(RERANK)
-        if not figures or reranked_name(record.name, figures["k"]) in names:
+        if not figures or reranked_name(record.name, figures["k"], figures.get("neighbours", 0)) in names:
             continue
         recall = figures.get("recall")
         if recall:
@@ -294,9 +296,9 @@ def with_reranked(records: Sequence[RunRecord]) -> list[RunRecord]:
         else:  # groups only: no Recall@K of its own
             result = EvalResult(protocol="none", i2t={}, t2i={}, rsum=float("nan"))
         extras = {"groups": figures["groups"]} if figures.get("groups") else {}
-        provenance = {**record.provenance, "reranked": {"k": figures["k"], "verifier": figures["verifier"],
-                                                      "timings": figures["timings"]}}
-        out.append(RunRecord(reranked_name(record.name, figures["k"]), result, extras, provenance))
+        provenance = {**record.provenance, "reranked": {"k": figures["k"], "neighbours": figures.get("neighbours", 0),
+                                                      "verifier": figures["verifier"], "timings": figures["timings"]}}
+        out.append(RunRecord(reranked_name(record.name, figures["k"], figures.get("neighbours", 0)), result, extras, provenance))
         within = figures.get("groups_within")
         if within and within_groups_name(record.name) not in names:
             groups_only = EvalResult(protocol="none", i2t={}, t2i={}, rsum=float("nan"))
@@ -489,6 +491,7 @@ def run_protocols(
     image_batch_size: int = 64,
     text_batch_size: int = 256,
     progress: bool = True,
+    rerank_neighbours: int = 0,
 ) -> RunRecord:
     """Evaluate one model, or an ensemble (mean of the models' scores), under several protocols.
 
@@ -517,6 +520,8 @@ def run_protocols(
         rerank: K: also the figures with the model's verifier re-ranking each query's top K
             (:func:`~xmatch.eval.rerank.rerank_figures`; one model with a verifier), in
             ``extras["rerank"]``, beside the pooler's own.
+        rerank_neighbours: with ``rerank``: each caption's list also holds this many nearest
+            images of each of its top K (``rerank_figures(neighbours=...)``).
 
     Returns:
         A :class:`RunRecord`; ``extras`` holds each extra protocol's figures.
@@ -545,6 +550,7 @@ def run_protocols(
             check_images_fit(model, dataset, "evaluation")
     needs = _resolve_needs(dataset, extras, groups, caption_ids, pmrp_dir, word_classes, probes)
     check_rerank_models(models, model_names, rerank)
+    check_rerank_request(rerank, 1, rerank_neighbours)
 
     whole = bool(set(WHOLE_MATRIX) & set(extras))
     scored = [slice(0, n_images)] if whole else folds
@@ -606,7 +612,7 @@ def run_protocols(
         figures[RERANK] = rerank_figures(
             models[0], dataset, rerank, recall=recall if folds else None, fold_images=fold_images,
             groups=needs.get("groups"), relevance=relevance, image_batch_size=image_batch_size,
-            text_batch_size=text_batch_size, progress=progress,
+            text_batch_size=text_batch_size, progress=progress, neighbours=rerank_neighbours,
         )
     provenance = _provenance(models, model_names, dataset, dataset_name or type(dataset).__name__, recall, extras)
     logger.info("%s: %s on %s (%s)", name or " + ".join(model_names), provenance["protocol"],

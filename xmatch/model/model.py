@@ -276,11 +276,20 @@ class MatchingModel(nn.Module):
         *,
         directions: Sequence[str] = ("t2i",),
         batch_size: int = 256,
+        neighbours: int = 0,
     ) -> dict[str, torch.Tensor]:
         """Re-rank first-stage ``scores`` (``[len(img), len(txt)]``, e.g. the pooler's) with the
         verifier: ``{direction: scores}`` as :meth:`similarity` with ``rerank=k`` returns them,
         for each of ``directions``; a pair in the top ``k`` of both its caption and its image is
         verified once. The verifier runs ``batch_size`` pairs at a time.
+
+        With ``neighbours=m`` each caption's list (``t2i``) also holds the ``m`` images nearest
+        to each of its top ``k`` by the pooler scoring the images against each other
+        (:func:`~xmatch.model.rerank.nearest_items`; ``len(img)`` squared pairs, a fifth of the
+        pooler's work on five captions an image): a near-duplicate that differs in a relation or
+        a colour enters the list with its twin, and the verifier orders the two. Each image's
+        list (``i2t``) then also holds every caption whose list held the image. Long lists cost
+        coarse recall on a small gallery (docs/evaluation.md, "Relations over the whole split").
 
         Example:
             >>> model = xmatch.build("teran-mrsw-scenes", verifier={"name": "cross-attention"}).eval()
@@ -297,10 +306,27 @@ class MatchingModel(nn.Module):
                 f"scores are {tuple(scores.shape)} but there are {len(img)} images and {len(txt)} captions; "
                 "pass the [images, captions] scores of these embeddings."
             )
+        near = self.image_neighbours(img, neighbours) if neighbours else None
         images, texts = RowGatherer(img), RowGatherer(txt)
         return rerank_scores(
-            scores, k, lambda i, t: self.verify(images(i), texts(t), batch_size=batch_size), directions, batch_size
+            scores, k, lambda i, t: self.verify(images(i), texts(t), batch_size=batch_size), directions, batch_size,
+            image_neighbours=near,
         )
+
+    def image_neighbours(self, img: Embeddings | BucketedEmbeddings, m: int) -> torch.Tensor:
+        """Each image's ``m`` nearest other images, ``[len(img), m]`` rows, by the pooler
+        scoring the images against each other (the pooler reads a set of regions as it reads a
+        caption's words); what :meth:`rerank` widens the captions' lists with.
+
+        Example:
+            >>> model = xmatch.build("teran-mrsw-scenes").eval()
+            >>> img = model.encode_images(xmatch.RegionInputs(torch.rand(4, 36, 1280), torch.tensor([0.1, 0.2, 0.5, 0.9]).expand(4, 36, 4)))
+            >>> model.image_neighbours(img, 2).shape
+            torch.Size([4, 2])
+        """
+        from xmatch.model.rerank import nearest_items
+
+        return nearest_items(self.pooler(img, img), m)
 
     def verify(self, img: Embeddings, txt: Embeddings, *, batch_size: int = 256) -> torch.Tensor:
         """The verifier's match logits ``[n]`` of the row-aligned pairs ``(img[k], txt[k])``

@@ -10,6 +10,13 @@ score (and so its order) as it was:
   logit among its K; the other images keep their score, which is at most ``top_j``.
 - ``i2t`` (an image queries the captions: a row): the same along each row.
 
+With ``image_neighbours`` (:func:`nearest_items` of the images' own similarities), a caption's
+list also holds the nearest images of each of its top K (``t2i``): a hard negative is usually a
+near-duplicate of the picture it is confused with, so a picture and its twin enter the list
+together, and the verifier, not the first stage's tie, orders them. An image's ``i2t`` list
+then also holds every caption whose list held the image (those pairs are verified anyway): its
+twin's captions are ordered against its own.
+
 Only the order along the query's axis is meaningful afterwards: a re-scored entry is a shifted
 logit, not a similarity, so values of different queries (or the other axis) do not compare.
 """
@@ -37,6 +44,37 @@ def check_rerank(k: object, directions: Sequence[str]) -> None:
         raise ValueError(
             f"rerank direction {bad[0] if bad else None!r}: choose 't2i' (each caption's images) or 'i2t' (each image's captions)."
         )
+
+
+def nearest_items(similarity: torch.Tensor, m: int) -> torch.Tensor:
+    """Each item's ``m`` nearest other items, ``[n, m]`` rows, by a square ``[n, n]``
+    similarity (e.g. the pooler scoring the images against themselves), made symmetric by
+    averaging it with its transpose; an item is never its own neighbour.
+
+    Example:
+        >>> sim = torch.tensor([[1.0, 0.9, 0.1], [0.8, 1.0, 0.2], [0.1, 0.3, 1.0]])
+        >>> nearest_items(sim, 1).flatten().tolist()
+        [1, 0, 1]
+    """
+    if similarity.dim() != 2 or similarity.shape[0] != similarity.shape[1]:
+        raise ValueError(f"nearest_items needs a square [n, n] similarity, got {tuple(similarity.shape)}.")
+    n = similarity.shape[0]
+    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m < n:
+        raise ValueError(f"neighbours must be a whole number from 1 to {n - 1} (the other items there are), got {m!r}.")
+    sym = (similarity.float() + similarity.float().T) / 2
+    sym.fill_diagonal_(float("-inf"))
+    return sym.topk(m, dim=1).indices
+
+
+def _checked_neighbours(near: torch.Tensor, n: int) -> torch.Tensor:
+    """``near`` as ``[n, m]`` long rows, or a clear error."""
+    if near.dim() != 2 or near.shape[0] != n or near.shape[1] < 1:
+        raise ValueError(f"image_neighbours must be [n_images, m] = [{n}, m >= 1] image rows, got {tuple(near.shape)}.")
+    if near.is_floating_point() or near.dtype == torch.bool:
+        raise TypeError(f"image_neighbours must hold integer image rows, got {near.dtype}.")
+    if len(near) and (int(near.min()) < 0 or int(near.max()) >= n):
+        raise ValueError(f"image_neighbours holds rows outside 0..{n - 1}.")
+    return near.long()
 
 
 class RowGatherer:
@@ -96,6 +134,7 @@ def rerank_scores(
     score_pairs: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     directions: Sequence[str] = ("t2i",),
     batch_size: int = PAIR_BATCH,
+    image_neighbours: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Re-rank each query's top-``k`` of ``scores`` by ``score_pairs`` (see the module's
     docstring for what the returned matrices hold).
@@ -110,6 +149,10 @@ def rerank_scores(
         score_pairs: ``(image rows, text rows) -> [len] logits`` of row-aligned pairs.
         directions: ``"t2i"`` and / or ``"i2t"``.
         batch_size: pairs per ``score_pairs`` call.
+        image_neighbours: ``[n_images, m]`` image rows (:func:`nearest_items`): ``t2i`` lists
+            also hold the ``m`` nearest images of each of their top ``k`` (so up to
+            ``k * (1 + m)`` candidates a caption), and ``i2t`` lists the captions whose list
+            holds the image (no pair more to verify); None: the top ``k`` alone.
 
     Returns:
         ``{direction: [n_images, n_texts] float32 scores}``, on the device of ``scores``.
@@ -121,6 +164,8 @@ def rerank_scores(
         [1, 0, 2]
     """
     check_rerank(k, directions)
+    if image_neighbours is not None and "t2i" not in directions:
+        raise ValueError("image_neighbours widen the t2i lists (each caption's images); add 't2i' to the directions.")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}.")
     scores = scores.float()
@@ -128,6 +173,10 @@ def rerank_scores(
     top = {}
     if "t2i" in directions:
         top["t2i"] = scores.topk(min(k, n_img), dim=0).indices  # [k, n_txt]: image rows
+        if image_neighbours is not None:
+            near = _checked_neighbours(image_neighbours, n_img).to(scores.device)
+            # a candidate listed twice gets the same pair's logit twice: writing it twice is harmless
+            top["t2i"] = torch.cat([top["t2i"], near[top["t2i"]].permute(0, 2, 1).flatten(0, 1)])
     if "i2t" in directions:
         top["i2t"] = scores.topk(min(k, n_txt), dim=1).indices  # [n_img, k]: text columns
     ids = []
@@ -149,4 +198,11 @@ def rerank_scores(
         best = scores.amax(dim=axis, keepdim=True)
         shifted = best + 1 + (pair_logits - pair_logits.amin(dim=axis, keepdim=True))
         out[direction] = scores.clone().scatter_(axis, index, shifted)
+    if image_neighbours is not None and "i2t" in out:
+        # an image's list also holds the captions whose widened list held it (pairs verified anyway),
+        # so its twin's captions are ordered against its own by the verifier too
+        rows, columns = unique // n_txt, unique % n_txt
+        lowest = torch.full((n_img,), float("inf"), device=scores.device).scatter_reduce(0, rows, logits, "amin")
+        out["i2t"] = scores.clone()
+        out["i2t"][rows, columns] = scores.amax(dim=1)[rows] + 1 + (logits - lowest[rows])
     return out
