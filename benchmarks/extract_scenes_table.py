@@ -16,10 +16,12 @@ features: RoI-align, 2 x 2 bins of 2 x 2 samples, averaged):
   the whole image, random background boxes; 36);
 - ``boxes``: the drawn objects' boxes (from scenes.json, as a COCO-style file), padded to 36
   with the whole image and 2 x 2, 3 x 3... grid cells; ``boxes-crop``: the same boxes, each
-  cropped from the picture at 600 px and encoded alone at 96 px (per-object features);
+  cropped from the picture at 600 px and encoded alone at 96 px on the stride-16 map (per-object
+  features);
 - ``windows``: 36 multi-scale sliding windows, picture at 224 (stride-32 map);
   ``windows-600``: at 600 px on a stride-16 map; ``windows-224-s8``: at the canvas's own
-  224 px (no upscaling) on a stride-8 map; ``windows-crop``: each window cropped;
+  224 px (no upscaling) on a stride-8 map; ``windows-crop``: each window cropped
+  (on the stride-16 map; ``windows-crop-s32``: on the backbone's own stride-32 map);
 - ``ss-600``, ``ss-crop``: ``selective-search`` boxes, on the 600 px stride-16 map / cropped;
 - ``grid6``, ``grid7``: 6 x 6 / 7 x 7 cells of the whole image; ``grid7-crop``: 7 x 7 cells of
   the central 87.5% (what ``timm-grid`` sees), as a boxes file.
@@ -51,8 +53,11 @@ AT_224 = ["--image-size", "224", "--output-stride", "32"]
 AT_600 = ["--image-size", "600", "--output-stride", "16"]
 #: the picture at its own size (the scenes' 224-px canvas, never upscaled) on a stride-8 map
 AT_224_S8 = ["--image-size", "224", "--output-stride", "8"]
-#: each box cut out of the picture at 600 px and encoded alone at 96 px
-CROPPED = ["--image-size", "600", "--output-stride", "32", "--mode", "crop", "--crop-size", "96"]
+#: each box cut out of the picture at 600 px and encoded alone at 96 px on the dilated stride-16
+#: map (a 6 x 6 map of each crop): how the tables' crop rows were made (xmatch extract's defaults then)
+CROPPED = ["--image-size", "600", "--output-stride", "16", "--mode", "crop", "--crop-size", "96"]
+#: the same crops on the backbone's own stride-32 map (a 3 x 3 map of each crop)
+CROPPED_S32 = ["--image-size", "600", "--output-stride", "32", "--mode", "crop", "--crop-size", "96"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ ROWS = [
     Row("windows-600", "windows; 600, stride 16", "windows", roi=AT_600),
     Row("windows-224-s8", "windows; 224 (no upscaling), stride 8", "windows", roi=AT_224_S8),
     Row("windows-crop", "windows; crops of 96 px", "windows", roi=CROPPED),
+    Row("windows-crop-s32", "windows; crops of 96 px on the stride-32 map", "windows", roi=CROPPED_S32),
     Row("ss-600", "selective-search; 600, stride 16", "selective-search", roi=AT_600),
     Row("ss-crop", "selective-search; crops of 96 px", "selective-search", roi=CROPPED),
     Row("grid6", "grid 6x6, whole image; 224, stride 32", "grid"),
