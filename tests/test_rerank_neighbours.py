@@ -159,3 +159,11 @@ def test_eval_refuses_neighbours_without_rerank(bundle, scenes_root, capsys):
     assert "--rerank-neighbours 1 widens the verifier's lists; give --rerank K as well" in capsys.readouterr().err
     assert main(["eval", bundle, *data, "--rerank", "2", "--rerank-neighbours", "-1"]) == 2
     assert "0 or more; got -1" in capsys.readouterr().err
+
+
+def test_run_protocols_refuses_neighbours_without_rerank(model):
+    from xmatch.eval.rerank import check_rerank_models
+
+    with pytest.raises(ValueError, match="give --rerank K as well"):
+        check_rerank_models([model], ["m"], None, 1)
+    check_rerank_models([model], ["m"], None, 0)  # no re-ranking asked: nothing to refuse

@@ -64,12 +64,12 @@ def check_rerank_request(k: int | None, ensemble: int = 1, neighbours: int = 0) 
         )
 
 
-def check_rerank_models(models: Sequence[MatchingModel], names: Sequence[str], k: int | None) -> None:
+def check_rerank_models(models: Sequence[MatchingModel], names: Sequence[str], k: int | None, neighbours: int = 0) -> None:
     """Refuse ``--rerank`` before anything is encoded: a K below 1, several models scored as
-    one ensemble, or a model without a verifier (named)."""
+    one ensemble, a model without a verifier (named), or neighbours without a K."""
+    check_rerank_request(k, len(models), neighbours)
     if k is None:
         return
-    check_rerank_request(k, len(models))
     for model, name in zip(models, names):
         if model.verifier is None:
             raise ValueError(

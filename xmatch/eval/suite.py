@@ -37,7 +37,7 @@ from xmatch.io.safe_load import MAX_JSON_DEPTH, JsonDepthError, load_json
 from xmatch.model.buckets import BucketedEmbeddings
 from xmatch.eval.evaluate import Encoded, RetrievalSet, ensemble_blocks, score_blocks
 from xmatch.eval.protocol import PROTOCOLS, EvalResult, evaluate_blocks, fold_layout
-from xmatch.eval.rerank import RERANK, check_rerank_models, check_rerank_request, rerank_figures
+from xmatch.eval.rerank import RERANK, check_rerank_models, rerank_figures
 from xmatch.model.model import MatchingModel
 
 logger = logging.getLogger(__name__)
@@ -549,8 +549,7 @@ def run_protocols(
         for model in models:
             check_images_fit(model, dataset, "evaluation")
     needs = _resolve_needs(dataset, extras, groups, caption_ids, pmrp_dir, word_classes, probes)
-    check_rerank_models(models, model_names, rerank)
-    check_rerank_request(rerank, 1, rerank_neighbours)
+    check_rerank_models(models, model_names, rerank, rerank_neighbours)
 
     whole = bool(set(WHOLE_MATRIX) & set(extras))
     scored = [slice(0, n_images)] if whole else folds
