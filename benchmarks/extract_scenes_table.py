@@ -1,27 +1,31 @@
 """TERAN on region features from ``xmatch extract``: proposers x resolution x region mode, on
-the scenes and on their small-object variant.
+three generated worlds: the scenes (and their small-object variant), the tabletop and the signs.
 
-The scenes benchmark's pictures (the ``small`` preset's PNGs, as ``layout=images`` renders
-them; ``--objects small``: the variant whose objects are 16-40 px) go through ``xmatch
-extract`` with different proposers and RoI settings; every feature set then trains TERAN-MrSw
-with the shipped recipe (``teran-mrsw-scenes`` + ``scenes-teran``: 5 epochs, batch 64, Adam
-2e-4, best validation rsum kept; ``--seeds`` sets the training seed) and is evaluated on the
-test split (100 images, 500 captions): R@1/5/10 both ways, rsum, and twin accuracy
-(docs/scenes.md).
+A world's pictures (``--world scenes``: the ``small`` preset's PNGs, as ``layout=images``
+renders them, ``--objects small``: the variant whose objects are 16-40 px; ``--world
+tabletop``: household objects of 20-70 px on a grained table top, docs/tabletop.md;
+``--world signs``: letters, words and icons of 12-60 px in eleven fonts on scikit-image's
+photos, with clutter, docs/signs.md) go through ``xmatch extract`` with different proposers
+and RoI settings; every feature set then trains TERAN-MrSw with the shipped recipe
+(``teran-mrsw-scenes`` + ``scenes-teran``: 5 epochs, batch 64, Adam 2e-4, best validation rsum
+kept; on the tabletop and the signs with ``--build-text-side``, the vocabulary from their
+captions; ``--seeds`` sets the training seed) and is evaluated on the test split: R@1/5/10
+both ways, rsum, and twin accuracy (the ``t2i`` figure of the world's hard-negative twins:
+how often a caption scores its own picture above its twin, chance 50 %).
 
 Rows (EfficientNet-Lite0, ImageNet weights of the package; ``roi`` pooling as the shipped
 features: RoI-align, 2 x 2 bins of 2 x 2 samples, averaged):
 
-- ``shipped``: the scenes' own features (the drawn objects' boxes, 3 jittered copies of each,
-  the whole image, random background boxes; 36);
-- ``boxes``: the drawn objects' boxes (from scenes.json, as a COCO-style file), padded to 36
-  with the whole image and 2 x 2, 3 x 3... grid cells; ``boxes-crop``: the same boxes, each
+- ``shipped`` (scenes only): the scenes' own features (the drawn objects' boxes, 3 jittered
+  copies of each, the whole image, random background boxes; 36);
+- ``boxes``: the drawn objects' boxes (from the world's metadata, as a COCO-style file), padded
+  to 36 with the whole image and 2 x 2, 3 x 3... grid cells; ``boxes-crop``: the same boxes, each
   cropped from the picture at 600 px and encoded alone at 96 px on the stride-16 map (per-object
-  features);
-- ``windows``: 36 multi-scale sliding windows, picture at 224 (stride-32 map);
-  ``windows-600``: at 600 px on a stride-16 map; ``windows-224-s8``: at the canvas's own
-  224 px (no upscaling) on a stride-8 map; ``windows-crop``: each window cropped
-  (on the stride-16 map; ``windows-crop-s32``: on the backbone's own stride-32 map);
+  features, the reference row);
+- ``windows``: 36 multi-scale sliding windows, picture at 224 (stride-32 map; the settings
+  before the defaults changed); ``windows-600``: at 600 px on a stride-16 map (``xmatch
+  extract``'s defaults); ``windows-224-s8``: at 224 px on a stride-8 map; ``windows-crop``: each
+  window cropped (on the stride-16 map; ``windows-crop-s32``: on the backbone's own stride-32 map);
 - ``ss-600``, ``ss-crop``: ``selective-search`` boxes, on the 600 px stride-16 map / cropped;
 - ``grid6``, ``grid7``: 6 x 6 / 7 x 7 cells of the whole image; ``grid7-crop``: 7 x 7 cells of
   the central 87.5% (what ``timm-grid`` sees), as a boxes file.
@@ -32,6 +36,7 @@ of a row are extracted once for all its seeds.
 Usage:
     python benchmarks/extract_scenes_table.py --out runs/extract-table
     python benchmarks/extract_scenes_table.py --out runs/extract-table --objects small --rows windows,ss-crop --seeds 0,1,2
+    python benchmarks/extract_scenes_table.py --out runs/extract-table --world signs --rows boxes-crop,windows,windows-600
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 #: the settings before the defaults changed (RoIConfig's): the picture at 224 px, stride 32
@@ -70,6 +76,8 @@ class Row:
     roi: list[str] = field(default_factory=lambda: list(AT_224))
 
 
+WORLDS = ("scenes", "tabletop", "signs")
+
 ROWS = [
     Row("shipped", "shipped scenes features (objects + jitter + background)"),
     Row("boxes", "boxes: the drawn objects, padded; 224, stride 32", "boxes", ["source={objects}"]),
@@ -87,30 +95,77 @@ ROWS = [
 ]
 
 
-def scenes_root(data: Path | None, objects: str) -> Path:
-    """The folder of the rendered small preset (generated if missing)."""
+@dataclass(frozen=True)
+class World:
+    """A generated world as the table needs it: its pictures, captions, objects and twins."""
+
+    name: str
+    #: how it opens: ``open_dataset(dataset, data, **options)``
+    dataset: str
+    data: Path | None
+    options: dict[str, str]
+    root: Path
+    captions: Path
+    canvas: int
+    #: per picture: (id, file name relative to ``root``, the drawn objects' [x1, y1, x2, y2] boxes)
+    objects: list[tuple[int, str, list[list[float]]]]
+    #: its test split in the images layout (the twins' groups are read over it)
+    test: Any
+    #: train with a vocabulary from the world's captions (the scenes recipe's is the scenes')
+    build_text_side: bool
+
+
+def open_world(world: str, data: Path | None, objects: str) -> World:
+    """The test split of ``world`` in the images layout (generated if missing), its objects and files."""
     from xmatch.data import open_dataset
 
-    ds = open_dataset("scenes", data, split="test", layout="images", objects=objects)
-    return Path(ds.captions_file).parent
+    options = {"objects": objects} if world == "scenes" else {}
+    test = open_dataset(world, data, split="test", layout="images", progress=False, **options)
+    root = Path(test.captions_file).parent
+    if world == "scenes":
+        from xmatch.scenes.dataset import read_scenes
+
+        records = [(r["id"], r["objects"]) for r in read_scenes(root)]
+        canvas = 224
+    elif world == "tabletop":
+        from xmatch.tabletop.dataset import read_tables
+
+        records = [(r["id"], r["things"]) for r in read_tables(root)]
+        canvas = int(json.loads((root / "tabletop.json").read_text())["params"]["canvas"])
+    else:
+        from xmatch.signs.dataset import read_signs
+
+        records = [(r["id"], r["items"]) for r in read_signs(root)]
+        canvas = int(json.loads((root / "signs.json").read_text())["params"]["canvas"])
+    return World(
+        name=f"scenes-{objects}" if world == "scenes" else world, dataset=world, data=data, options=options, root=root, captions=root / f"dataset_{world}.json",
+        canvas=canvas, objects=[(i, f"images/{i}.png", [o["box"] for o in things]) for i, things in records],
+        test=test, build_text_side=world != "scenes",
+    )
 
 
-def write_boxes_files(root: Path, out: Path) -> dict[str, Path]:
+def world_groups(world: World) -> Any:
+    """The twins of the world's test split (:class:`xmatch.eval.groups.GroupSet`)."""
+    if world.name.startswith("scenes"):
+        from xmatch.scenes.dataset import scene_groups
+
+        return scene_groups(world.test)
+    from xmatch.eval.groups import GroupSet
+
+    return GroupSet.from_json(world.root / "groups_test.json", world.test)
+
+
+def write_boxes_files(world: World, out: Path) -> dict[str, Path]:
     """COCO-style boxes files: the drawn objects' boxes, and the central-crop 7 x 7 cells."""
-    from xmatch.scenes.dataset import read_scenes
-
-    records = read_scenes(root)
-    images = [{"id": r["id"], "file_name": f"images/{r['id']}.png"} for r in records]
+    images = [{"id": i, "file_name": name} for i, name, _ in world.objects]
     objects = [
-        {"image_id": r["id"], "bbox": [o["box"][0], o["box"][1], o["box"][2] - o["box"][0], o["box"][3] - o["box"][1]]}
-        for r in records for o in r["objects"]
+        {"image_id": i, "bbox": [b[0], b[1], b[2] - b[0], b[3] - b[1]]} for i, _, boxes in world.objects for b in boxes
     ]
-    canvas = 224
-    crop = 0.875 * canvas
-    start = (canvas - crop) / 2
+    crop = 0.875 * world.canvas
+    start = (world.canvas - crop) / 2
     cell = crop / 7
     cells = [[start + j * cell, start + i * cell, cell, cell] for i in range(7) for j in range(7)]
-    crop_anns = [{"image_id": r["id"], "bbox": b} for r in records for b in cells]
+    crop_anns = [{"image_id": i, "bbox": b} for i, _, _ in world.objects for b in cells]
     files = {"objects": out / "objects.json", "crop": out / "crop-cells.json"}
     out.mkdir(parents=True, exist_ok=True)
     files["objects"].write_text(json.dumps({"images": images, "annotations": objects}))
@@ -118,55 +173,59 @@ def write_boxes_files(root: Path, out: Path) -> dict[str, Path]:
     return files
 
 
-def commands(
-    row: Row, root: Path, out: Path, files: dict[str, Path], data: Path | None, objects: str, seed: int
-) -> list[list[str]]:
+def commands(row: Row, world: World, out: Path, files: dict[str, Path], seed: int) -> list[list[str]]:
     """The row's commands: extract (once for all seeds), train with ``seed``, evaluate."""
     folder = out / row.key
     run, test = folder / f"run-seed{seed}", folder / f"test-seed{seed}.json"
     train_seed = ["--set", f"seed={seed}"]
     if row.key == "shipped":
-        source = ["--dataset", "scenes", "--data-option", f"objects={objects}"] + (["--data", str(data)] if data else [])
+        source = ["--dataset", world.dataset, *(a for k, v in world.options.items() for a in ("--data-option", f"{k}={v}"))]
+        source += ["--data", str(world.data)] if world.data else []
         return [
-            ["xmatch", "train", "teran-mrsw-scenes", *source, "--recipe", "scenes-teran", *train_seed, "--out", str(run), "--no-progress"],
+            ["xmatch", "train", "teran-mrsw-scenes", *source, "--recipe", "scenes-teran", *train_seed, "--out", str(run),
+             "--no-progress"],
             ["xmatch", "eval", f"local-dir:{run / 'best'}", *source, "--split", "test", "--json", str(test)],
         ]
     options = [o.format(**files) for o in row.options]
     feats = folder / "feats"
     steps = []
     if not (feats / "extract.json").is_file():
-        extract = ["xmatch", "extract", str(root), "--captions", str(root / "dataset_scenes.json"), "--out", str(feats),
+        extract = ["xmatch", "extract", str(world.root), "--captions", str(world.captions), "--out", str(feats),
                    "--proposer", row.proposer, "--regions", str(row.regions), *row.roi, "--workers", "0", "--no-progress",
                    "--resume"]
         steps.append(extract + [a for o in options for a in ("--proposer-option", o)])
+    text_side = ["--build-text-side"] if world.build_text_side else []
     return steps + [
-        ["xmatch", "train", "teran-mrsw-scenes", "--data", str(feats), "--recipe", "scenes-teran", *train_seed, "--out", str(run),
-         "--no-progress", "--overwrite"],
+        ["xmatch", "train", "teran-mrsw-scenes", "--data", str(feats), "--recipe", "scenes-teran", *text_side, *train_seed,
+         "--out", str(run), "--no-progress", "--overwrite"],
         ["xmatch", "eval", f"local-dir:{run / 'best'}", "--data", str(feats), "--split", "test", "--json", str(test)],
     ]
 
 
-def twin_figure(row: Row, out: Path, data: Path | None, objects: str, seed: int) -> tuple[float, int]:
-    """Twin accuracy of the row's best model on the test split (twins from the scenes' metadata)."""
+def twin_figure(row: Row, world: World, out: Path, seed: int) -> tuple[float, int]:
+    """Twin accuracy of the row's best model on the test split: the ``t2i`` figure of its twins."""
     import torch
 
     import xmatch
     from xmatch.data import open_dataset
-    from xmatch.scenes.dataset import twin_accuracy
     from xmatch.eval import encode_dataset, fold_layout, score_blocks
+    from xmatch.eval.groups import score_groups
 
-    scenes = open_dataset("scenes", data, split="test", progress=False, objects=objects)
-    test = scenes if row.key == "shipped" else open_dataset("teran", out / row.key / "feats", split="test")
-    if list(test.image_names) != list(scenes.image_names):
-        raise RuntimeError(f"{row.key}: the extracted test split is not in the scenes' order.")
+    if row.key == "shipped":
+        test = open_dataset(world.dataset, world.data, split="test", progress=False, **world.options)
+    else:
+        test = open_dataset("teran", out / row.key / "feats", split="test")
+    if [Path(n).stem for n in test.image_names] != [Path(n).stem for n in world.test.image_names]:
+        raise RuntimeError(f"{row.key}: the extracted test split is not in the {world.name} test split's order.")
     model = xmatch.build(f"local-dir:{out / row.key / f'run-seed{seed}' / 'best'}", pretrained=True).eval()
     with torch.no_grad():
         encoded = encode_dataset(model, test, image_batch_size=64, text_batch_size=256, progress=False)
         scores = score_blocks(model, encoded, fold_layout(test.num_images, "full"), test.captions_per_image, progress=False)[0]
-    return twin_accuracy(scores, scenes)
+    overall = score_groups(scores, world_groups(world), resamples=0).overall
+    return overall["t2i"] / 100.0, overall["queries"]
 
 
-def run_row(row: Row, root: Path, out: Path, files: dict[str, Path], data: Path | None, objects: str, seed: int) -> dict:
+def run_row(row: Row, world: World, out: Path, files: dict[str, Path], seed: int) -> dict:
     """Run (or read back) one row at one training seed."""
     folder = out / row.key
     result_file = folder / f"result-seed{seed}.json"
@@ -174,15 +233,15 @@ def run_row(row: Row, root: Path, out: Path, files: dict[str, Path], data: Path 
         return json.loads(result_file.read_text())
     folder.mkdir(parents=True, exist_ok=True)
     times = {}
-    for cmd in commands(row, root, out, files, data, objects, seed):
+    for cmd in commands(row, world, out, files, seed):
         step = cmd[1]
         start = time.perf_counter()
         with (folder / f"{step}-seed{seed}.log").open("w") as log:
             print("  $ " + shlex.join(cmd), flush=True)
             subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
         times[step] = time.perf_counter() - start
-    twin, n = twin_figure(row, out, data, objects, seed)
-    result = {"row": row.key, "objects": objects, "seed": seed, "seconds": times,
+    twin, n = twin_figure(row, world, out, seed)
+    result = {"row": row.key, "world": world.name, "seed": seed, "seconds": times,
               "figures": json.loads((folder / f"test-seed{seed}.json").read_text()),
               "twin": twin, "twin_captions": n, "load": os.getloadavg()}
     result_file.write_text(json.dumps(result, indent=1))
@@ -219,26 +278,30 @@ def table(results: dict[str, list[dict]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/extract-table"))
-    parser.add_argument("--data", type=Path, help="scenes cache folder (default: $XMATCH_HOME/datasets/scenes)")
+    parser.add_argument("--world", default="scenes", choices=WORLDS, help="the generated world (default: scenes)")
+    parser.add_argument("--data", type=Path, help="the world's cache folder (default: $XMATCH_HOME/datasets/WORLD)")
     parser.add_argument("--rows", help="comma-separated row keys (default: all): " + ", ".join(r.key for r in ROWS))
     parser.add_argument("--objects", default="standard", choices=["standard", "small"],
-                        help="the scenes (standard) or their small-object variant (objects 16-40 px)")
+                        help="scenes only: the scenes (standard) or their small-object variant (objects 16-40 px)")
     parser.add_argument("--seeds", default="0", help="comma-separated training seeds (default: 0)")
     args = parser.parse_args(argv)
-    keys = args.rows.split(",") if args.rows else [r.key for r in ROWS]
+    keys = args.rows.split(",") if args.rows else [r.key for r in ROWS if args.world == "scenes" or r.key != "shipped"]
     by_key = {r.key: r for r in ROWS}
     unknown = sorted(set(keys) - set(by_key))
     if unknown:
         parser.error(f"unknown rows {unknown}; rows: {', '.join(by_key)}")
+    if args.world != "scenes" and "shipped" in keys:
+        parser.error("the shipped row exists for the scenes only (--world scenes).")
     seeds = [int(s) for s in args.seeds.split(",")]
-    root = scenes_root(args.data, args.objects)
-    out = args.out / args.objects
-    files = write_boxes_files(root, out)
+    world = open_world(args.world, args.data, args.objects)
+    # the scenes keep their folders of the first tables (runs/extract-table/standard, .../small)
+    out = args.out / (args.objects if args.world == "scenes" else world.name)
+    files = write_boxes_files(world, out)
     results: dict[str, list[dict]] = {}
     for key in keys:
         for seed in seeds:
             print(f"{key} (seed {seed}):", flush=True)
-            results.setdefault(key, []).append(run_row(by_key[key], root, out, files, args.data, args.objects, seed))
+            results.setdefault(key, []).append(run_row(by_key[key], world, out, files, seed))
     print(table(results))
     return 0
 

@@ -94,12 +94,23 @@ def tabletop_case(tmp: Path, scenes_root: Path | None) -> Case:
     return Case(tmp / "tabletop", "test", dict(FAST_SCENES, generate=False), read_at_open=(folder / KARPATHY_FILE,))
 
 
+def signs_case(tmp: Path, scenes_root: Path | None) -> Case:
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("skimage")
+    from xmatch.signs.dataset import open_signs
+
+    options = {"size": "tiny", "progress": False}
+    folder = open_signs(tmp / "signs", "test", **options, generate=True).root
+    return Case(tmp / "signs", "test", dict(options, layout="images", generate=False), read_at_open=(folder / "test.csv",))
+
+
 CASES: dict[str, Callable[[Path, Path | None], Case]] = {
     "teran": teran_case,
     "scan-precomp": precomp_case,
     "image-captions": image_captions_case,
     "scenes": scenes_case,
     "tabletop": tabletop_case,
+    "signs": signs_case,
     "webdataset": webdataset_case,
 }
 
@@ -110,7 +121,7 @@ def test_every_registered_dataset_has_a_contract_case():
 
 @pytest.fixture(params=sorted(CASES))
 def case(request, tmp_path) -> tuple[str, Case]:
-    scenes = None if request.param in ("scan-precomp", "tabletop", "webdataset") else request.getfixturevalue("scenes_root")
+    scenes = None if request.param in ("scan-precomp", "tabletop", "signs", "webdataset") else request.getfixturevalue("scenes_root")
     return request.param, CASES[request.param](tmp_path, scenes)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "xmatch"
 LAYERS = ("core", "io", "model", "components", "regions", "data",  # the library
-          "extract", "eval", "scenes", "tabletop", "train", "index", "demo", "serve", "cli")  # the applications
+          "extract", "eval", "scenes", "tabletop", "signs", "train", "index", "demo", "serve", "cli")  # the applications
 #: what ``import xmatch`` may load: build's needs, none of the applications or regions
 IMPORT_BUDGET = 25
 
@@ -203,7 +203,7 @@ def test_import_xmatch_loads_only_what_build_needs():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     loaded = out.stdout.split()
     assert len(loaded) <= IMPORT_BUDGET, f"import xmatch loads {len(loaded)} xmatch modules: {loaded}"
-    applications = [m for m in loaded if layer_of(m) in ("regions", "scenes", "tabletop", "index", "train", "eval", "extract", "demo", "cli")]
+    applications = [m for m in loaded if layer_of(m) in ("regions", "scenes", "tabletop", "signs", "index", "train", "eval", "extract", "demo", "cli")]
     assert applications == [], f"import xmatch loads {applications}: register them lazily (xmatch.core.builtins)"
     assert not any(m.startswith("xmatch.components.") for m in loaded), "components are imported on first use"
 

@@ -50,6 +50,7 @@ BUILTINS: dict[str, dict[str, str]] = {
         "webdataset": "xmatch.data.webdataset:WebDataset",
         "scenes": "xmatch.scenes.dataset:open_scenes",
         "tabletop": "xmatch.tabletop.dataset:open_tabletop",
+        "signs": "xmatch.signs.dataset:open_signs",
     },
     "proposers": {
         "grid": "xmatch.regions.proposers_fixed:GridProposer",

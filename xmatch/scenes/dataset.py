@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from xmatch.data.generated import check_may_generate, world_cache
 from xmatch.data.image_captions import ImageCaptionsDataset
 from xmatch.scenes.captions import captions as draw_captions
 from xmatch.scenes.captions import describe
@@ -135,10 +136,11 @@ def open_scenes(
         'scenes-small-224px-seed0-objects-small-v1'
     """
     _check_options(split, size, seed, layout, objects, regions, canvas, batch_size)
-    base = Path(root).expanduser() if root is not None else _default_root()
+    base = Path(root).expanduser() if root is not None else world_cache("scenes")
     folder = scenes_folder(base, size, seed, canvas, objects)
     if not folder.is_dir():
-        _check_may_generate(base, folder, generate, explicit=root is not None)
+        check_may_generate("scenes", base, folder, generate, explicit=root is not None, what="scene sets",
+                           hint=", where `xmatch demo` generates it")
     _build_once(folder, lambda tmp: write_scenes(tmp, size, seed, canvas, progress, objects))
     box_stream = 2
     if split == GROUPS_SPLIT:
@@ -197,29 +199,6 @@ def _check_options(
         raise ValueError(f"canvas must be at least 128 pixels (objects need room), got {canvas}.")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
-
-
-def _check_may_generate(base: Path, folder: Path, generate: bool | None, explicit: bool) -> None:
-    if generate is True or (generate is None and not explicit):
-        return
-    if generate is None:
-        entries = [p.name for p in base.iterdir()] if base.is_dir() else None
-        if entries is not None and (not entries or any(n.startswith("scenes-") for n in entries)):
-            return
-        found = "does not exist" if entries is None else "holds no scene sets"
-    else:
-        found = "does not hold this set and generate=false"
-    raise FileNotFoundError(
-        f"no scenes data at {base}: the folder {found} (looked for {folder.name}). Check the path; "
-        f"leave --data out to use the cache ({_default_root()}, where `xmatch demo` generates it); or "
-        "generate the benchmark there with --data-option generate=true (generate=True)."
-    )
-
-
-def _default_root() -> Path:
-    from xmatch.io.hub import cache_dir
-
-    return cache_dir() / "datasets" / "scenes"
 
 
 def scenes_folder(root: Path, size: str, seed: int, canvas: int, objects: str = STANDARD_OBJECTS) -> Path:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from xmatch.data.generated import check_may_generate, world_cache
 from xmatch.data.image_captions import ImageCaptionsDataset
 from xmatch.data.teran import TeranDataset
 from xmatch.scenes.dataset import _build_once, _rng, _write_json, features_folder_name
@@ -103,10 +104,10 @@ def open_tabletop(
         (2, 10)
     """
     _check_options(split, size, seed, layout, regions, canvas, batch_size)
-    base = Path(root).expanduser() if root is not None else _default_root()
+    base = Path(root).expanduser() if root is not None else world_cache("tabletop")
     folder = tabletop_folder(base, size, seed, canvas)
     if not folder.is_dir():
-        _check_may_generate(base, folder, generate, explicit=root is not None)
+        check_may_generate("tabletop", base, folder, generate, explicit=root is not None, what="tabletop sets")
     _build_once(folder, lambda tmp: write_tables(tmp, size, seed, canvas, progress))
     if layout == "images":
         return ImageCaptionsDataset(folder, split)
@@ -139,29 +140,6 @@ def _check_options(split: str, size: str, seed: int, layout: str, regions: int, 
         raise ValueError(f"canvas must be at least 160 pixels (objects need room), got {canvas}.")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
-
-
-def _check_may_generate(base: Path, folder: Path, generate: bool | None, explicit: bool) -> None:
-    if generate is True or (generate is None and not explicit):
-        return
-    if generate is None:
-        entries = [p.name for p in base.iterdir()] if base.is_dir() else None
-        if entries is not None and (not entries or any(n.startswith("tabletop-") for n in entries)):
-            return
-        found = "does not exist" if entries is None else "holds no tabletop sets"
-    else:
-        found = "does not hold this set and generate=false"
-    raise FileNotFoundError(
-        f"no tabletop data at {base}: the folder {found} (looked for {folder.name}). Check the path; leave "
-        f"--data out to use the cache ({_default_root()}); or generate the set there with --data-option "
-        "generate=true (generate=True)."
-    )
-
-
-def _default_root() -> Path:
-    from xmatch.io.hub import cache_dir
-
-    return cache_dir() / "datasets" / "tabletop"
 
 
 def tabletop_folder(root: Path, size: str, seed: int, canvas: int) -> Path:
