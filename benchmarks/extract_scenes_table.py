@@ -26,7 +26,8 @@ features: RoI-align, 2 x 2 bins of 2 x 2 samples, averaged):
   before the defaults changed); ``windows-600``: at 600 px on a stride-16 map (``xmatch
   extract``'s defaults); ``windows-224-s8``: at 224 px on a stride-8 map; ``windows-crop``: each
   window cropped (on the stride-16 map; ``windows-crop-s32``: on the backbone's own stride-32 map);
-- ``ss-600``, ``ss-crop``: ``selective-search`` boxes, on the 600 px stride-16 map / cropped;
+- ``ss-224``, ``ss-224-s16``, ``ss-600``, ``ss-crop``: ``selective-search`` boxes, on the
+  224 px stride-32 / 224 px stride-16 / 600 px stride-16 map, or cropped;
 - ``grid6``, ``grid7``: 6 x 6 / 7 x 7 cells of the whole image; ``grid7-crop``: 7 x 7 cells of
   the central 87.5% (what ``timm-grid`` sees), as a boxes file.
 
@@ -57,6 +58,8 @@ from typing import Any
 AT_224 = ["--image-size", "224", "--output-stride", "32"]
 #: the bottom-up convention (xmatch extract's defaults): shorter side 600 px, a stride-16 map
 AT_600 = ["--image-size", "600", "--output-stride", "16"]
+#: the picture at 224 px on a stride-16 map (the last stage dilated)
+AT_224_S16 = ["--image-size", "224", "--output-stride", "16"]
 #: the picture at its own size (the scenes' 224-px canvas, never upscaled) on a stride-8 map
 AT_224_S8 = ["--image-size", "224", "--output-stride", "8"]
 #: each box cut out of the picture at 600 px and encoded alone at 96 px on the dilated stride-16
@@ -87,6 +90,8 @@ ROWS = [
     Row("windows-224-s8", "windows; 224 (no upscaling), stride 8", "windows", roi=AT_224_S8),
     Row("windows-crop", "windows; crops of 96 px", "windows", roi=CROPPED),
     Row("windows-crop-s32", "windows; crops of 96 px on the stride-32 map", "windows", roi=CROPPED_S32),
+    Row("ss-224", "selective-search; 224, stride 32", "selective-search"),
+    Row("ss-224-s16", "selective-search; 224, stride 16", "selective-search", roi=AT_224_S16),
     Row("ss-600", "selective-search; 600, stride 16", "selective-search", roi=AT_600),
     Row("ss-crop", "selective-search; crops of 96 px", "selective-search", roi=CROPPED),
     Row("grid6", "grid 6x6, whole image; 224, stride 32", "grid"),

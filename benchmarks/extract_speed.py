@@ -17,7 +17,10 @@ workers. ``--differences`` prints how far the bfloat16 (and the folded float32) 
 the photos' boxes are from today's float32 ones. ``--index-clip`` times ``xmatch index
 --images`` on the same photos with a CLIP ViT-B/32 image tower of random weights (the
 ``clip-vit-b-32`` zoo layout; a one-layer text tower with a byte tokenizer written offline)
-with ``--compute-dtype float32`` and ``bfloat16``, interleaved.
+with ``--compute-dtype float32`` and ``bfloat16``, interleaved. ``--across-rows`` times the
+rows against each other in the same way and gives each row's CPU time per picture as a
+multiple of the first row's; ``--images DIR`` times the first ``--limit`` pictures of a folder
+(a generated world's, say) instead of the photos.
 
 Usage:
     OMP_NUM_THREADS=1 python benchmarks/extract_speed.py --threads 1
@@ -26,6 +29,9 @@ Usage:
         --rows windows-lite0,windows-lite0-600-s16 --variants today,float32,bfloat16
     OMP_NUM_THREADS=1 python benchmarks/extract_speed.py --threads 1 --differences --rows windows-lite0-600-s16
     OMP_NUM_THREADS=1 python benchmarks/extract_speed.py --threads 1 --copies 4 --rounds 3 --index-clip
+    OMP_NUM_THREADS=1 python benchmarks/extract_speed.py --threads 1 --workers 0 --rounds 3 --across-rows \\
+        --images ~/.cache/xmatch/datasets/signs/signs-small-256px-seed0-v1/images \\
+        --rows windows-lite0,windows-lite0-600-s16,windows-lite0-crop-s16
 """
 
 from __future__ import annotations
@@ -52,6 +58,30 @@ ROWS = {
         "windows 36, EfficientNet-Lite0, shorter side 448, stride 32",
     ),
     "windows-lite0-600-s16": ({"proposer": "windows"}, "windows 36, EfficientNet-Lite0, shorter side 600, stride 16 (the defaults)"),
+    "windows-lite0-crop-s16": (
+        {"proposer": "windows", "roi": {"output_stride": 16, "mode": "crop"}},
+        "windows 36, EfficientNet-Lite0, crops of 96 px from the picture at 600, stride 16",
+    ),
+    "windows-lite0-crop-s32": (
+        {"proposer": "windows", "roi": {"output_stride": 32, "mode": "crop"}},
+        "windows 36, EfficientNet-Lite0, crops of 96 px from the picture at 600, stride 32",
+    ),
+    "selective-search-224": (
+        {"proposer": "selective-search", "roi": AT_224},
+        "selective-search 36, EfficientNet-Lite0, shorter side 224, stride 32",
+    ),
+    "selective-search-224-s16": (
+        {"proposer": "selective-search", "roi": {"image_size": 224, "output_stride": 16}},
+        "selective-search 36, EfficientNet-Lite0, shorter side 224, stride 16",
+    ),
+    "windows-lite0-224-s16": (
+        {"proposer": "windows", "roi": {"image_size": 224, "output_stride": 16}},
+        "windows 36, EfficientNet-Lite0, shorter side 224, stride 16",
+    ),
+    "selective-search-crop-s16": (
+        {"proposer": "selective-search", "roi": {"output_stride": 16, "mode": "crop"}},
+        "selective-search 36, EfficientNet-Lite0, crops of 96 px from the picture at 600, stride 16",
+    ),
     "selective-search-crop": (
         {"proposer": "selective-search", "roi": {"output_stride": 32, "mode": "crop"}},
         "selective-search 36, EfficientNet-Lite0, crops of 96 px from the picture at 600",
@@ -145,6 +175,42 @@ def compare(keys: list[str], variants: list[str], folder: Path, out: Path, worke
                   f"{1000 * best[variant]:.0f} | {speedup} | {min(loads):.1f}-{max(loads):.1f} |", flush=True)
 
 
+def across_rows(keys: list[str], folder: Path, out: Path, workers: int, batch_size: int, rounds: int) -> None:
+    """Extract with each row once per round, the order rotated; print the best round of each and
+    its CPU time against the first row's (both measured in the same rounds)."""
+    from xmatch.extract import extract
+    from xmatch.regions import RegionPipeline
+
+    pipelines = {key: RegionPipeline.from_table(ROWS[key][0]) for key in keys}
+    for key in keys:
+        extract(folder, out / "warm-up", pipelines[key], workers=0, batch_size=batch_size, progress=False)
+        shutil.rmtree(out / "warm-up")
+    best, cpu, loads = dict.fromkeys(keys, float("inf")), dict.fromkeys(keys, float("inf")), []
+    for r in range(rounds):
+        for key in keys[r % len(keys):] + keys[: r % len(keys)]:
+            loads.append(os.getloadavg()[0])
+            start, start_cpu = time.perf_counter(), time.process_time()
+            result = extract(folder, out / "x", pipelines[key], workers=workers, batch_size=batch_size, progress=False)
+            best[key] = min(best[key], (time.perf_counter() - start) / result.images)
+            cpu[key] = min(cpu[key], (time.process_time() - start_cpu) / result.images)
+            shutil.rmtree(out / "x")
+    for key in keys:
+        print(f"| {ROWS[key][1]} | {1 / best[key]:.2f} | {1000 * best[key]:.0f} | {1000 * cpu[key]:.0f} | "
+              f"{cpu[key] / cpu[keys[0]]:.2f}x | {min(loads):.1f}-{max(loads):.1f} |", flush=True)
+
+
+def picture_folder(root: Path, source: Path, limit: int) -> Path:
+    """The first ``limit`` pictures of ``source`` (by name), copied."""
+    folder = root / "pictures"
+    folder.mkdir(parents=True)
+    pictures = sorted(p for p in source.iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))[:limit]
+    if not pictures:
+        raise SystemExit(f"{source} holds no .png / .jpg pictures.")
+    for p in pictures:
+        shutil.copy(p, folder / p.name)
+    return folder
+
+
 def differences(keys: list[str], folder: Path) -> None:
     """How far the folded float32 and the bfloat16 features of the photos' boxes are from today's."""
     import torch
@@ -234,13 +300,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --compare: today, float32, bfloat16, each optionally @WORKERS (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="with --compare / --index-clip: rounds, the best kept")
     parser.add_argument("--differences", action="store_true", help="float32 (folded) and bfloat16 features against today's")
+    parser.add_argument("--across-rows", action="store_true",
+                        help="time the --rows against each other, interleaved; CPU time as a multiple of the first row's")
+    parser.add_argument("--images", type=Path, help="time these pictures (a folder; its first --limit) instead of the photos")
+    parser.add_argument("--limit", type=int, default=48, help="with --images: how many pictures (default 48)")
     parser.add_argument("--index-clip", action="store_true", help="time xmatch index --images with a CLIP ViT-B/32 tower")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     keys = args.rows.split(",") if args.rows else list(ROWS)
     print(f"{os.cpu_count()} CPU cores, {args.threads} torch thread(s), {args.workers} loader worker(s), no GPU used")
     with tempfile.TemporaryDirectory() as tmp:
-        folder = photo_folder(Path(tmp), args.copies)
+        folder = picture_folder(Path(tmp), args.images, args.limit) if args.images else photo_folder(Path(tmp), args.copies)
         out = Path(tmp) / "out"
         out.mkdir()
         if args.differences:
@@ -257,7 +327,12 @@ def main(argv: list[str] | None = None) -> int:
                   "speed-up | load avg (1 min) |")
             print("|---|---|---|---|---|---|")
             index_clip(folder, out, args.rounds)
-        if args.differences or args.compare or args.index_clip:
+        if args.across_rows:
+            print(f"| configuration | images/s (best of {args.rounds}) | ms / image | CPU ms / image | CPU vs the first row | "
+                  "load avg (1 min) |")
+            print("|---|---|---|---|---|---|")
+            across_rows(keys, folder, out, args.workers, args.batch_size, args.rounds)
+        if args.differences or args.compare or args.index_clip or args.across_rows:
             return 0
         print("| configuration | images/s | ms / image | load avg (1 min) before / after |")
         print("|---|---|---|---|")

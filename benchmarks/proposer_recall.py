@@ -1,4 +1,4 @@
-"""Box recall of the detector-free proposers on scenes: does a drawn object get its own box?
+"""Box recall of the detector-free proposers on generated worlds: does a drawn object get its own box?
 
 For each proposer, the boxes of each picture (36, 49 for the 7 x 7 grid) are matched against the drawn
 objects' boxes (``scenes.json``): recall at IoU 0.5 and 0.7 (the fraction of objects with a
@@ -15,11 +15,15 @@ Two sets:
 - ``clutter``: the ``small`` set's objects pasted onto random crops of scikit-image's bundled
   photos and textures (astronaut, coffee, brick, grass...): many background segments, so the
   ranking decides which 36 boxes are kept.
+- ``tabletop``, ``signs``: the test splits of those worlds (docs/tabletop.md: objects of 20-70
+  px on a table top; docs/signs.md: letters, words and icons of 12-60 px on photographs, with
+  clutter), the drawn objects' boxes from their metadata; ``--standard-images`` of them.
 
 Usage:
     OMP_NUM_THREADS=1 python benchmarks/proposer_recall.py
     OMP_NUM_THREADS=1 python benchmarks/proposer_recall.py --rows selective-search --option segment_side=160
     OMP_NUM_THREADS=1 python benchmarks/proposer_recall.py --sets small clutter --resize 600
+    OMP_NUM_THREADS=1 python benchmarks/proposer_recall.py --sets tabletop signs
 """
 
 from __future__ import annotations
@@ -56,6 +60,26 @@ def standard_set(limit: int | None) -> list[tuple[Any, np.ndarray]]:
     records = [r for r in read_scenes(root) if r["split"] == "test"][:limit]
     return [(Image.open(root / "images" / f"{r['id']}.png").convert("RGB"),
              np.array([o["box"] for o in r["objects"]], dtype=np.float64)) for r in records]
+
+
+def world_set(world: str, limit: int | None) -> list[tuple[Any, np.ndarray]]:
+    """The test split of the ``tabletop`` or ``signs`` world (small preset, from the cache):
+    (picture, drawn object boxes) per image."""
+    from PIL import Image
+
+    from xmatch.data import open_dataset
+
+    root = open_dataset(world, None, split="test", layout="images", progress=False).root
+    if world == "tabletop":
+        from xmatch.tabletop.dataset import read_tables
+
+        records = [(r["id"], r["things"]) for r in read_tables(root) if r["split"] == "test"]
+    else:
+        from xmatch.signs.dataset import read_signs
+
+        records = [(r["id"], r["items"]) for r in read_signs(root) if r["split"] == "test"]
+    return [(Image.open(root / "images" / f"{i}.png").convert("RGB"), np.array([o["box"] for o in things], dtype=np.float64))
+            for i, things in records[:limit]]
 
 
 def small_scenes(count: int, canvas: int = 224, first_group: int = 450) -> list[Any]:
@@ -153,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
-    parser.add_argument("--sets", nargs="+", default=["standard", "small", "clutter"], choices=["standard", "small", "clutter"])
+    parser.add_argument("--sets", nargs="+", default=["standard", "small", "clutter"],
+                        choices=["standard", "small", "clutter", "tabletop", "signs"])
     parser.add_argument("--standard-images", type=int, default=None, help="test pictures used (default: all 100)")
     parser.add_argument("--small-images", type=int, default=300)
     parser.add_argument("--skip", type=int, default=0,
@@ -175,7 +200,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.set_num_threads(1)
     sets = {"standard": lambda: standard_set(args.standard_images),
             "small": lambda: small_set(args.small_images)[args.skip:],
-            "clutter": lambda: clutter_set(args.small_images)[args.skip:]}
+            "clutter": lambda: clutter_set(args.small_images)[args.skip:],
+            "tabletop": lambda: world_set("tabletop", args.standard_images),
+            "signs": lambda: world_set("signs", args.standard_images)}
     print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')} options={options}")
     header = (f"{'set':9s} {'proposer':28s} {'boxes':>5s} {'objects':>7s} {'R@IoU0.5':>9s} {'R@IoU0.7':>9s} "
               f"{'mean IoU':>9s} {'ms/img':>7s} {'cpu ms':>7s} load")
