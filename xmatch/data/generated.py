@@ -1,9 +1,16 @@
-"""Guards shared by the generated worlds (``scenes``, ``tabletop``, ``signs``): where a world is
-cached, and whether a set may be generated into a folder the user named."""
+"""What the generated worlds (``scenes``, ``tabletop``, ``signs``) share: where a world is cached,
+whether a set may be generated into a folder the user named, and the files of a world of twin
+pairs."""
 
 from __future__ import annotations
 
+import csv
+import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 
 def world_cache(world: str) -> Path:
@@ -45,3 +52,93 @@ def check_may_generate(
         f"out to use the cache ({world_cache(world)}{hint}); or generate the set there with --data-option "
         "generate=true (generate=True)."
     )
+
+
+#: the splits of a generated world, in the order their pictures are numbered
+SPLITS = ("train", "val", "test")
+
+
+def write_twin_pairs(
+    folder: Path,
+    dataset: str,
+    counts: tuple[int, int, int],
+    draw_pair: Callable[[int], Sequence[tuple[np.ndarray, list[str], dict[str, Any], str]]],
+    metadata: tuple[str, str, dict[str, Any]],
+    progress: bool = True,
+) -> None:
+    """Write a generated world made of twin pairs into ``folder``, in the files every xmatch
+    layout reads: ``images/<id>.png``, ``dataset_<dataset>.json`` (Karpathy splits), ``sizes.json``,
+    ``<split>.csv`` (``image,caption``), ``groups_<split>.json`` (each pair a group, its kind the
+    second picture's variant) and the world's metadata file.
+
+    Args:
+        folder: an empty folder.
+        dataset: the world's name (``tabletop``, ``signs``).
+        counts: pictures per split (train, val, test), each even.
+        draw_pair: ``group -> two (picture [H, W, 3] uint8, captions, record, variant)``; a record
+            is the picture's metadata, to which ``id``, ``split`` and ``group`` are prepended.
+        metadata: (file name, key of the records' list, parameters): ``{"params": ..., key: records}``.
+        progress: show a progress bar.
+    """
+    from PIL import Image
+
+    from xmatch.core.progress import progress_bar
+
+    split_of = [s for s, n in zip(SPLITS, counts) for _ in range(n)]
+    (folder / "images").mkdir()
+    records: list[dict[str, Any]] = []
+    entries: list[dict[str, Any]] = []
+    sizes: dict[str, list[int]] = {}
+    rows: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
+    groups: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
+    bar = progress_bar(total=len(split_of), desc=f"{dataset}: rendering", unit="img", show=progress)
+    for group in range(len(split_of) // 2):
+        ids, variant = [], ""
+        for picture, texts, record, variant in draw_pair(group):
+            image_id = len(records)
+            ids.append(str(image_id))
+            filename = f"{image_id}.png"
+            Image.fromarray(picture).save(folder / "images" / filename)
+            split = split_of[image_id]
+            records.append({"id": image_id, "split": split, "group": group, **record})
+            sizes[str(image_id)] = [picture.shape[1], picture.shape[0]]
+            sentids = [image_id * len(texts) + k for k in range(len(texts))]
+            entries.append({
+                "split": split, "imgid": image_id, "filepath": "images", "filename": filename, "sentids": sentids,
+                "sentences": [
+                    {"raw": t, "tokens": t.replace(",", " ,").replace(";", " ;").split(), "imgid": image_id, "sentid": i}
+                    for t, i in zip(texts, sentids)
+                ],
+            })
+            rows[split] += [(f"images/{filename}", t) for t in texts]
+            bar.update()
+        groups[split_of[int(ids[0])]].append({"images": ids, "kind": variant})
+    bar.close()
+    write_json(folder / f"dataset_{dataset}.json", {"dataset": dataset, "images": entries})
+    write_json(folder / "sizes.json", sizes)
+    for split in SPLITS:
+        with (folder / f"{split}.csv").open("w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerow(["image", "caption"])
+            writer.writerows(rows[split])
+        write_json(folder / f"groups_{split}.json", {"groups": groups[split]})
+    name, key, params = metadata
+    write_json(folder / name, {"params": params, key: records})
+
+
+def read_records(folder: str | Path, metadata: str, key: str, opener: str) -> list[dict[str, Any]]:
+    """The per-picture records of a generated world's metadata file (``folder/metadata``'s ``key``).
+
+    Raises:
+        FileNotFoundError: no such file; the message names the function that makes the folder.
+    """
+    path = Path(folder) / metadata
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; is {folder} a folder made by {opener}?")
+    return json.loads(path.read_text(encoding="utf-8"))[key]
+
+
+def write_json(path: Path, doc: Any) -> None:
+    """``doc`` as indented UTF-8 JSON (the generated worlds' files)."""
+    with path.open("w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)

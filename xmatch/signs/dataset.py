@@ -10,14 +10,15 @@ exists to test what ``xmatch extract`` makes of pixels (docs/extract.md, docs/si
 
 from __future__ import annotations
 
-import csv
 import os
 from pathlib import Path
 from typing import Any
 
-from xmatch.data.generated import check_may_generate, world_cache
+import numpy as np
+
+from xmatch.data.generated import SPLITS, check_may_generate, read_records, world_cache, write_twin_pairs
 from xmatch.data.image_captions import ImageCaptionsDataset
-from xmatch.scenes.dataset import _build_once, _rng, _write_json
+from xmatch.scenes.dataset import _build_once, _rng
 from xmatch.signs.captions import captions as draw_captions
 from xmatch.signs.world import Board, render, sample_group
 
@@ -27,13 +28,11 @@ PRESETS: dict[str, tuple[int, int, int]] = {
     "small": (1000, 200, 200),
     "medium": (10000, 1000, 1000),
 }
-SPLITS = ("train", "val", "test")
 CAPTIONS_PER_IMAGE = 5
 #: bump when the boards, captions or files change, so old caches are not reused
 GENERATOR_VERSION = 1
 METADATA_FILE = "signs.json"
 KARPATHY_FILE = "dataset_signs.json"
-SIZES_FILE = "sizes.json"
 #: random streams of a group: boards, captions
 BOARD_STREAM, CAPTION_STREAM = 0, 1
 
@@ -132,59 +131,20 @@ def write_signs(folder: Path, size: str, seed: int, canvas: int, progress: bool 
     """Render a signs set into ``folder``: ``images/<id>.png``, the Karpathy split file, the
     sizes file, ``<split>.csv`` captions, ``groups_<split>.json`` (the twins) and ``signs.json``
     (every sign, box, backdrop and twin)."""
-    from PIL import Image
 
-    from xmatch.core.progress import progress_bar
-
-    counts = PRESETS[size]
-    split_of = [s for s, n in zip(SPLITS, counts) for _ in range(n)]
-    (folder / "images").mkdir()
-    records: list[dict[str, Any]] = []
-    entries: list[dict[str, Any]] = []
-    rows: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
-    groups: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
-    bar = progress_bar(total=len(split_of), desc=f"signs: rendering {size} (seed {seed})", unit="img", show=progress)
-    for group in range(len(split_of) // 2):
+    def draw_pair(group: int) -> list[tuple[np.ndarray, list[str], dict[str, Any], str]]:
         caption_rng = _rng(seed, group, CAPTION_STREAM)
-        pair = sample_boards(seed, group, canvas)
-        ids = []
-        for board in pair:
-            image_id = len(records)
-            ids.append(str(image_id))
-            filename = f"{image_id}.png"
-            Image.fromarray(render(board, canvas)).save(folder / "images" / filename)
-            texts = draw_captions(board, caption_rng, CAPTIONS_PER_IMAGE)
-            split = split_of[image_id]
-            records.append(_record(board, image_id, group, split))
-            entries.append({
-                "split": split, "imgid": image_id, "filepath": "images", "filename": filename,
-                "sentids": [image_id * CAPTIONS_PER_IMAGE + k for k in range(len(texts))],
-                "sentences": [
-                    {"raw": t, "tokens": t.replace(",", " ,").split(), "imgid": image_id,
-                     "sentid": image_id * CAPTIONS_PER_IMAGE + k}
-                    for k, t in enumerate(texts)
-                ],
-            })
-            rows[split] += [(f"images/{filename}", t) for t in texts]
-            bar.update()
-        groups[split_of[int(ids[0])]].append({"images": ids, "kind": pair[1].variant})
-    bar.close()
-    _write_json(folder / KARPATHY_FILE, {"dataset": "signs", "images": entries})
-    _write_json(folder / SIZES_FILE, {str(r["id"]): [canvas, canvas] for r in records})
-    for split in SPLITS:
-        with (folder / f"{split}.csv").open("w", encoding="utf-8", newline="") as f:
-            writer = csv.writer(f, lineterminator="\n")
-            writer.writerow(["image", "caption"])
-            writer.writerows(rows[split])
-        _write_json(folder / f"groups_{split}.json", {"groups": groups[split]})
+        return [(render(board, canvas), draw_captions(board, caption_rng, CAPTIONS_PER_IMAGE), _record(board), board.variant)
+                for board in sample_boards(seed, group, canvas)]
+
     params = {"size": size, "seed": seed, "canvas": canvas, "version": GENERATOR_VERSION}
-    _write_json(folder / METADATA_FILE, {"params": params, "boards": records})
+    write_twin_pairs(folder, "signs", PRESETS[size], draw_pair, (METADATA_FILE, "boards", params), progress)
 
 
-def _record(board: Board, image_id: int, group: int, split: str) -> dict[str, Any]:
+def _record(board: Board) -> dict[str, Any]:
     b = board.backdrop
     return {
-        "id": image_id, "split": split, "group": group, "variant": board.variant, "relation": board.relation,
+        "variant": board.variant, "relation": board.relation,
         "backdrop": {"photo": b.photo, "x": b.x, "y": b.y, "side": b.side}, "clutter": board.clutter,
         "items": [
             {"kind": s.kind, "name": s.name, "colour": s.colour, "style": s.style, "box": [int(v) for v in s.box]}
@@ -203,9 +163,4 @@ def read_signs(folder: PathArg) -> list[dict[str, Any]]:
         >>> read_signs(open_signs(split="test", size="tiny").root)[0]["relation"]  # generates the tiny preset  # doctest: +SKIP
         'left'
     """
-    import json
-
-    path = Path(folder) / METADATA_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; is {folder} a folder made by open_signs?")
-    return json.loads(path.read_text(encoding="utf-8"))["boards"]
+    return read_records(folder, METADATA_FILE, "boards", "open_signs")

@@ -16,7 +16,6 @@ parameter set into a fingerprinted cache folder, in the TERAN regions layout (re
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from xmatch.data.generated import check_may_generate, world_cache
+from xmatch.data.generated import SPLITS, check_may_generate, read_records, world_cache, write_twin_pairs
 from xmatch.data.image_captions import ImageCaptionsDataset
 from xmatch.data.teran import TeranDataset
 from xmatch.scenes.dataset import _build_once, _rng, _write_json, features_folder_name
@@ -38,7 +37,6 @@ PRESETS: dict[str, tuple[int, int, int]] = {
     "small": (800, 100, 100),
     "medium": (8000, 1000, 1000),
 }
-SPLITS = ("train", "val", "test")
 LAYOUTS = ("regions", "images")
 CAPTIONS_PER_IMAGE = 5
 #: bump when the tables, captions or files change, so old caches are not reused
@@ -199,59 +197,22 @@ def write_tables(folder: Path, size: str, seed: int, canvas: int, progress: bool
     """Render a tabletop set into ``folder``: ``images/<id>.png``, the Karpathy split file, the
     sizes file, ``<split>.csv`` captions, ``groups_<split>.json`` (the twins) and
     ``tabletop.json`` (every object, box, relation and twin)."""
-    from PIL import Image
 
-    from xmatch.core.progress import progress_bar
-
-    counts = PRESETS[size]
-    split_of = [s for s, n in zip(SPLITS, counts) for _ in range(n)]
-    (folder / "images").mkdir()
-    records: list[dict[str, Any]] = []
-    entries: list[dict[str, Any]] = []
-    rows: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
-    groups: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
-    bar = progress_bar(total=len(split_of), desc=f"tabletop: rendering {size} (seed {seed})", unit="img", show=progress)
-    for group in range(len(split_of) // 2):
+    def draw_pair(group: int) -> list[tuple[np.ndarray, list[str], dict[str, Any], str]]:
         caption_rng = _rng(seed, group, CAPTION_STREAM)
-        pair = sample_tables(seed, group, canvas)
-        ids = []
-        for table in pair:
-            image_id = len(records)
-            ids.append(str(image_id))
+        out = []
+        for table in sample_tables(seed, group, canvas):
             image, boxes = render(table, canvas)
-            filename = f"{image_id}.png"
-            Image.fromarray(image).save(folder / "images" / filename)
-            texts = draw_captions(table, caption_rng, CAPTIONS_PER_IMAGE)
-            split = split_of[image_id]
-            records.append(_record(table, boxes, image_id, group, split))
-            entries.append({
-                "split": split, "imgid": image_id, "filepath": "images", "filename": filename,
-                "sentids": [image_id * CAPTIONS_PER_IMAGE + k for k in range(len(texts))],
-                "sentences": [
-                    {"raw": t, "tokens": t.replace(",", " ,").replace(";", " ;").split(), "imgid": image_id,
-                     "sentid": image_id * CAPTIONS_PER_IMAGE + k}
-                    for k, t in enumerate(texts)
-                ],
-            })
-            rows[split] += [(f"images/{filename}", t) for t in texts]
-            bar.update()
-        groups[split_of[int(ids[0])]].append({"images": ids, "kind": pair[1].variant})
-    bar.close()
-    _write_json(folder / KARPATHY_FILE, {"dataset": "tabletop", "images": entries})
-    _write_json(folder / SIZES_FILE, {str(r["id"]): [canvas, canvas] for r in records})
-    for split in SPLITS:
-        with (folder / f"{split}.csv").open("w", encoding="utf-8", newline="") as f:
-            writer = csv.writer(f, lineterminator="\n")
-            writer.writerow(["image", "caption"])
-            writer.writerows(rows[split])
-        _write_json(folder / f"groups_{split}.json", {"groups": groups[split]})
+            out.append((image, draw_captions(table, caption_rng, CAPTIONS_PER_IMAGE), _record(table, boxes), table.variant))
+        return out
+
     params = {"size": size, "seed": seed, "canvas": canvas, "version": GENERATOR_VERSION}
-    _write_json(folder / METADATA_FILE, {"params": params, "tables": records})
+    write_twin_pairs(folder, "tabletop", PRESETS[size], draw_pair, (METADATA_FILE, "tables", params), progress)
 
 
-def _record(table: Table, boxes: np.ndarray, image_id: int, group: int, split: str) -> dict[str, Any]:
+def _record(table: Table, boxes: np.ndarray) -> dict[str, Any]:
     return {
-        "id": image_id, "split": split, "group": group, "variant": table.variant, "relation": table.relation,
+        "variant": table.variant, "relation": table.relation,
         "count": table.count, "description": describe(table), "background": list(table.background),
         "things": [
             {"kind": t.kind, "colour": t.colour, "pattern": t.pattern, "size": t.size, "box": [int(v) for v in t.box],
@@ -310,10 +271,7 @@ def read_tables(folder: PathArg) -> list[dict[str, Any]]:
         >>> read_tables(open_tabletop(split="test", size="tiny").root)[0]["relation"]  # generates the tiny preset  # doctest: +SKIP
         'far'
     """
-    path = Path(folder) / METADATA_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; is {folder} a folder made by open_tabletop?")
-    return json.loads(path.read_text(encoding="utf-8"))["tables"]
+    return read_records(folder, METADATA_FILE, "tables", "open_tabletop")
 
 
 def table_from_record(record: dict[str, Any]) -> Table:
@@ -321,7 +279,7 @@ def table_from_record(record: dict[str, Any]) -> Table:
 
     Example:
         >>> base = sample_tables(0, 0)[0]
-        >>> table_from_record(_record(base, render(base)[1], 0, 0, "train")) == base
+        >>> table_from_record(_record(base, render(base)[1])) == base
         True
     """
     things = tuple(
