@@ -41,7 +41,7 @@ def name_sign(sign: Sign, rng: np.random.Generator) -> str:
     """One of the ways a caption names the sign.
 
     Example:
-        >>> name_sign(Sign("letter", "K", "red", "cmr10.ttf", (0, 0, 9, 12)), np.random.default_rng(1))
+        >>> name_sign(Sign("letter", "K", "red", "cmr10.ttf", (0, 0, 9, 12)), np.random.default_rng(4))
         'the letter K in red'
     """
     c, n = sign.colour, sign.name
