@@ -143,7 +143,8 @@ def open_world(world: str, data: Path | None, objects: str) -> World:
         records = [(r["id"], r["items"]) for r in read_signs(root)]
         canvas = int(json.loads((root / "signs.json").read_text())["params"]["canvas"])
     return World(
-        name=f"scenes-{objects}" if world == "scenes" else world, dataset=world, data=data, options=options, root=root, captions=root / f"dataset_{world}.json",
+        name=f"scenes-{objects}" if world == "scenes" else world, dataset=world, data=data, options=options, root=root,
+        captions=root / f"dataset_{world}.json",
         canvas=canvas, objects=[(i, f"images/{i}.png", [o["box"] for o in things]) for i, things in records],
         test=test, build_text_side=world != "scenes",
     )

@@ -352,9 +352,9 @@ def _sample_twin(rng: np.random.Generator, base: Board, canvas: int) -> Board | 
         a = replace(a, name=name, box=_at(_centre(a.box), (width, height)))
         if not holds(base.relation, a.box, b.box):
             return None
-    if not all(_inside(s.box, canvas) for s in (a, b)) or not _clear(a.box, [b.box], CLEARANCE):
+    if not all(_inside(s.box, canvas) for s in (a, b)) or not _clear(a.box, [b.box], CLEARANCE * canvas / 256):
         return None
-    if not all(_clear(s.box, [r.box for r in rest], CLEARANCE) for s in (a, b)):
+    if not all(_clear(s.box, [r.box for r in rest], CLEARANCE * canvas / 256) for s in (a, b)):
         return None
     return replace(base, signs=(a, b, *rest), variant=variant)
 
