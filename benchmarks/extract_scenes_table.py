@@ -28,6 +28,9 @@ features: RoI-align, 2 x 2 bins of 2 x 2 samples, averaged):
   window cropped (on the stride-16 map; ``windows-crop-s32``: on the backbone's own stride-32 map);
 - ``ss-224``, ``ss-224-s16``, ``ss-600``, ``ss-crop``: ``selective-search`` boxes, on the
   224 px stride-32 / 224 px stride-16 / 600 px stride-16 map, or cropped;
+- ``ss-mixed8``: ``selective-search`` boxes (segmented at 160 px), its first 8 cropped at 96 px
+  and the rest pooled from the 224-px stride-16 map (``--mode mixed``); ``boxes-mixed8``: the same
+  with the drawn objects' boxes first;
 - ``grid6``, ``grid7``: 6 x 6 / 7 x 7 cells of the whole image; ``grid7-crop``: 7 x 7 cells of
   the central 87.5% (what ``timm-grid`` sees), as a boxes file.
 
@@ -67,6 +70,9 @@ AT_224_S8 = ["--image-size", "224", "--output-stride", "8"]
 CROPPED = ["--image-size", "600", "--output-stride", "16", "--mode", "crop", "--crop-size", "96"]
 #: the same crops on the backbone's own stride-32 map (a 3 x 3 map of each crop)
 CROPPED_S32 = ["--image-size", "600", "--output-stride", "32", "--mode", "crop", "--crop-size", "96"]
+#: the proposer's first 8 boxes cut out of the picture at 224 px and encoded alone at 96 px, the
+#: others pooled from the 224-px map, all on the stride-16 map (``--mode mixed``)
+MIXED8 = ["--image-size", "224", "--output-stride", "16", "--mode", "mixed", "--crop-size", "96", "--crop-regions", "8"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,10 @@ ROWS = [
     Row("ss-224-s16", "selective-search; 224, stride 16", "selective-search", roi=AT_224_S16),
     Row("ss-600", "selective-search; 600, stride 16", "selective-search", roi=AT_600),
     Row("ss-crop", "selective-search; crops of 96 px", "selective-search", roi=CROPPED),
+    Row("ss-mixed8", "selective-search (segmented at 160 px); the first 8 cropped at 96 px, the rest pooled at 224, stride 16",
+        "selective-search", ["segment_side=160"], roi=MIXED8),
+    Row("boxes-mixed8", "boxes: the drawn objects first; the first 8 cropped at 96 px, the rest pooled at 224, stride 16",
+        "boxes", ["source={objects}"], roi=MIXED8),
     Row("grid6", "grid 6x6, whole image; 224, stride 32", "grid"),
     Row("grid7", "grid 7x7, whole image; 224, stride 32", "grid", regions=49),
     Row("grid7-crop", "grid 7x7 of the central 87.5% (timm-grid's view)", "boxes", ["source={crop}"], regions=49),

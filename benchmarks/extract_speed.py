@@ -86,6 +86,30 @@ ROWS = {
         {"proposer": "selective-search", "roi": {"output_stride": 32, "mode": "crop"}},
         "selective-search 36, EfficientNet-Lite0, crops of 96 px from the picture at 600",
     ),
+    "selective-search-160-224-s16": (
+        {"proposer": {"name": "selective-search", "segment_side": 160}, "roi": {"image_size": 224, "output_stride": 16}},
+        "selective-search 36 (segmented at 160 px), EfficientNet-Lite0, shorter side 224, stride 16",
+    ),
+    "selective-search-160-mixed8-s16": (
+        {"proposer": {"name": "selective-search", "segment_side": 160},
+         "roi": {"image_size": 224, "output_stride": 16, "mode": "mixed", "crop_regions": 8}},
+        "selective-search 36 (segmented at 160 px), the first 8 cropped at 96 px, the rest pooled at 224, stride 16",
+    ),
+    "selective-search-160-mixed8-s32": (
+        {"proposer": {"name": "selective-search", "segment_side": 160},
+         "roi": {"image_size": 224, "output_stride": 32, "mode": "mixed", "crop_regions": 8}},
+        "selective-search 36 (segmented at 160 px), the first 8 cropped at 96 px, the rest pooled at 224, stride 32",
+    ),
+    "selective-search-160-mixed12-s16": (
+        {"proposer": {"name": "selective-search", "segment_side": 160},
+         "roi": {"image_size": 224, "output_stride": 16, "mode": "mixed", "crop_regions": 12}},
+        "selective-search 36 (segmented at 160 px), the first 12 cropped at 96 px, the rest pooled at 224, stride 16",
+    ),
+    "selective-search-160-mixed12-64-s16": (
+        {"proposer": {"name": "selective-search", "segment_side": 160},
+         "roi": {"image_size": 224, "output_stride": 16, "mode": "mixed", "crop_regions": 12, "crop_size": 64}},
+        "selective-search 36 (segmented at 160 px), the first 12 cropped at 64 px, the rest pooled at 224, stride 16",
+    ),
     "windows-lite2": (
         {"proposer": "windows", "roi": {"backbone": "efficientnet_lite2", "image_size": None, "output_stride": 32}},
         "windows 36, EfficientNet-Lite2, shorter side 260 (256), stride 32",

@@ -26,7 +26,7 @@ def test_the_region_settings_are_checked():
     assert (RoIConfig().output_stride, RoIConfig().mode, RoIConfig().crop_size) == (16, "roi", 96)
     with pytest.raises(ValueError, match=r"output_stride must be one of 8, 16, 32 \(or None: the backbone's own\), got 12"):
         RoIConfig(output_stride=12)
-    with pytest.raises(ValueError, match="mode must be one of roi, crop, got 'crops'"):
+    with pytest.raises(ValueError, match="mode must be one of roi, crop, mixed, got 'crops'"):
         RoIConfig(mode="crops")
     with pytest.raises(ValueError, match="crop_size must be at least 16 pixels, got 8"):
         RoIConfig(crop_size=8)
@@ -39,6 +39,10 @@ def test_the_region_settings_are_checked():
     flags = parse(["extract", "photos", "--out", "feats", "--image-size", "600", "--output-stride", "16",
                    "--mode", "crop", "--crop-size", "112"])
     assert roi_config(flags) == RoIConfig(image_size=600, output_stride=16, mode="crop", crop_size=112)
+    with pytest.raises(ValueError, match="crop_regions must be 0 or more boxes, got -1"):
+        RoIConfig(mode="mixed", crop_regions=-1)
+    flags = parse(["extract", "photos", "--out", "feats", "--mode", "mixed", "--crop-regions", "12"])
+    assert roi_config(flags) == RoIConfig(mode="mixed", crop_regions=12)
 
 
 def test_output_stride_dilates_the_map_with_the_same_weights():
@@ -91,6 +95,25 @@ def test_a_crop_is_the_box_encoded_alone():
     torch.testing.assert_close(ex.pool(changed, [small])[0], ex.pool(pixels, [small])[0])
     pooled = extractor()
     assert not torch.allclose(pooled.pool(changed, [small])[0], pooled.pool(pixels, [small])[0])
+
+
+def test_mixed_mode_crops_the_first_boxes_and_pools_the_others():
+    rng = torch.Generator().manual_seed(4)
+    pixels = torch.randint(0, 256, (2, 3, 64, 96), dtype=torch.uint8, generator=rng)
+    boxes = [torch.tensor([[40.0, 8.0, 72.0, 40.0], [4.0, 4.0, 20.0, 20.0], [0.0, 0.0, 96.0, 64.0]]),
+             torch.tensor([[10.0, 30.0, 50.0, 60.0]])]
+    cropped = extractor(mode="crop", crop_size=32).pool(pixels, boxes)
+    pooled = extractor().pool(pixels, boxes)
+    mixed = extractor(mode="mixed", crop_size=32, crop_regions=2).pool(pixels, boxes)
+    # the first two boxes of the first picture are its crops, the third is pooled from the map;
+    # the second picture has one box, cropped
+    torch.testing.assert_close(mixed[0][:2], cropped[0][:2], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mixed[0][2:], pooled[0][2:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mixed[1], cropped[1], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(mixed[0][2:], cropped[0][2:])
+    # no box cropped: the pooled features
+    none = extractor(mode="mixed", crop_regions=0).pool(pixels, boxes)
+    torch.testing.assert_close(none[0], pooled[0])
 
 
 def test_crop_features_do_not_depend_on_the_batch_and_take_empty_sets():

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 #: default of the RoI flags: left out, a setting takes RoIConfig's default (None is a value: "none")
 _UNSET: Any = object()
-ROI_FLAGS = ("backbone", "weights", "image_size", "max_size", "output_stride", "mode", "crop_size", "compute_dtype")
+ROI_FLAGS = ("backbone", "weights", "image_size", "max_size", "output_stride", "mode", "crop_size", "crop_regions", "compute_dtype")
 
 
 def _int_or_none(text: str) -> int | None:
@@ -94,9 +94,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--output-stride", type=_int_or_none, choices=[8, 16, 32, None], metavar="{8,16,32,none}",
                         help=f"stride of the feature map (default: {RoIConfig.output_stride}, the last stages dilated; none: the backbone's own, "
                         "which a ViT needs)")
-    parser.add_argument("--mode", choices=["roi", "crop"],
-                        help="roi (default): pool the picture's map over each box; crop: encode each box cut out and resized")
-    parser.add_argument("--crop-size", type=int, help=f"side of a crop in --mode crop (default: {RoIConfig.crop_size})")
+    parser.add_argument("--mode", choices=["roi", "crop", "mixed"],
+                        help="roi (default): pool the picture's map over each box; crop: encode each box cut out and resized; "
+                        "mixed: crop the proposer's first --crop-regions boxes, pool the others")
+    parser.add_argument("--crop-size", type=int, help=f"side of a crop in --mode crop / mixed (default: {RoIConfig.crop_size})")
+    parser.add_argument("--crop-regions", type=int,
+                        help=f"boxes cropped per picture in --mode mixed, the proposer's first (default: {RoIConfig.crop_regions})")
     parser.add_argument("--compute-dtype", choices=["float32", "bfloat16"],
                         help=f"the backbone's arithmetic (default: {RoIConfig.compute_dtype}); bfloat16 runs 1.5-2x faster on a CPU "
                         "with AVX512-BF16 / AMX, with features that differ slightly (see docs/extract.md)")
@@ -143,7 +146,7 @@ def proposer_spec(args: argparse.Namespace) -> dict[str, Any]:
 
 def roi_config(args: argparse.Namespace) -> RoIConfig:
     """The RoI settings from ``--backbone``, ``--weights``, ``--pretrained``, ``--image-size``,
-    ``--max-size``, ``--output-stride``, ``--mode``, ``--crop-size``, ``--compute-dtype``; a flag left out takes
+    ``--max-size``, ``--output-stride``, ``--mode``, ``--crop-size``, ``--crop-regions``, ``--compute-dtype``; a flag left out takes
     :class:`~xmatch.regions.config.RoIConfig`'s default (``none`` given to ``--image-size`` or
     ``--output-stride`` is kept: the backbone's own)."""
     from xmatch.regions.config import RoIConfig

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -142,3 +144,44 @@ def write_json(path: Path, doc: Any) -> None:
     """``doc`` as indented UTF-8 JSON (the generated worlds' files)."""
     with path.open("w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
+
+
+def build_once(folder: Path, build: Callable[[Path], None]) -> None:
+    """Build ``folder`` unless it exists: into a temporary sibling, renamed into place when
+    complete, under a file lock, so an interrupted or concurrent run never leaves (or reads)
+    a half-written folder.
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> build_once(root / "set", lambda tmp: (tmp / "done").touch())
+        >>> sorted(p.name for p in (root / "set").iterdir())
+        ['done']
+    """
+    if folder.is_dir():
+        return
+    from filelock import FileLock
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if folder.is_dir():
+            return
+        tmp = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            build(tmp)
+            os.replace(tmp, folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def stream_rng(seed: int, index: int, stream: int) -> np.random.Generator:
+    """An independent random stream per (seed, group of twins or image, purpose): what a
+    generated world draws does not depend on the order its groups are made in.
+
+    Example:
+        >>> float(stream_rng(0, 3, 1).random()) == float(stream_rng(0, 3, 1).random())
+        True
+    """
+    return np.random.default_rng([seed, index, stream])

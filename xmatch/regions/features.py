@@ -23,7 +23,8 @@ In ``crop`` mode (:class:`~xmatch.regions.config.RoIConfig`) each box is instead
 resized picture, resampled to ``crop_size x crop_size`` with RoI-align over the pixels, and
 encoded alone; its feature is the mean of the crop's map. A small object then fills its crop,
 where a map cell of the whole picture mixes it with its neighbours (the region features of
-small objects are usually made this way).
+small objects are usually made this way). ``mixed`` mode crops only the proposer's first
+``crop_regions`` boxes and pools the others from the map.
 """
 
 from __future__ import annotations
@@ -233,7 +234,7 @@ class RoIFeatureExtractor(nn.Module):
         if self.backbone._tokens and roi.resize != "square":
             raise ValueError(f"{roi.backbone} is a token (ViT-like) backbone with a fixed input size; use resize='square' "
                              "(and image_size=None, output_stride=None: its own).")
-        if self.backbone._tokens and roi.mode == "crop" and roi.crop_size != side:
+        if self.backbone._tokens and roi.mode != "roi" and roi.crop_size != side:
             raise ValueError(f"{roi.backbone} is a token (ViT-like) backbone with a fixed input size of {side} pixels: "
                              f"crops must be that size; set crop_size={side} (xmatch extract --crop-size {side}).")
         self.input = InputSize(side, roi.max_size or 2 * side, self.stride, roi.resize,
@@ -279,9 +280,14 @@ class RoIFeatureExtractor(nn.Module):
         x = self.normalize(pixels)
         if self.roi.mode == "crop":
             return [self.encode_crops(x[i : i + 1], b) for i, b in enumerate(boxes)]
-        x = x.contiguous(memory_format=torch.channels_last).to(next(self.backbone.parameters()).dtype)
-        fmap = self.backbone(x).float()  # pooled in float32: box corners in bfloat16 would be off by pixels
-        return roi_features(fmap, boxes, fmap.shape[-1] / pixels.shape[-1], self.roi.pool_bins, self.roi.pool_samples)
+        whole = x.contiguous(memory_format=torch.channels_last).to(next(self.backbone.parameters()).dtype)
+        fmap = self.backbone(whole).float()  # pooled in float32: box corners in bfloat16 would be off by pixels
+        pooled = roi_features(fmap, boxes, fmap.shape[-1] / pixels.shape[-1], self.roi.pool_bins, self.roi.pool_samples)
+        if self.roi.mode == "mixed":
+            first = self.roi.crop_regions
+            for i, (features, b) in enumerate(zip(pooled, boxes, strict=True)):
+                features[:first] = self.encode_crops(x[i : i + 1], b[:first])
+        return pooled
 
     def encode_crops(self, image: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         """Features ``[n, C]`` of ``boxes`` (``[n, 4]`` pixels) cut out of one normalised image

@@ -20,14 +20,13 @@ import hashlib
 import json
 import os
 import re
-import shutil
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from xmatch.data.generated import check_may_generate, world_cache
+from xmatch.data.generated import build_once, check_may_generate, stream_rng, world_cache, write_json
 from xmatch.data.image_captions import ImageCaptionsDataset
 from xmatch.scenes.captions import captions as draw_captions
 from xmatch.scenes.captions import describe
@@ -141,16 +140,16 @@ def open_scenes(
     if not folder.is_dir():
         check_may_generate("scenes", base, folder, generate, explicit=root is not None, what="scene sets",
                            hint=", where `xmatch demo` generates it")
-    _build_once(folder, lambda tmp: write_scenes(tmp, size, seed, canvas, progress, objects))
+    build_once(folder, lambda tmp: write_scenes(tmp, size, seed, canvas, progress, objects))
     box_stream = 2
     if split == GROUPS_SPLIT:
         folder = folder / GROUPS_FOLDER
-        _build_once(folder, lambda tmp: write_groups(tmp, size, seed, canvas, progress, objects))
+        build_once(folder, lambda tmp: write_groups(tmp, size, seed, canvas, progress, objects))
         box_stream = GROUPS_STREAMS[2]
     if layout == "images":
         return _declare_for_evaluation(ImageCaptionsDataset(folder, split))
     features = folder / features_folder_name(regions, backbone, weights)
-    _build_once(features, lambda tmp: write_features(
+    build_once(features, lambda tmp: write_features(
         folder, tmp, regions, backbone, weights, seed, batch_size, progress, box_stream=box_stream
     ))
     # the teran layout's Karpathy file knows train / val / test: the groups set is stored as the
@@ -225,33 +224,6 @@ def features_folder_name(regions: int, backbone: str, weights: str) -> str:
     return f"features_{regions}_{re.sub(r'[^A-Za-z0-9]+', '-', backbone)}_{digest}"
 
 
-def _build_once(folder: Path, build: Callable[[Path], None]) -> None:
-    """Build ``folder`` unless it exists: into a temporary sibling, renamed into place when
-    complete, under a file lock, so an interrupted or concurrent run never leaves (or reads)
-    a half-written folder."""
-    if folder.is_dir():
-        return
-    from filelock import FileLock
-
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder) + ".lock"):
-        if folder.is_dir():
-            return
-        tmp = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        try:
-            build(tmp)
-            os.replace(tmp, folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _rng(seed: int, index: int, stream: int) -> np.random.Generator:
-    """An independent random stream per (seed, group of twins or image, purpose)."""
-    return np.random.default_rng([seed, index, stream])
-
-
 def write_scenes(
     folder: Path, size: str, seed: int, canvas: int, progress: bool = True, objects: str = STANDARD_OBJECTS
 ) -> None:
@@ -260,7 +232,7 @@ def write_scenes(
     counts = PRESETS[size]
     split_of = [s for s, n in zip(SPLITS, counts) for _ in range(n)]
     pairs = (
-        (sample_group(_rng(seed, g, 0), canvas, objects=objects), _rng(seed, g, 1))
+        (sample_group(stream_rng(seed, g, 0), canvas, objects=objects), stream_rng(seed, g, 1))
         for g in range(len(split_of) // 2)
     )
     params = {"size": size, "seed": seed, "canvas": canvas, "version": GENERATOR_VERSION, **_objects_param(objects)}
@@ -289,8 +261,8 @@ def write_groups(
     n_groups = GROUPS_PER_KIND[size] * len(GROUP_KINDS)
     scene, caption, _ = GROUPS_STREAMS
     pairs = (
-        (sample_group(_rng(seed, g, scene), canvas, GROUP_KINDS[g % len(GROUP_KINDS)], objects),
-         _rng(seed, g, caption))
+        (sample_group(stream_rng(seed, g, scene), canvas, GROUP_KINDS[g % len(GROUP_KINDS)], objects),
+         stream_rng(seed, g, caption))
         for g in range(n_groups)
     )
     params = {"size": size, "seed": seed, "canvas": canvas, "version": GENERATOR_VERSION, "split": GROUPS_SPLIT,
@@ -345,14 +317,14 @@ def _write_set(
             rows[split] += [(f"images/{filename}", t) for t in texts]
             bar.update()
     bar.close()
-    _write_json(folder / KARPATHY_FILE, {"dataset": "scenes", "images": entries})
-    _write_json(folder / SIZES_FILE, {str(r["id"]): [canvas, canvas] for r in records})
+    write_json(folder / KARPATHY_FILE, {"dataset": "scenes", "images": entries})
+    write_json(folder / SIZES_FILE, {str(r["id"]): [canvas, canvas] for r in records})
     for split, split_rows in rows.items():
         with (folder / f"{split}.csv").open("w", encoding="utf-8", newline="") as f:
             writer = csv.writer(f, lineterminator="\n")
             writer.writerow(["image", "caption"])
             writer.writerows(split_rows)
-    _write_json(folder / METADATA_FILE, {"params": params, "scenes": records})
+    write_json(folder / METADATA_FILE, {"params": params, "scenes": records})
 
 
 def _scene_record(scene: Scene, boxes: np.ndarray, image_id: int, group: int, split: str) -> dict[str, Any]:
@@ -370,11 +342,6 @@ def _scene_record(scene: Scene, boxes: np.ndarray, image_id: int, group: int, sp
             for o, box in zip(scene.objects, boxes)
         ],
     }
-
-
-def _write_json(path: Path, doc: Any) -> None:
-    with path.open("w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
 
 
 def write_features(
@@ -411,7 +378,7 @@ def write_features(
         boxes = np.stack([
             proposal_boxes(
                 np.array([o["box"] for o in r["objects"]], dtype=np.float64), canvas, regions,
-                _rng(seed, r["id"], box_stream),
+                stream_rng(seed, r["id"], box_stream),
             )
             for r in batch
         ])
@@ -421,7 +388,7 @@ def write_features(
             np.save(folder / "bu_box" / f"{r['id']}.npy", b)
         bar.update(len(batch))
     bar.close()
-    _write_json(folder / FEATURES_FILE, {
+    write_json(folder / FEATURES_FILE, {
         "regions": regions, "backbone": backbone, "weights": weights, "seed": seed,
         "feature_dim": extractor.feature_dim, "dtype": "float16", "version": GENERATOR_VERSION,
         "boxes": "the drawn objects' boxes first (as in scenes.json), then jittered copies, the whole image, "

@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from xmatch.data.generated import SPLITS, check_may_generate, read_records, world_cache, write_twin_pairs
+from xmatch.data.generated import SPLITS, build_once, check_may_generate, read_records, stream_rng, world_cache, write_twin_pairs
 from xmatch.data.image_captions import ImageCaptionsDataset
-from xmatch.scenes.dataset import _build_once, _rng
 from xmatch.signs.captions import captions as draw_captions
 from xmatch.signs.world import Board, render, sample_group
 
@@ -94,7 +93,7 @@ def open_signs(
     folder = signs_folder(base, size, seed, canvas)
     if not folder.is_dir():
         check_may_generate("signs", base, folder, generate, explicit=root is not None, what="signs sets")
-    _build_once(folder, lambda tmp: write_signs(tmp, size, seed, canvas, progress))
+    build_once(folder, lambda tmp: write_signs(tmp, size, seed, canvas, progress))
     return ImageCaptionsDataset(folder, split)
 
 
@@ -124,7 +123,7 @@ def sample_boards(seed: int, group: int, canvas: int = 256) -> tuple[Board, Boar
         >>> sample_boards(0, 0)[1].variant in ("colour", "roles", "glyph")
         True
     """
-    return sample_group(_rng(seed, group, BOARD_STREAM), canvas)
+    return sample_group(stream_rng(seed, group, BOARD_STREAM), canvas)
 
 
 def write_signs(folder: Path, size: str, seed: int, canvas: int, progress: bool = True) -> None:
@@ -133,7 +132,7 @@ def write_signs(folder: Path, size: str, seed: int, canvas: int, progress: bool 
     (every sign, box, backdrop and twin)."""
 
     def draw_pair(group: int) -> list[tuple[np.ndarray, list[str], dict[str, Any], str]]:
-        caption_rng = _rng(seed, group, CAPTION_STREAM)
+        caption_rng = stream_rng(seed, group, CAPTION_STREAM)
         return [(render(board, canvas), draw_captions(board, caption_rng, CAPTIONS_PER_IMAGE), _record(board), board.variant)
                 for board in sample_boards(seed, group, canvas)]
 

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from xmatch.data.generated import SPLITS, check_may_generate, read_records, world_cache, write_twin_pairs
+from xmatch.data.generated import SPLITS, build_once, check_may_generate, read_records, stream_rng, world_cache, write_json, write_twin_pairs
 from xmatch.data.image_captions import ImageCaptionsDataset
 from xmatch.data.teran import TeranDataset
-from xmatch.scenes.dataset import _build_once, _rng, _write_json, features_folder_name
+from xmatch.scenes.dataset import features_folder_name
 from xmatch.tabletop.captions import captions as draw_captions
 from xmatch.tabletop.captions import describe
 from xmatch.tabletop.world import Table, Thing, render, sample_group
@@ -106,11 +106,11 @@ def open_tabletop(
     folder = tabletop_folder(base, size, seed, canvas)
     if not folder.is_dir():
         check_may_generate("tabletop", base, folder, generate, explicit=root is not None, what="tabletop sets")
-    _build_once(folder, lambda tmp: write_tables(tmp, size, seed, canvas, progress))
+    build_once(folder, lambda tmp: write_tables(tmp, size, seed, canvas, progress))
     if layout == "images":
         return ImageCaptionsDataset(folder, split)
     features = folder / features_folder_name(regions, backbone, weights)
-    _build_once(features, lambda tmp: write_features(folder, tmp, regions, backbone, weights, seed, batch_size, progress))
+    build_once(features, lambda tmp: write_features(folder, tmp, regions, backbone, weights, seed, batch_size, progress))
     return TeranDataset(folder, split, captions=folder / KARPATHY_FILE, sizes=folder / SIZES_FILE, features=features)
 
 
@@ -170,7 +170,7 @@ def sample_tables(seed: int, group: int, canvas: int = 224) -> tuple[Table, Tabl
         >>> sample_tables(0, 0)[1].variant in ("roles", "colour", "pattern", "relation", "count")
         True
     """
-    return sample_group(_rng(seed, group, TABLE_STREAM), canvas)
+    return sample_group(stream_rng(seed, group, TABLE_STREAM), canvas)
 
 
 def tabletop_captions(n: int, seed: int = 0, canvas: int = 224) -> list[str]:
@@ -186,7 +186,7 @@ def tabletop_captions(n: int, seed: int = 0, canvas: int = 224) -> list[str]:
     out: list[str] = []
     group = 0
     while len(out) < n:
-        caption_rng = _rng(seed, group, CAPTION_STREAM)
+        caption_rng = stream_rng(seed, group, CAPTION_STREAM)
         for table in sample_tables(seed, group, canvas):
             out += draw_captions(table, caption_rng, CAPTIONS_PER_IMAGE)
         group += 1
@@ -199,7 +199,7 @@ def write_tables(folder: Path, size: str, seed: int, canvas: int, progress: bool
     ``tabletop.json`` (every object, box, relation and twin)."""
 
     def draw_pair(group: int) -> list[tuple[np.ndarray, list[str], dict[str, Any], str]]:
-        caption_rng = _rng(seed, group, CAPTION_STREAM)
+        caption_rng = stream_rng(seed, group, CAPTION_STREAM)
         out = []
         for table in sample_tables(seed, group, canvas):
             image, boxes = render(table, canvas)
@@ -245,7 +245,7 @@ def write_features(
         images = [np.asarray(Image.open(tables / "images" / f"{r['id']}.png").convert("RGB")) for r in batch]
         boxes = np.stack([
             proposal_boxes(np.array([t["box"] for t in r["things"]], dtype=np.float64), canvas, regions,
-                           _rng(seed, r["id"], BOX_STREAM))
+                           stream_rng(seed, r["id"], BOX_STREAM))
             for r in batch
         ])
         for r, f, b in zip(batch, extractor(images, boxes), boxes):
@@ -253,7 +253,7 @@ def write_features(
             np.save(folder / "bu_box" / f"{r['id']}.npy", b)
         bar.update(len(batch))
     bar.close()
-    _write_json(folder / FEATURES_FILE, {
+    write_json(folder / FEATURES_FILE, {
         "regions": regions, "backbone": backbone, "weights": weights, "seed": seed,
         "feature_dim": extractor.feature_dim, "dtype": "float16", "version": GENERATOR_VERSION,
         "boxes": "the objects' boxes first (as in tabletop.json), then jittered copies, the whole image, "
