@@ -58,13 +58,13 @@ from typing import Any
 
 
 #: the settings before the defaults changed (RoIConfig's): the picture at 224 px, stride 32
-AT_224 = ["--image-size", "224", "--output-stride", "32"]
+AT_224 = ["--image-size", "224", "--output-stride", "32", "--mode", "roi"]
 #: the bottom-up convention (xmatch extract's defaults): shorter side 600 px, a stride-16 map
-AT_600 = ["--image-size", "600", "--output-stride", "16"]
+AT_600 = ["--image-size", "600", "--output-stride", "16", "--mode", "roi"]
 #: the picture at 224 px on a stride-16 map (the last stage dilated)
-AT_224_S16 = ["--image-size", "224", "--output-stride", "16"]
+AT_224_S16 = ["--image-size", "224", "--output-stride", "16", "--mode", "roi"]
 #: the picture at its own size (the scenes' 224-px canvas, never upscaled) on a stride-8 map
-AT_224_S8 = ["--image-size", "224", "--output-stride", "8"]
+AT_224_S8 = ["--image-size", "224", "--output-stride", "8", "--mode", "roi"]
 #: each box cut out of the picture at 600 px and encoded alone at 96 px on the dilated stride-16
 #: map (a 6 x 6 map of each crop): how the tables' crop rows were made (xmatch extract's defaults then)
 CROPPED = ["--image-size", "600", "--output-stride", "16", "--mode", "crop", "--crop-size", "96"]
@@ -96,10 +96,10 @@ ROWS = [
     Row("windows-224-s8", "windows; 224 (no upscaling), stride 8", "windows", roi=AT_224_S8),
     Row("windows-crop", "windows; crops of 96 px", "windows", roi=CROPPED),
     Row("windows-crop-s32", "windows; crops of 96 px on the stride-32 map", "windows", roi=CROPPED_S32),
-    Row("ss-224", "selective-search; 224, stride 32", "selective-search"),
-    Row("ss-224-s16", "selective-search; 224, stride 16", "selective-search", roi=AT_224_S16),
-    Row("ss-600", "selective-search; 600, stride 16", "selective-search", roi=AT_600),
-    Row("ss-crop", "selective-search; crops of 96 px", "selective-search", roi=CROPPED),
+    Row("ss-224", "selective-search; 224, stride 32", "selective-search", ["segment_side=224"]),
+    Row("ss-224-s16", "selective-search; 224, stride 16", "selective-search", ["segment_side=224"], roi=AT_224_S16),
+    Row("ss-600", "selective-search; 600, stride 16", "selective-search", ["segment_side=224"], roi=AT_600),
+    Row("ss-crop", "selective-search; crops of 96 px", "selective-search", ["segment_side=224"], roi=CROPPED),
     Row("ss-mixed8", "selective-search (segmented at 160 px); the first 8 cropped at 96 px, the rest pooled at 224, stride 16",
         "selective-search", ["segment_side=160"], roi=MIXED8),
     Row("boxes-mixed8", "boxes: the drawn objects first; the first 8 cropped at 96 px, the rest pooled at 224, stride 16",

@@ -48,46 +48,53 @@ import torch
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry")
 #: the settings before the bottom-up defaults: the pretrained input size, the backbone's own stride
-AT_224 = {"image_size": 224, "output_stride": 32}
+AT_224 = {"image_size": 224, "output_stride": 32, "mode": "roi"}
+#: xmatch extract's defaults, pinned (rows keep their meaning if the defaults change): 600 px, stride 16, pooled
+AT_600 = {"image_size": 600, "output_stride": 16, "mode": "roi"}
+#: selective search as its rows were first measured (segmented at 224 px, its default)
+SS_224 = {"name": "selective-search", "segment_side": 224}
 #: name -> (pipeline table, as RegionPipeline.from_table reads it; what the row is)
 ROWS = {
     "grid-lite0": ({"proposer": "grid", "roi": AT_224}, "grid 6x6, EfficientNet-Lite0, shorter side 224, stride 32"),
     "windows-lite0": ({"proposer": "windows", "roi": AT_224}, "windows 36, EfficientNet-Lite0, shorter side 224, stride 32"),
     "windows-lite0-448": (
-        {"proposer": "windows", "roi": {"image_size": 448, "output_stride": 32}},
+        {"proposer": "windows", "roi": {"image_size": 448, "output_stride": 32, "mode": "roi"}},
         "windows 36, EfficientNet-Lite0, shorter side 448, stride 32",
     ),
-    "windows-lite0-600-s16": ({"proposer": "windows"}, "windows 36, EfficientNet-Lite0, shorter side 600, stride 16 (the defaults)"),
+    "windows-lite0-600-s16": (
+        {"proposer": "windows", "roi": AT_600},
+        "windows 36, EfficientNet-Lite0, shorter side 600, stride 16 (the defaults)",
+    ),
     "windows-lite0-crop-s16": (
-        {"proposer": "windows", "roi": {"output_stride": 16, "mode": "crop"}},
+        {"proposer": "windows", "roi": {"image_size": 600, "output_stride": 16, "mode": "crop"}},
         "windows 36, EfficientNet-Lite0, crops of 96 px from the picture at 600, stride 16",
     ),
     "windows-lite0-crop-s32": (
-        {"proposer": "windows", "roi": {"output_stride": 32, "mode": "crop"}},
+        {"proposer": "windows", "roi": {"image_size": 600, "output_stride": 32, "mode": "crop"}},
         "windows 36, EfficientNet-Lite0, crops of 96 px from the picture at 600, stride 32",
     ),
     "selective-search-224": (
-        {"proposer": "selective-search", "roi": AT_224},
+        {"proposer": SS_224, "roi": AT_224},
         "selective-search 36, EfficientNet-Lite0, shorter side 224, stride 32",
     ),
     "selective-search-224-s16": (
-        {"proposer": "selective-search", "roi": {"image_size": 224, "output_stride": 16}},
+        {"proposer": SS_224, "roi": {"image_size": 224, "output_stride": 16, "mode": "roi"}},
         "selective-search 36, EfficientNet-Lite0, shorter side 224, stride 16",
     ),
     "windows-lite0-224-s16": (
-        {"proposer": "windows", "roi": {"image_size": 224, "output_stride": 16}},
+        {"proposer": "windows", "roi": {"image_size": 224, "output_stride": 16, "mode": "roi"}},
         "windows 36, EfficientNet-Lite0, shorter side 224, stride 16",
     ),
     "selective-search-crop-s16": (
-        {"proposer": "selective-search", "roi": {"output_stride": 16, "mode": "crop"}},
+        {"proposer": SS_224, "roi": {"image_size": 600, "output_stride": 16, "mode": "crop"}},
         "selective-search 36, EfficientNet-Lite0, crops of 96 px from the picture at 600, stride 16",
     ),
     "selective-search-crop": (
-        {"proposer": "selective-search", "roi": {"output_stride": 32, "mode": "crop"}},
+        {"proposer": SS_224, "roi": {"image_size": 600, "output_stride": 32, "mode": "crop"}},
         "selective-search 36, EfficientNet-Lite0, crops of 96 px from the picture at 600",
     ),
     "selective-search-160-224-s16": (
-        {"proposer": {"name": "selective-search", "segment_side": 160}, "roi": {"image_size": 224, "output_stride": 16}},
+        {"proposer": {"name": "selective-search", "segment_side": 160}, "roi": {"image_size": 224, "output_stride": 16, "mode": "roi"}},
         "selective-search 36 (segmented at 160 px), EfficientNet-Lite0, shorter side 224, stride 16",
     ),
     "selective-search-160-mixed8-s16": (
@@ -111,13 +118,14 @@ ROWS = {
         "selective-search 36 (segmented at 160 px), the first 12 cropped at 64 px, the rest pooled at 224, stride 16",
     ),
     "windows-lite2": (
-        {"proposer": "windows", "roi": {"backbone": "efficientnet_lite2", "image_size": None, "output_stride": 32}},
+        {"proposer": "windows", "roi": {"backbone": "efficientnet_lite2", "image_size": None, "output_stride": 32, "mode": "roi"}},
         "windows 36, EfficientNet-Lite2, shorter side 260 (256), stride 32",
     ),
     # random weights (nothing is downloaded here): the network runs in full, but hardly any box
     # passes the 0.2 threshold, so the per-class NMS of a trained detector's boxes is not timed
     "detector-mobilenet": (
-        {"proposer": {"name": "torchvision-detector", "backbone": "fasterrcnn_mobilenet_v3_large_fpn", "weights": None}},
+        {"proposer": {"name": "torchvision-detector", "backbone": "fasterrcnn_mobilenet_v3_large_fpn", "weights": None},
+         "roi": AT_600},
         "Faster R-CNN MobileNetV3-FPN (800 px, random weights) + EfficientNet-Lite0",
     ),
 }

@@ -43,8 +43,8 @@ ROWS: dict[str, dict[str, Any]] = {
     "windows": {"name": "windows", "regions": 36},
     "grid-6x6": {"name": "grid", "regions": 36},
     "grid-7x7": {"name": "grid", "regions": 49},  # 49 boxes: all are counted
-    "selective-search": {"name": "selective-search", "regions": 36},
-    "selective-search-hierarchy": {"name": "selective-search", "regions": 36, "ranking": "hierarchy"},
+    "selective-search": {"name": "selective-search", "regions": 36, "segment_side": 224},  # its default, pinned
+    "selective-search-hierarchy": {"name": "selective-search", "regions": 36, "ranking": "hierarchy", "segment_side": 224},
     "selective-search-160": {"name": "selective-search", "regions": 36, "segment_side": 160},
 }
 IOUS = (0.5, 0.7)

@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=11, help="copies of the 6 photos (default 11: 66 pictures)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray cluster (default 2)")
-    parser.add_argument("--image-size", type=int, help="shorter side fed to the backbone (default: the extractor's, 600)")
+    parser.add_argument("--image-size", type=int, help="shorter side fed to the backbone (default: 600, the extractor's)")
     parser.add_argument("--batch-size", type=int, default=4, help="images per chunk (default 4)")
     args = parser.parse_args()
     if os.environ.get("OMP_NUM_THREADS") != "1":
@@ -118,7 +118,8 @@ def main() -> None:
     from xmatch.extract import extract
     from xmatch.regions import RegionPipeline
 
-    roi = {} if args.image_size is None else {"image_size": args.image_size}
+    # windows pooled from a stride-16 map (xmatch extract's defaults), pinned as docs/scale.md measured them
+    roi = {"image_size": args.image_size or 600, "output_stride": 16, "mode": "roi"}
     # Ray starts its workers at nice 15; here they compete with the other jobs on equal terms
     os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, logging_level="WARNING")

@@ -104,7 +104,7 @@ class RegionFeatureExtractor:
         self.extractor = RoIFeatureExtractor(RoIConfig(
             # output_stride=None: the backbone's own (32), which the shipped scenes features used
             backbone, weights=weights, image_size=image_size, output_stride=None,
-            resize="square", pool_bins=POOL_BINS, pool_samples=POOL_SAMPLES, seed=seed,
+            resize="square", pool_bins=POOL_BINS, pool_samples=POOL_SAMPLES, seed=seed, mode="roi",
         ), fold_norms=False)  # the benchmark's files stay byte for byte those of its version
         self.backbone = self.extractor.backbone
         self.image_size = image_size
