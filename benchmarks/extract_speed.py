@@ -53,6 +53,17 @@ AT_224 = {"image_size": 224, "output_stride": 32, "mode": "roi"}
 AT_600 = {"image_size": 600, "output_stride": 16, "mode": "roi"}
 #: selective search as its rows were first measured (segmented at 224 px, its default)
 SS_224 = {"name": "selective-search", "segment_side": 224}
+
+
+def mixed_row(crops: int, crop_size: int, stride: int) -> tuple[dict, str]:
+    """A ``--mode mixed`` row: selective-search boxes (segmented at 160 px), the first ``crops``
+    cropped at ``crop_size`` px, the rest pooled from the 224-px map of the given stride."""
+    roi = {"image_size": 224, "output_stride": stride, "mode": "mixed", "crop_regions": crops, "crop_size": crop_size}
+    return ({"proposer": {"name": "selective-search", "segment_side": 160}, "roi": roi},
+            f"selective-search 36 (segmented at 160 px), the first {crops} cropped at {crop_size} px, the rest pooled "
+            f"at 224, stride {stride}")
+
+
 #: name -> (pipeline table, as RegionPipeline.from_table reads it; what the row is)
 ROWS = {
     "grid-lite0": ({"proposer": "grid", "roi": AT_224}, "grid 6x6, EfficientNet-Lite0, shorter side 224, stride 32"),
@@ -97,26 +108,8 @@ ROWS = {
         {"proposer": {"name": "selective-search", "segment_side": 160}, "roi": {"image_size": 224, "output_stride": 16, "mode": "roi"}},
         "selective-search 36 (segmented at 160 px), EfficientNet-Lite0, shorter side 224, stride 16",
     ),
-    "selective-search-160-mixed8-s16": (
-        {"proposer": {"name": "selective-search", "segment_side": 160},
-         "roi": {"image_size": 224, "output_stride": 16, "mode": "mixed", "crop_regions": 8}},
-        "selective-search 36 (segmented at 160 px), the first 8 cropped at 96 px, the rest pooled at 224, stride 16",
-    ),
-    "selective-search-160-mixed8-s32": (
-        {"proposer": {"name": "selective-search", "segment_side": 160},
-         "roi": {"image_size": 224, "output_stride": 32, "mode": "mixed", "crop_regions": 8}},
-        "selective-search 36 (segmented at 160 px), the first 8 cropped at 96 px, the rest pooled at 224, stride 32",
-    ),
-    "selective-search-160-mixed12-s16": (
-        {"proposer": {"name": "selective-search", "segment_side": 160},
-         "roi": {"image_size": 224, "output_stride": 16, "mode": "mixed", "crop_regions": 12}},
-        "selective-search 36 (segmented at 160 px), the first 12 cropped at 96 px, the rest pooled at 224, stride 16",
-    ),
-    "selective-search-160-mixed12-64-s16": (
-        {"proposer": {"name": "selective-search", "segment_side": 160},
-         "roi": {"image_size": 224, "output_stride": 16, "mode": "mixed", "crop_regions": 12, "crop_size": 64}},
-        "selective-search 36 (segmented at 160 px), the first 12 cropped at 64 px, the rest pooled at 224, stride 16",
-    ),
+    **{f"selective-search-160-mixed{n}{'' if size == 96 else f'-{size}'}-s{stride}": mixed_row(n, size, stride)
+       for n, size, stride in ((8, 96, 16), (8, 96, 32), (12, 96, 16), (12, 64, 16))},
     "windows-lite2": (
         {"proposer": "windows", "roi": {"backbone": "efficientnet_lite2", "image_size": None, "output_stride": 32, "mode": "roi"}},
         "windows 36, EfficientNet-Lite2, shorter side 260 (256), stride 32",
