@@ -163,3 +163,25 @@ def test_extract_without_a_pipeline_takes_the_defaults(tmp_path):
     assert manifest["pipeline"]["proposer"]["name"] == "windows" and manifest["pipeline"]["stride"] == 16
     # the shorter side at 600 px (a multiple of 16), the aspect kept
     assert manifest["pipeline"]["input"]["side"] == 600
+
+
+def test_an_extraction_made_before_crop_regions_existed_resumes(tmp_path, capsys):
+    import json
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(5)
+    for name in ("a.png", "b.png"):
+        Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(photos / name)
+    out = tmp_path / "feats"
+    args = ["extract", str(photos), "--out", str(out), "--backbone", "test_efficientnet", "--weights", "random",
+            "--image-size", "64", "--regions", "4", "--no-progress", "--workers", "0"]
+    assert cli(args) == 0
+    manifest = json.loads((out / "extract.json").read_text())
+    del manifest["pipeline"]["roi"]["crop_regions"]  # as a manifest written before the setting
+    manifest["complete"] = False
+    (out / "extract.json").write_text(json.dumps(manifest))
+    assert cli([*args, "--resume"]) == 0, capsys.readouterr().err
+    # a setting that does change the features is still refused
+    assert cli([*args, "--resume", "--mode", "mixed"]) != 0
+    assert "pipeline.roi.mode: 'roi' -> 'mixed'" in capsys.readouterr().err
