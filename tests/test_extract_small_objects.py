@@ -4,7 +4,9 @@ the manifest that rebuilds the pipeline."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,15 +131,22 @@ def test_crop_features_do_not_depend_on_the_batch_and_take_empty_sets():
     assert ex.encode_crops(ex.normalize(pixels[0][None]), torch.zeros(0, 4)).shape == (0, ex.feature_dim)
 
 
-def test_extract_records_the_mode_and_rebuilds_it(tmp_path, capsys):
+def small_extraction(tmp_path, seed: int) -> tuple[Path, Path, list[str]]:
+    """Two random 64 x 48 pictures, their output folder and the ``xmatch extract`` arguments
+    (the random-weight test backbone at 64 px, 4 regions)."""
     photos = tmp_path / "photos"
     photos.mkdir()
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     for name in ("a.png", "b.png"):
         Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(photos / name)
     out = tmp_path / "feats"
     args = ["extract", str(photos), "--out", str(out), "--backbone", "test_efficientnet", "--weights", "random",
             "--image-size", "64", "--regions", "4", "--no-progress", "--workers", "0"]
+    return photos, out, args
+
+
+def test_extract_records_the_mode_and_rebuilds_it(tmp_path, capsys):
+    photos, out, args = small_extraction(tmp_path, 3)
     assert cli([*args, "--mode", "crop", "--crop-size", "32"]) == 0
     roi = read_manifest(out)["pipeline"]["roi"]
     assert (roi["mode"], roi["crop_size"], roi["output_stride"]) == ("crop", 32, 16)
@@ -166,16 +175,7 @@ def test_extract_without_a_pipeline_takes_the_defaults(tmp_path):
 
 
 def test_an_extraction_made_before_crop_regions_existed_resumes(tmp_path, capsys):
-    import json
-
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    rng = np.random.default_rng(5)
-    for name in ("a.png", "b.png"):
-        Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(photos / name)
-    out = tmp_path / "feats"
-    args = ["extract", str(photos), "--out", str(out), "--backbone", "test_efficientnet", "--weights", "random",
-            "--image-size", "64", "--regions", "4", "--no-progress", "--workers", "0"]
+    _, out, args = small_extraction(tmp_path, 5)
     assert cli(args) == 0
     manifest = json.loads((out / "extract.json").read_text())
     del manifest["pipeline"]["roi"]["crop_regions"]  # as a manifest written before the setting
