@@ -41,7 +41,7 @@ from xmatch.core.errors import XmatchError
 from xmatch.extract.captions import ImageRecord, read_records
 from xmatch.extract.chunks import STATE, ChunkSet, chunk_file, read_chunk, run_chunk
 from xmatch.io.pictures import MAX_BATCH_PIXELS, MAX_PIXELS
-from xmatch.regions.manifest import FORMAT, MANIFEST, ManifestError, read_manifest, settings_differences, with_added_settings
+from xmatch.regions.manifest import FORMAT, MANIFEST, ManifestError, canonical_pipeline, read_manifest, settings_differences
 from xmatch.regions.pipeline import RegionPipeline
 from xmatch.extract.writers import (
     DATASET_FILE,
@@ -398,7 +398,7 @@ def _prepare(out: Path, manifest: dict[str, Any], resume: bool, overwrite: bool,
                     "--overwrite to start again.")
         else:
             recorded = {k: old.get(k) for k in COMPARED}
-            recorded["pipeline"] = with_added_settings(recorded["pipeline"])
+            recorded["pipeline"] = canonical_pipeline(recorded["pipeline"])
             differences = settings_differences(recorded, {k: manifest[k] for k in COMPARED})
             if differences:
                 return (f"error:--resume: {path} was made with other settings ({'; '.join(differences[:6])}); "

@@ -95,23 +95,26 @@ def _problem(doc: dict[str, Any]) -> str | None:
     return None
 
 
-#: RoI settings added to format 3 after its first manifests were written, with the value that
-#: gives those manifests' features (``crop_regions`` acts in ``mode="mixed"`` only, which they
-#: could not hold)
-ADDED_ROI_SETTINGS: dict[str, Any] = {"crop_regions": 8}
-
-
-def with_added_settings(pipeline: Any) -> Any:
-    """A recorded ``pipeline`` table with the RoI settings added since it was written, so that
-    resuming an extraction made before them does not count them as changes.
+def canonical_pipeline(pipeline: Any) -> Any:
+    """A recorded ``pipeline`` table with its ``roi`` table as :class:`RoIConfig` reads it (a
+    setting left out takes its default), so that comparing two runs' settings compares what
+    they mean, not which keys were written.
 
     Example:
-        >>> with_added_settings({"roi": {"mode": "roi"}})["roi"]
-        {'crop_regions': 8, 'mode': 'roi'}
+        >>> canonical_pipeline({"roi": {"mode": "roi"}})["roi"]["crop_regions"]
+        8
     """
+    from dataclasses import asdict
+
+    from xmatch.regions.config import RoIConfig
+
     if not (isinstance(pipeline, dict) and isinstance(pipeline.get("roi"), dict)):
         return pipeline
-    return {**pipeline, "roi": {**ADDED_ROI_SETTINGS, **pipeline["roi"]}}
+    try:
+        roi = asdict(RoIConfig.from_table(pipeline["roi"]))
+    except (TypeError, ValueError):  # unreadable settings: compared as written, so the difference is named
+        return pipeline
+    return {**pipeline, "roi": roi}
 
 
 def settings_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
