@@ -322,6 +322,42 @@ def test_rerank_scores_verifies_each_pair_once():
     assert out["t2i"][2, 0] == scores[2, 0] and out["i2t"][0, 1] == scores[0, 1]
 
 
+def test_rerank_scores_calls_the_verifier_with_captions_of_like_length():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.rand(8, 12, generator=g)
+    lengths = torch.randint(3, 30, (12,), generator=g)
+    calls = []
+
+    def logits(i, t):
+        calls.append((i, t))
+        return torch.sin(i * 1.7 + t * 0.3)  # any pair function: the output must not depend on the calls
+
+    by_length = rerank_scores(scores, 4, logits, ("t2i", "i2t"), batch_size=8, text_lengths=lengths)
+    images, texts = (torch.cat(side) for side in zip(*calls))
+    assert lengths[texts].diff().min() >= 0  # shortest captions first, across the calls
+    pairs = set(zip(images.tolist(), texts.tolist()))
+    assert len(pairs) == len(texts)  # each pair once
+    calls.clear()
+    in_image_order = rerank_scores(scores, 4, logits, ("t2i", "i2t"), batch_size=8)
+    images, texts = (torch.cat(side) for side in zip(*calls))
+    assert set(zip(images.tolist(), texts.tolist())) == pairs
+    assert lengths[texts].diff().min() < 0  # in image order the calls mix lengths
+    for direction in ("t2i", "i2t"):
+        assert torch.equal(by_length[direction], in_image_order[direction])
+    with pytest.raises(ValueError, match=r"one length per caption, \[12\]; got \(11,\)"):
+        rerank_scores(scores, 4, logits, text_lengths=lengths[:11])
+
+
+def test_model_rerank_gives_the_same_order_whatever_the_verifier_calls_hold(model, encoded):
+    img, txt = encoded
+    with torch.inference_mode():
+        scores = model.similarity(img, txt)
+        one_call = model.rerank(scores, img, txt, 3, directions=("t2i", "i2t"), batch_size=10_000)
+        small_calls = model.rerank(scores, img, txt, 3, directions=("t2i", "i2t"), batch_size=3)
+    for direction in ("t2i", "i2t"):
+        torch.testing.assert_close(small_calls[direction], one_call[direction], rtol=0, atol=1e-5)
+
+
 def test_row_gatherer_matches_padded_indexing(encoded):
     _, txt = encoded
     rows = torch.tensor([7, 0, 3, 3, 1])

@@ -147,14 +147,16 @@ def rerank_figures(
         for block, fold in zip(blocks, scored):
             block_images = encoded.images[fold]
             near = model.image_neighbours(block_images, neighbours) if neighbours else None
-            images, texts = RowGatherer(block_images), RowGatherer(encoded.captions[c * fold.start : c * fold.stop])
+            block_texts = encoded.captions[c * fold.start : c * fold.stop]
+            images, texts = RowGatherer(block_images), RowGatherer(block_texts)
 
             def verify(i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
                 nonlocal pairs
                 pairs += len(i)
                 return model.verify(images(i), texts(t), batch_size=verify_batch)
 
-            out = rerank_scores(torch.from_numpy(block), k, verify, ("i2t", "t2i"), verify_batch, image_neighbours=near)
+            out = rerank_scores(torch.from_numpy(block), k, verify, ("i2t", "t2i"), verify_batch, image_neighbours=near,
+                                text_lengths=block_texts.lengths)
             for direction, scores in out.items():
                 reranked[direction].append(scores.numpy())
             bar.update(1)

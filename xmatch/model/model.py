@@ -310,7 +310,7 @@ class MatchingModel(nn.Module):
         images, texts = RowGatherer(img), RowGatherer(txt)
         return rerank_scores(
             scores, k, lambda i, t: self.verify(images(i), texts(t), batch_size=batch_size), directions, batch_size,
-            image_neighbours=near,
+            image_neighbours=near, text_lengths=txt.lengths,
         )
 
     def image_neighbours(self, img: Embeddings | BucketedEmbeddings, m: int) -> torch.Tensor:

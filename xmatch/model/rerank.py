@@ -135,13 +135,17 @@ def rerank_scores(
     directions: Sequence[str] = ("t2i",),
     batch_size: int = PAIR_BATCH,
     image_neighbours: torch.Tensor | None = None,
+    text_lengths: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Re-rank each query's top-``k`` of ``scores`` by ``score_pairs`` (see the module's
     docstring for what the returned matrices hold).
 
     Every pair that is among the top-``k`` of its caption or of its image (in any of the
     ``directions``) is scored once, ``batch_size`` pairs per call; nothing larger than the
-    score matrix and the ``k`` candidates of each query is held.
+    score matrix and the ``k`` candidates of each query is held. With ``text_lengths`` the
+    pairs are scored shortest caption first, so that a call holds captions of about one
+    length: a verifier pads a call's captions to its longest, and pairs in corpus order mix a
+    long caption into nearly every call.
 
     Args:
         scores: ``[n_images, n_texts]`` first-stage scores.
@@ -153,6 +157,8 @@ def rerank_scores(
             also hold the ``m`` nearest images of each of their top ``k`` (so up to
             ``k * (1 + m)`` candidates a caption), and ``i2t`` lists the captions whose list
             holds the image (no pair more to verify); None: the top ``k`` alone.
+        text_lengths: ``[n_texts]`` words of each caption (``Embeddings.lengths``), to order
+            the calls by; None: pairs in image order. The logits are the same either way.
 
     Returns:
         ``{direction: [n_images, n_texts] float32 scores}``, on the device of ``scores``.
@@ -170,6 +176,8 @@ def rerank_scores(
         raise ValueError(f"batch_size must be positive, got {batch_size}.")
     scores = scores.float()
     n_img, n_txt = scores.shape
+    if text_lengths is not None and tuple(text_lengths.shape) != (n_txt,):
+        raise ValueError(f"text_lengths must hold one length per caption, [{n_txt}]; got {tuple(text_lengths.shape)}.")
     top = {}
     if "t2i" in directions:
         top["t2i"] = scores.topk(min(k, n_img), dim=0).indices  # [k, n_txt]: image rows
@@ -186,10 +194,15 @@ def rerank_scores(
         ids.append((torch.arange(n_img, device=scores.device)[:, None] * n_txt + top["i2t"]).flatten())
     # pairs in both short lists are scored once; sorted by image, so a batch holds few images
     unique, inverse = torch.cat(ids).unique(return_inverse=True)
+    if text_lengths is None:
+        order = torch.arange(len(unique), device=scores.device)
+    else:  # stable: captions of one length stay in image order
+        order = torch.sort(text_lengths.to(scores.device)[unique % n_txt], stable=True).indices
     logits = torch.empty(len(unique), dtype=torch.float32, device=scores.device)
     for s in range(0, len(unique), batch_size):
-        chunk = unique[s : s + batch_size]
-        logits[s : s + batch_size] = score_pairs(chunk // n_txt, chunk % n_txt).float().to(scores.device)
+        at = order[s : s + batch_size]
+        chunk = unique[at]
+        logits[at] = score_pairs(chunk // n_txt, chunk % n_txt).float().to(scores.device)
     out, start = {}, 0
     for direction, index in top.items():
         pair_logits = logits[inverse[start : start + index.numel()]].view(index.shape)
