@@ -103,7 +103,8 @@ def test_rerank_with_an_untrained_head_warns_naming_the_figure_and_the_fix(scene
     err = capsys.readouterr().err
     assert "near chance (50.0 %)" in err and f"{measured.accuracy:.1f} % on its validation pairs (val split" in err
     # a head that learned re-ranks without a word
-    xmatch.save_pretrained(model, tmp_path / "learned", verifier_validation={**measured.record("val", 0), "accuracy": 97.0})
+    learned = {**measured.record("val", 0), "accuracy": 97.0, "rerank_rsum": measured.record("val", 0)["pooler_rsum"]}
+    xmatch.save_pretrained(model, tmp_path / "learned", verifier_validation=learned)
     assert main(["eval", f"local-dir:{tmp_path / 'learned'}", *data, "--rerank", "3"]) == 0
     assert "warning" not in capsys.readouterr().err
 
@@ -113,6 +114,17 @@ def test_near_chance_is_within_ten_points():
     assert "near chance" in validation_warning(record, "m", 20)
     assert validation_warning({**record, "accuracy": 60.0}, "m", 20) is None
     assert "no recorded validation" in validation_warning(None, "m", 20)
+
+
+def test_a_head_whose_reranking_lowered_its_validation_rsum_is_named():
+    record = {"accuracy": 67.5, "chance": 50.0, "split": "val", "pairs": 867, "k": 20, "pooler_rsum": 479.6,
+              "rerank_rsum": 425.4}
+    warning = validation_warning(record, "local-dir:runs/verifier/best", 10)
+    assert "re-ranking the top 20 with local-dir:runs/verifier/best's verifier lowered its validation rsum (val split)" in warning
+    assert "from the pooler's 479.6 to 425.4" in warning and "67.5 %" in warning
+    assert validation_warning({**record, "rerank_rsum": 479.6}, "m", 20) is None  # not lowered: no word
+    assert validation_warning({k: v for k, v in record.items() if k != "rerank_rsum"}, "m", 20) is None
+    assert "near chance" in validation_warning({**record, "accuracy": 55.0}, "m", 20)  # the first thing to say
 
 
 def test_rerank_reports_the_poolers_figures_of_the_same_pass_beside_its_own(scenes):

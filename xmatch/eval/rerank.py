@@ -246,13 +246,16 @@ NEAR_CHANCE = 10.0
 def validation_warning(record: Mapping[str, Any] | None, name: str, k: int) -> str | None:
     """The warning for re-ranking with a verifier head whose recorded validation
     (:func:`xmatch.io.bundle.read_verifier_validation`) is near chance (less than
-    :data:`NEAR_CHANCE` points above it) or absent; None for a head that learned.
+    :data:`NEAR_CHANCE` points above it), says that re-ranking lowered the validation split's
+    rsum below the pooler's, or is absent; None for a head that learned.
 
     Example:
         >>> validation_warning({"accuracy": 91.0, "chance": 50.0, "split": "val"}, "m", 20) is None
         True
         >>> print(validation_warning({"accuracy": 51.0, "chance": 50.0, "split": "val", "pairs": 800}, "m", 20))
         --rerank 20: m's verifier scored 51.0 % on its validation pairs (val split, 800 pairs), near chance (50.0 %): it may have learned nothing and re-ranking with it can lower the pooler's figures. Train the head longer or on more captions (docs/training.md, "A verifier on a trained model"), or leave out --rerank.
+        >>> print(validation_warning({"accuracy": 67.5, "split": "val", "k": 20, "pooler_rsum": 479.6, "rerank_rsum": 425.4}, "m", 20))
+        --rerank 20: re-ranking the top 20 with m's verifier lowered its validation rsum (val split) from the pooler's 479.6 to 425.4 (its accuracy on the validation pairs: 67.5 %): it reads these pairs worse than the pooler does. Train the head longer or on more captions (docs/training.md, "A verifier on a trained model"), or leave out --rerank.
     """
     fix = "(docs/training.md, \"A verifier on a trained model\"), or leave out --rerank."
     if record is None or record.get("accuracy") is None:
@@ -262,14 +265,22 @@ def validation_warning(record: Mapping[str, Any] | None, name: str, k: int) -> s
             f"lowers the pooler's figures. Train it with a validation split {fix}"
         )
     accuracy, chance = float(record["accuracy"]), float(record.get("chance", 50.0))
-    if accuracy >= chance + NEAR_CHANCE:
+    split = f"{record['split']} split" if record.get("split") else ""
+    if accuracy < chance + NEAR_CHANCE:
+        where = ", ".join(x for x in (split, f"{record['pairs']:,} pairs" if record.get("pairs") else "") if x)
+        return (
+            f"--rerank {k}: {name}'s verifier scored {accuracy:.1f} % on its validation pairs"
+            f"{f' ({where})' if where else ''}, near chance ({chance:.1f} %): it may have learned nothing and re-ranking "
+            f"with it can lower the pooler's figures. Train the head longer or on more captions {fix}"
+        )
+    pooler, reranked = record.get("pooler_rsum"), record.get("rerank_rsum")
+    if pooler is None or reranked is None or float(reranked) >= float(pooler):
         return None
-    where = ", ".join(x for x in (f"{record['split']} split" if record.get("split") else "",
-                                  f"{record['pairs']:,} pairs" if record.get("pairs") else "") if x)
     return (
-        f"--rerank {k}: {name}'s verifier scored {accuracy:.1f} % on its validation pairs"
-        f"{f' ({where})' if where else ''}, near chance ({chance:.1f} %): it may have learned nothing and re-ranking "
-        f"with it can lower the pooler's figures. Train the head longer or on more captions {fix}"
+        f"--rerank {k}: re-ranking the top {record.get('k', k)} with {name}'s verifier lowered its validation rsum"
+        f"{f' ({split})' if split else ''} from the pooler's {float(pooler):.1f} to {float(reranked):.1f} (its accuracy "
+        f"on the validation pairs: {accuracy:.1f} %): it reads these pairs worse than the pooler does. Train the head "
+        f"longer or on more captions {fix}"
     )
 
 
