@@ -211,6 +211,24 @@ def test_groups_true_on_a_set_without_groups_warns_naming_the_option(fixture_ber
     assert not [r for r in caplog.records if "hard-negative groups" in r.getMessage()]
 
 
+@pytest.mark.parametrize(("scheduler", "max_steps", "warned"), [("cosine", 3, "still at 9"), ("cosine", 11, None),
+                                                                 ("cosine", None, None), ("constant", 3, None)])
+def test_a_cosine_schedule_that_max_steps_cuts_short_warns(fixture_bert, data_root, tmp_path, caplog, scheduler,
+                                                            max_steps, warned) -> None:
+    # 60 captions in batches of 10, two epochs: the cosine runs over 12 optimizer steps
+    cfg = TrainConfig(epochs=2, batch_size=10, warmup_steps=0, max_steps=max_steps, scheduler=scheduler,
+                      fused=False, tensorboard=False)
+    trainer = Trainer(tiny_model(fixture_bert), precomp(data_root), cfg, run_dir=tmp_path, device="cpu")
+    with caplog.at_level("WARNING", logger=TRAINER_LOG):
+        trainer._prepare()
+    messages = [r.getMessage() for r in caplog.records if "max_steps" in r.getMessage()]
+    if warned is None:
+        assert not messages
+        return
+    assert len(messages) == 1 and f"{warned}" in messages[0] and "over the recipe's 2 epochs (12 optimizer steps)" in messages[0]
+    assert "--set epochs=1" in messages[0] and "constant" in messages[0]
+
+
 @pytest.mark.parametrize(("warmup", "max_steps", "warned"), [(6, None, "all 6"), (4, None, "4 of the 6"),
                                                               (40, 3, "all 3"), (3, None, None), (0, None, None)])
 def test_a_schedule_that_is_mostly_warm_up_warns(fixture_bert, data_root, tmp_path, caplog, warmup, max_steps,

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import xmatch
+from xmatch.train.optim import lr_factor
 from xmatch.eval.rerank import lowered_figures, rerank_figures, rerank_table, validation_warning
 from xmatch.io.bundle import read_verifier_validation
 from xmatch.train import ConfigError, Trainer, load_recipe
@@ -187,6 +188,8 @@ def test_the_verifier_recipe_counts_steps_not_epochs_and_leaves_the_warm_up_earl
     assert recipe.max_steps == 400 and recipe.lr == 2e-3 and recipe.select_metric == "verifier_accuracy"
     assert recipe.warmup_steps <= recipe.max_steps // 10 and recipe.max_steps % recipe.val_every_steps == 0
     assert recipe.negatives is not None and recipe.negatives.groups
+    # the rate stays at 2e-3 after the warm-up: a schedule over the epochs bound would not end with the steps
+    assert recipe.scheduler == "constant" and lr_factor(recipe.max_steps - 1, recipe, 40) == 1.0
     for captions in (2_000, 5_000, 100_000):  # the epochs only bound the run
         assert recipe.epochs * -(-captions // recipe.batch_size) >= recipe.max_steps
 

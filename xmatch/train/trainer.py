@@ -33,7 +33,7 @@ from xmatch.train.config import ConfigError, TrainConfig
 from xmatch.train.distributed import Context, TrainStep, setup
 from xmatch.train.errors import NonFiniteLossError, TrainingError
 from xmatch.train.logs import CsvLog, TensorBoardLog, tensorboard_available
-from xmatch.train.optim import build_optimizer, build_scheduler, plan_groups
+from xmatch.train.optim import build_optimizer, build_scheduler, lr_factor, plan_groups
 from xmatch.io.run_folder import (
     RUN_FILE,
     RunFolderError,
@@ -293,6 +293,8 @@ class Trainer:
                 f"never reaches {cfg.lr:g}" if warmup > total else f"reaches {cfg.lr:g} only at step {warmup}",
                 max(1, total // 10),
             )
+        if cfg.scheduler == "cosine" and total < cfg.epochs * self.steps_per_epoch and ctx.is_main:
+            self._warn_cosine_cut(total)
         use_scaler = cfg.amp == "fp16"
         self.scaler = torch.amp.GradScaler(ctx.device.type) if use_scaler else None
         plan = cfg.negatives
@@ -737,6 +739,23 @@ class Trainer:
             if not tensorboard_available():
                 raise ConfigError("train -> tensorboard = true but the tensorboard package is not installed: pip install tensorboard.")
             self.tb = TensorBoardLog(self.run_dir / "tensorboard", resume_step)
+
+    def _warn_cosine_cut(self, total: int) -> None:
+        """Say when ``max_steps`` stops a cosine schedule before it has come half-way down: the
+        schedule runs over ``epochs`` (so that a resume with another ``max_steps`` keeps its
+        learning rates), and a step budget does not end it."""
+        cfg = self.config
+        end = lr_factor(total - 1, cfg, self.steps_per_epoch)
+        if end < 0.5:
+            return
+        logger.warning(
+            "train -> max_steps: the cosine schedule decays over the recipe's %d epochs (%d optimizer steps), and "
+            "max_steps = %d stops the run with the learning rate still at %.0f %% of %g. For a decay that ends with "
+            "the run, set the epochs to cover the steps (--set epochs=%d) or use a constant rate "
+            "(--set scheduler='\"constant\"').",
+            cfg.epochs, cfg.epochs * self.steps_per_epoch, total, 100 * end, cfg.lr,
+            math.ceil(total / self.steps_per_epoch),
+        )
 
     def _log_step(self, state: dict[str, Any], means: dict[str, float], pairs_per_s: float) -> None:
         if not self.ctx.is_main:
