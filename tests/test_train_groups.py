@@ -5,6 +5,7 @@ schedule that is mostly warm-up."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -211,17 +212,22 @@ def test_groups_true_on_a_set_without_groups_warns_naming_the_option(fixture_ber
     assert not [r for r in caplog.records if "hard-negative groups" in r.getMessage()]
 
 
+def schedule_warnings(fixture_bert, data_root, tmp_path, caplog, cfg: TrainConfig, about: str) -> list[str]:
+    """The warnings about ``about`` that preparing a run of ``cfg`` on the precomp fixture logs."""
+    cfg = dataclasses.replace(cfg, fused=False, tensorboard=False)
+    trainer = Trainer(tiny_model(fixture_bert), precomp(data_root), cfg, run_dir=tmp_path, device="cpu")
+    with caplog.at_level("WARNING", logger=TRAINER_LOG):
+        trainer._prepare()
+    return [r.getMessage() for r in caplog.records if about in r.getMessage()]
+
+
 @pytest.mark.parametrize(("scheduler", "max_steps", "warned"), [("cosine", 3, "still at 9"), ("cosine", 11, None),
                                                                  ("cosine", None, None), ("constant", 3, None)])
 def test_a_cosine_schedule_that_max_steps_cuts_short_warns(fixture_bert, data_root, tmp_path, caplog, scheduler,
                                                             max_steps, warned) -> None:
     # 60 captions in batches of 10, two epochs: the cosine runs over 12 optimizer steps
-    cfg = TrainConfig(epochs=2, batch_size=10, warmup_steps=0, max_steps=max_steps, scheduler=scheduler,
-                      fused=False, tensorboard=False)
-    trainer = Trainer(tiny_model(fixture_bert), precomp(data_root), cfg, run_dir=tmp_path, device="cpu")
-    with caplog.at_level("WARNING", logger=TRAINER_LOG):
-        trainer._prepare()
-    messages = [r.getMessage() for r in caplog.records if "max_steps" in r.getMessage()]
+    cfg = TrainConfig(epochs=2, batch_size=10, warmup_steps=0, max_steps=max_steps, scheduler=scheduler)
+    messages = schedule_warnings(fixture_bert, data_root, tmp_path, caplog, cfg, "max_steps")
     if warned is None:
         assert not messages
         return
@@ -234,12 +240,8 @@ def test_a_cosine_schedule_that_max_steps_cuts_short_warns(fixture_bert, data_ro
 def test_a_schedule_that_is_mostly_warm_up_warns(fixture_bert, data_root, tmp_path, caplog, warmup, max_steps,
                                                  warned) -> None:
     # 60 captions in batches of 10: 6 optimizer steps
-    cfg = TrainConfig(epochs=1, batch_size=10, warmup_steps=warmup, max_steps=max_steps, scheduler="cosine",
-                      fused=False, tensorboard=False)
-    trainer = Trainer(tiny_model(fixture_bert), precomp(data_root), cfg, run_dir=tmp_path, device="cpu")
-    with caplog.at_level("WARNING", logger=TRAINER_LOG):
-        trainer._prepare()
-    messages = [r.getMessage() for r in caplog.records if "warm-up" in r.getMessage()]
+    cfg = TrainConfig(epochs=1, batch_size=10, warmup_steps=warmup, max_steps=max_steps, scheduler="cosine")
+    messages = schedule_warnings(fixture_bert, data_root, tmp_path, caplog, cfg, "warm-up")
     if warned is None:
         assert not messages
         return
