@@ -192,7 +192,7 @@ def rerank_scores(
         ids.append((top["t2i"] * n_txt + torch.arange(n_txt, device=scores.device)).flatten())
     if "i2t" in top:
         ids.append((torch.arange(n_img, device=scores.device)[:, None] * n_txt + top["i2t"]).flatten())
-    # pairs in both short lists are scored once; sorted by image, so a batch holds few images
+    # pairs in both short lists are scored once; in image order a batch holds few images
     unique, inverse = torch.cat(ids).unique(return_inverse=True)
     if text_lengths is None:
         order = torch.arange(len(unique), device=scores.device)
