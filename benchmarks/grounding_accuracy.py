@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import torch
+from torchvision.ops import box_iou
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -85,20 +87,6 @@ def word_targets(words: Sequence[str], things: Sequence[dict]) -> list[tuple[int
     return out
 
 
-def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``[A, B]`` IoU of two sets of ``(x1, y1, x2, y2)`` boxes.
-
-    Example:
-        >>> box_iou(np.array([[0, 0, 2, 2]]), np.array([[1, 0, 3, 2], [4, 4, 5, 5]])).round(3).tolist()
-        [[0.333, 0.0]]
-    """
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.clip(rb - lt, 0, None).prod(-1)
-    area = lambda x: (x[:, 2] - x[:, 0]) * (x[:, 3] - x[:, 1])  # noqa: E731
-    return inter / (area(a)[:, None] + area(b)[None, :] - inter + 1e-9)
-
-
 #: IoU from which a region is its object's box ("grounded tightly")
 TIGHT_IOU = 0.5
 
@@ -129,7 +117,7 @@ def grounding_hits(similarity: np.ndarray, region_boxes: np.ndarray, object_boxe
         >>> [(h.cls, h.grounded, h.tight) for h in hits]
         [('noun', True, True), ('colour', False, False), ('size', True, False)]
     """
-    overlap = box_iou(region_boxes, object_boxes)  # [R, O]
+    overlap = box_iou(torch.as_tensor(region_boxes, dtype=torch.float64), torch.as_tensor(object_boxes, dtype=torch.float64)).numpy()  # [R, O]
     owner = np.where(overlap.max(1) > 0, overlap.argmax(1), -1)  # the object each region covers best
     best = similarity.argmax(1)
     return [Hit(cls, bool(owner[best[p]] == obj), bool(overlap[best[p], obj] >= TIGHT_IOU),
@@ -160,8 +148,6 @@ def world_records(world: str, root: str) -> tuple[dict[str, dict], int]:
 
 
 def measure(model_name: str, world: str, root: str, features: str | None, split: str) -> dict:
-    import torch
-
     import xmatch
     from xmatch.data import open_dataset
     from xmatch.data.layouts import choose_layout
