@@ -37,9 +37,12 @@ from torchvision.ops import box_iou
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-#: words said before a noun in both worlds' grammars (tabletop: patterns and sizes; scenes: sizes)
-PATTERN_WORDS = {"striped", "stripy", "dotted", "spotted", "polka-dot", "plain"}
-SIZE_WORDS = {"small", "little", "tiny", "large", "big"}
+from xmatch.scenes import captions as scenes_captions  # noqa: E402
+from xmatch.tabletop import captions as tabletop_captions  # noqa: E402
+
+#: words said before a colour and a noun, from the worlds' own grammars (tabletop: patterns and sizes; scenes: sizes)
+PATTERN_WORDS = {w for words in tabletop_captions.PATTERN_WORDS.values() for w in words}
+SIZE_WORDS = {w for lexicon in (tabletop_captions.SIZE_WORDS, scenes_captions.SIZE_WORDS) for words in lexicon.values() for w in words}
 WORD = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*|[^\sa-z0-9]")
 
 
