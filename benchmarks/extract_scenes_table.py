@@ -5,7 +5,7 @@ A world's pictures (``--world scenes``: the ``small`` preset's PNGs, as ``layout
 renders them, ``--objects small``: the variant whose objects are 16-40 px; ``--world
 tabletop``: household objects of 20-70 px on a grained table top, docs/tabletop.md;
 ``--world signs``: letters, words and icons of 12-60 px in eleven fonts on scikit-image's
-photos, with clutter, docs/signs.md) go through ``xmatch extract`` with different proposers
+photos, with clutter, docs/signs.md; ``--backdrop plain``: the same boards on a flat grey canvas) go through ``xmatch extract`` with different proposers
 and RoI settings; every feature set then trains TERAN-MrSw with the shipped recipe
 (``teran-mrsw-scenes`` + ``scenes-teran``: 5 epochs, batch 64, Adam 2e-4, best validation rsum
 kept; on the tabletop and the signs with ``--build-text-side``, the vocabulary from their
@@ -41,6 +41,7 @@ Usage:
     python benchmarks/extract_scenes_table.py --out runs/extract-table
     python benchmarks/extract_scenes_table.py --out runs/extract-table --objects small --rows windows,ss-crop --seeds 0,1,2
     python benchmarks/extract_scenes_table.py --out runs/extract-table --world signs --rows boxes-crop,windows,windows-600
+    python benchmarks/extract_scenes_table.py --out runs/extract-table --world signs --backdrop plain --rows boxes-crop,windows-600,ss-mixed8
 """
 
 from __future__ import annotations
@@ -130,11 +131,13 @@ class World:
     build_text_side: bool
 
 
-def open_world(world: str, data: Path | None, objects: str) -> World:
+def open_world(world: str, data: Path | None, objects: str, backdrop: str = "photos") -> World:
     """The test split of ``world`` in the images layout (generated if missing), its objects and files."""
     from xmatch.data import open_dataset
 
     options = {"objects": objects} if world == "scenes" else {}
+    if world == "signs" and backdrop != "photos":
+        options = {"backdrop": backdrop}
     test = open_dataset(world, data, split="test", layout="images", progress=False, **options)
     root = Path(test.captions_file).parent
     if world == "scenes":
@@ -153,7 +156,7 @@ def open_world(world: str, data: Path | None, objects: str) -> World:
         records = [(r["id"], r["items"]) for r in read_signs(root)]
         canvas = int(json.loads((root / "signs.json").read_text())["params"]["canvas"])
     return World(
-        name=f"scenes-{objects}" if world == "scenes" else world, dataset=world, data=data, options=options, root=root,
+        name=f"scenes-{objects}" if world == "scenes" else "-".join([world, *options.values()]), dataset=world, data=data, options=options, root=root,
         captions=root / f"dataset_{world}.json",
         canvas=canvas, objects=[(i, f"images/{i}.png", [o["box"] for o in things]) for i, things in records],
         test=test, build_text_side=world != "scenes",
@@ -299,8 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", help="comma-separated row keys (default: all): " + ", ".join(r.key for r in ROWS))
     parser.add_argument("--objects", default="standard", choices=["standard", "small"],
                         help="scenes only: the scenes (standard) or their small-object variant (objects 16-40 px)")
+    parser.add_argument("--backdrop", default="photos", choices=["photos", "plain"],
+                        help="signs only: scikit-image's photographs with clutter (photos) or a flat grey canvas (plain)")
     parser.add_argument("--seeds", default="0", help="comma-separated training seeds (default: 0)")
     args = parser.parse_args(argv)
+    if args.backdrop != "photos" and args.world != "signs":
+        parser.error("--backdrop is a signs option (--world signs).")
     keys = args.rows.split(",") if args.rows else [r.key for r in ROWS if args.world == "scenes" or r.key != "shipped"]
     by_key = {r.key: r for r in ROWS}
     unknown = sorted(set(keys) - set(by_key))
@@ -309,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.world != "scenes" and "shipped" in keys:
         parser.error("the shipped row exists for the scenes only (--world scenes).")
     seeds = [int(s) for s in args.seeds.split(",")]
-    world = open_world(args.world, args.data, args.objects)
+    world = open_world(args.world, args.data, args.objects, args.backdrop)
     # the scenes keep their folders of the first tables (runs/extract-table/standard, .../small)
     out = args.out / (args.objects if args.world == "scenes" else world.name)
     files = write_boxes_files(world, out)

@@ -17,13 +17,15 @@ Two sets:
   ranking decides which 36 boxes are kept.
 - ``tabletop``, ``signs``: the test splits of those worlds (docs/tabletop.md: objects of 20-70
   px on a table top; docs/signs.md: letters, words and icons of 12-60 px on photographs, with
-  clutter), the drawn objects' boxes from their metadata; ``--standard-images`` of them.
+  clutter), the drawn objects' boxes from their metadata; ``--standard-images`` of them;
+  ``signs-plain``: the same boards on a flat grey canvas without clutter.
 
 Usage:
     OMP_NUM_THREADS=1 python benchmarks/proposer_recall.py
     OMP_NUM_THREADS=1 python benchmarks/proposer_recall.py --rows selective-search --option segment_side=160
     OMP_NUM_THREADS=1 python benchmarks/proposer_recall.py --sets small clutter --resize 600
     OMP_NUM_THREADS=1 python benchmarks/proposer_recall.py --sets tabletop signs
+    OMP_NUM_THREADS=1 python benchmarks/proposer_recall.py --sets signs signs-plain --rows windows selective-search-160 --option regions=8
 """
 
 from __future__ import annotations
@@ -62,14 +64,14 @@ def standard_set(limit: int | None) -> list[tuple[Any, np.ndarray]]:
              np.array([o["box"] for o in r["objects"]], dtype=np.float64)) for r in records]
 
 
-def world_set(world: str, limit: int | None) -> list[tuple[Any, np.ndarray]]:
-    """The test split of the ``tabletop`` or ``signs`` world (small preset, from the cache):
-    (picture, drawn object boxes) per image."""
+def world_set(world: str, limit: int | None, **options: str) -> list[tuple[Any, np.ndarray]]:
+    """The test split of the ``tabletop`` or ``signs`` world (small preset, from the cache;
+    ``options`` as ``open_dataset`` takes them): (picture, drawn object boxes) per image."""
     from PIL import Image
 
     from xmatch.data import open_dataset
 
-    root = open_dataset(world, None, split="test", layout="images", progress=False).root
+    root = open_dataset(world, None, split="test", layout="images", progress=False, **options).root
     if world == "tabletop":
         from xmatch.tabletop.dataset import read_tables
 
@@ -178,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--sets", nargs="+", default=["standard", "small", "clutter"],
-                        choices=["standard", "small", "clutter", "tabletop", "signs"])
+                        choices=["standard", "small", "clutter", "tabletop", "signs", "signs-plain"])
     parser.add_argument("--standard-images", type=int, default=None, help="test pictures used (default: all 100)")
     parser.add_argument("--small-images", type=int, default=300)
     parser.add_argument("--skip", type=int, default=0,
@@ -202,7 +204,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "small": lambda: small_set(args.small_images)[args.skip:],
             "clutter": lambda: clutter_set(args.small_images)[args.skip:],
             "tabletop": lambda: world_set("tabletop", args.standard_images),
-            "signs": lambda: world_set("signs", args.standard_images)}
+            "signs": lambda: world_set("signs", args.standard_images),
+            "signs-plain": lambda: world_set("signs", args.standard_images, backdrop="plain")}
     print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')} options={options}")
     header = (f"{'set':9s} {'proposer':28s} {'boxes':>5s} {'objects':>7s} {'R@IoU0.5':>9s} {'R@IoU0.7':>9s} "
               f"{'mean IoU':>9s} {'ms/img':>7s} {'cpu ms':>7s} load")

@@ -63,14 +63,19 @@ def hf_bundle(trained, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["local-dir", "hf-hub"])
-def test_pretrained_false_loads_no_weights_for_a_bundle(kind, trained, hf_bundle):
+def test_pretrained_false_loads_no_weights_for_a_bundle(kind, trained, hf_bundle, caplog):
     model, directory = trained
     name = f"local-dir:{directory}" if kind == "local-dir" else "hf-hub:org/tiny"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # random weights for a bundle are not warned about
+    with warnings.catch_warnings(), caplog.at_level("WARNING", logger="xmatch"):
+        warnings.simplefilter("error")  # timm's rule, no Python warning: only a log line names the way to the weights
         fresh = xmatch.build(name, pretrained=False)
         default = xmatch.build(name)
-    assert fresh.spec == default.spec == xmatch.build(name, pretrained=True).spec
+    said = [r.getMessage() for r in caplog.records if "random weights" in r.getMessage()]
+    assert len(said) == 2 and f"build('{name}', pretrained=True)" in said[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="xmatch"):
+        assert fresh.spec == default.spec == xmatch.build(name, pretrained=True).spec
+    assert not [r for r in caplog.records if "random weights" in r.getMessage()]
     assert not same_weights(fresh, model) and not same_weights(default, model)
     assert same_weights(xmatch.build(name, pretrained=True), model)
 

@@ -16,7 +16,7 @@ from xmatch.data import open_dataset  # noqa: E402
 from xmatch.eval.groups import GroupSet  # noqa: E402
 from xmatch.signs.captions import RELATION_PHRASES, captions  # noqa: E402
 from xmatch.signs.dataset import open_signs, read_signs  # noqa: E402
-from xmatch.signs.world import COLOURS, ICONS, OPPOSITE, SIDE, holds, render, sample_group, sign_mask  # noqa: E402
+from xmatch.signs.world import COLOURS, ICONS, OPPOSITE, SIDE, holds, plain_grey, render, sample_group, sign_mask  # noqa: E402
 
 GROUPS = [sample_group(np.random.default_rng([7, g])) for g in range(40)]
 PHRASES = sorted(((p, r) for r, ps in RELATION_PHRASES.items() for p in ps), key=lambda x: -len(x[0]))
@@ -132,7 +132,40 @@ def test_the_files_fit_together(tmp_path):
     assert set(item) == {"kind", "name", "colour", "style", "box"}
 
 
+def test_plain_boards_are_the_same_signs_on_one_grey_without_photo_or_clutter():
+    for base, twin in GROUPS[:10]:
+        assert plain_grey(base) == plain_grey(twin)
+        for board in (base, twin):
+            image = render(board, backdrop="plain").astype(np.float64)
+            ground = np.ones(image.shape[:2], dtype=bool)
+            for sign in board.signs:
+                x1, y1, x2, y2 = sign.box
+                ground[y1:y2, x1:x2] = False
+                ink = sign_mask(sign) > 0.95
+                if ink.sum() >= 3:  # a thin small glyph may have no pixel wholly inked
+                    assert np.abs(image[y1:y2, x1:x2][ink].mean(0) - COLOURS[sign.colour]).max() < 20, sign
+            # outside the signs' boxes: one grey, nothing of the photograph or the clutter
+            assert np.unique(image[ground]).tolist() == [round(plain_grey(board))]
+    greys = [plain_grey(b) for b, _ in GROUPS]
+    assert max(greys) - min(greys) > 30  # the canvases are not all one grey
+
+
+def test_a_plain_set_holds_the_photo_sets_boards_and_captions_without_photographs(tmp_path):
+    photos = open_signs(tmp_path, "train", size="tiny", progress=False, generate=True)
+    plain = open_dataset("signs", tmp_path, split="train", size="tiny", backdrop="plain", progress=False)
+    assert plain.root.name == "signs-tiny-256px-seed0-plain-v1" and photos.root.name == "signs-tiny-256px-seed0-v1"
+    a, b = read_signs(photos.root), read_signs(plain.root)
+    assert [r["items"] for r in a] == [r["items"] for r in b] and [r["variant"] for r in a] == [r["variant"] for r in b]
+    assert all(set(r["backdrop"]) == {"plain"} and r["clutter"] is None for r in b)
+    assert (plain.root / "groups_train.json").read_bytes() == (photos.root / "groups_train.json").read_bytes()
+    assert any("on a picture of" in c for c in photos.captions)
+    assert not any("on a picture of" in c for c in plain.captions)
+    assert json.loads((plain.root / "signs.json").read_text())["params"]["backdrop"] == "plain"
+
+
 def test_bad_options_and_a_mistyped_folder_are_refused(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="unknown signs backdrop 'white'; use one of 'photos', 'plain'"):
+        open_signs(tmp_path, "test", size="tiny", backdrop="white")
     with pytest.raises(ValueError, match="pictures only.*xmatch extract"):
         open_signs(tmp_path, "test", size="tiny", layout="regions")
     with pytest.raises(ValueError, match="unknown signs size 'huge'; presets: tiny"):

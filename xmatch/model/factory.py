@@ -137,6 +137,12 @@ def build(
         else:
             # published weights are fetched (or refused) before the model is built
             weights = _entry_weights(entry, label, bundle_weights) if pretrained else None
+            if not pretrained and bundle_weights is not None and bundle_weights.is_file():
+                # timm's rule (no pretrained, no weights) is easy to trip over with a trained run's folder
+                logger.warning(
+                    "%s: built with random weights (pretrained=False); its trained weights (%s) load with "
+                    "build('%s', pretrained=True).", label, bundle_weights.name, label,
+                )
             net = model_from_spec(spec)
             if weights is not None:
                 _bundle.load_weights(net, weights, fresh=fresh)

@@ -10,6 +10,8 @@ relation := to the left of | left of | on the left of   (and right)
 core     := A rel B | A is rel B | there is A rel B | B rel' A            (rel' the opposite)
 caption  := core | core, with S elsewhere | core, and S nearby | on a picture of P, core | ...
 ```
+
+On a plain canvas (``photo=False``) no caption names a photograph.
 """
 
 from __future__ import annotations
@@ -71,8 +73,9 @@ def core_phrase(board: Board, rng: np.random.Generator) -> str:
     return f"{second} {rel} {first}"
 
 
-def captions(board: Board, rng: np.random.Generator, n: int) -> list[str]:
-    """``n`` different captions of the board, each stating its core.
+def captions(board: Board, rng: np.random.Generator, n: int, photo: bool = True) -> list[str]:
+    """``n`` different captions of the board, each stating its core; ``photo=False`` (a plain
+    canvas) never names the board's photograph.
 
     Example:
         >>> from xmatch.signs.world import sample_group
@@ -87,7 +90,7 @@ def captions(board: Board, rng: np.random.Generator, n: int) -> list[str]:
         if extra == 1 and len(board.signs) > 2:
             other = board.signs[2 + int(rng.integers(len(board.signs) - 2))]
             text += (", with ", ", and ")[int(rng.integers(2))] + name_sign(other, rng) + (" elsewhere", " nearby")[int(rng.integers(2))]
-        elif extra == 2:
+        elif extra == 2 and photo:
             text = f"on a picture of {PHOTOS[board.backdrop.photo]}, {text}"
         if text not in out:
             out.append(text)

@@ -19,7 +19,7 @@ import numpy as np
 from xmatch.data.generated import SPLITS, build_once, check_may_generate, read_records, stream_rng, world_cache, write_twin_pairs
 from xmatch.data.image_captions import ImageCaptionsDataset
 from xmatch.signs.captions import captions as draw_captions
-from xmatch.signs.world import Board, render, sample_group
+from xmatch.signs.world import Board, check_backdrop, plain_grey, render, sample_group
 
 #: images per split (train, val, test); each even (boards come in twin pairs)
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -45,6 +45,7 @@ def open_signs(
     size: str = "small",
     seed: int = 0,
     canvas: int = 256,
+    backdrop: str = "photos",
     layout: str = "images",
     progress: bool = True,
     generate: bool | None = None,
@@ -60,6 +61,8 @@ def open_signs(
             images, 7,000 captions), ``medium`` (12,000 images).
         seed: the same seed gives identical pictures and captions.
         canvas: picture side in pixels (at least 192).
+        backdrop: ``"photos"`` (scikit-image's photographs with clutter) or ``"plain"`` (the
+            same boards on a flat grey canvas, no clutter, no caption naming a photograph).
         layout: ``"images"`` only: make region features with ``xmatch extract``.
         progress: show a progress bar while generating.
         generate: generate the set when it is missing: None generates into the cache, and into a
@@ -89,11 +92,12 @@ def open_signs(
         raise ValueError(f"seed must be a non-negative integer, got {seed}.")
     if canvas < 192:
         raise ValueError(f"canvas must be at least 192 pixels (signs need room), got {canvas}.")
+    check_backdrop(backdrop)
     base = Path(root).expanduser() if root is not None else world_cache("signs")
-    folder = signs_folder(base, size, seed, canvas)
+    folder = signs_folder(base, size, seed, canvas, backdrop)
     if not folder.is_dir():
         check_may_generate("signs", base, folder, generate, explicit=root is not None, what="signs sets")
-    build_once(folder, lambda tmp: write_signs(tmp, size, seed, canvas, progress))
+    build_once(folder, lambda tmp: write_signs(tmp, size, seed, canvas, progress, backdrop))
     return ImageCaptionsDataset(folder, split)
 
 
@@ -105,14 +109,15 @@ def _looks_like(root: Path) -> bool:
 open_signs.looks_like = _looks_like  # type: ignore[attr-defined]
 
 
-def signs_folder(root: Path, size: str, seed: int, canvas: int) -> Path:
+def signs_folder(root: Path, size: str, seed: int, canvas: int, backdrop: str = "photos") -> Path:
     """The cache subfolder of one signs set, named by every parameter that changes it.
 
     Example:
-        >>> signs_folder(Path("cache"), "small", 0, 256).name
-        'signs-small-256px-seed0-v1'
+        >>> signs_folder(Path("cache"), "small", 0, 256).name, signs_folder(Path("cache"), "small", 0, 256, "plain").name
+        ('signs-small-256px-seed0-v1', 'signs-small-256px-seed0-plain-v1')
     """
-    return root / f"signs-{size}-{canvas}px-seed{seed}-v{GENERATOR_VERSION}"
+    kind = "" if backdrop == "photos" else f"-{backdrop}"
+    return root / f"signs-{size}-{canvas}px-seed{seed}{kind}-v{GENERATOR_VERSION}"
 
 
 def sample_boards(seed: int, group: int, canvas: int = 256) -> tuple[Board, Board]:
@@ -126,25 +131,28 @@ def sample_boards(seed: int, group: int, canvas: int = 256) -> tuple[Board, Boar
     return sample_group(stream_rng(seed, group, BOARD_STREAM), canvas)
 
 
-def write_signs(folder: Path, size: str, seed: int, canvas: int, progress: bool = True) -> None:
+def write_signs(folder: Path, size: str, seed: int, canvas: int, progress: bool = True, backdrop: str = "photos") -> None:
     """Render a signs set into ``folder``: ``images/<id>.png``, the Karpathy split file, the
     sizes file, ``<split>.csv`` captions, ``groups_<split>.json`` (the twins) and ``signs.json``
     (every sign, box, backdrop and twin)."""
 
     def draw_pair(group: int) -> list[tuple[np.ndarray, list[str], dict[str, Any], str]]:
         caption_rng = stream_rng(seed, group, CAPTION_STREAM)
-        return [(render(board, canvas), draw_captions(board, caption_rng, CAPTIONS_PER_IMAGE), _record(board), board.variant)
+        photo = backdrop == "photos"
+        return [(render(board, canvas, backdrop), draw_captions(board, caption_rng, CAPTIONS_PER_IMAGE, photo),
+                 _record(board, backdrop), board.variant)
                 for board in sample_boards(seed, group, canvas)]
 
-    params = {"size": size, "seed": seed, "canvas": canvas, "version": GENERATOR_VERSION}
+    params = {"size": size, "seed": seed, "canvas": canvas, "backdrop": backdrop, "version": GENERATOR_VERSION}
     write_twin_pairs(folder, "signs", PRESETS[size], draw_pair, (METADATA_FILE, "boards", params), progress)
 
 
-def _record(board: Board) -> dict[str, Any]:
+def _record(board: Board, backdrop: str = "photos") -> dict[str, Any]:
     b = board.backdrop
+    shown = {"photo": b.photo, "x": b.x, "y": b.y, "side": b.side} if backdrop == "photos" else {"plain": plain_grey(board)}
     return {
         "variant": board.variant, "relation": board.relation,
-        "backdrop": {"photo": b.photo, "x": b.x, "y": b.y, "side": b.side}, "clutter": board.clutter,
+        "backdrop": shown, "clutter": board.clutter if backdrop == "photos" else None,
         "items": [
             {"kind": s.kind, "name": s.name, "colour": s.colour, "style": s.style, "box": [int(v) for v in s.box]}
             for s in board.signs

@@ -16,6 +16,11 @@ Boards come in groups of two that differ in one declared detail (the twin's ``va
 ``colour`` (the core signs swap colours), ``roles`` (they swap places, so the relation turns
 round) or ``glyph`` (the first core sign becomes another letter, word or icon of the same
 colour, font and size). The twin keeps the backdrop and the clutter.
+
+``backdrop="plain"`` renders the same boards on a flat grey canvas without clutter (the
+photograph and the clutter are still drawn from the random streams, so a seed gives the same
+signs, boxes and twins either way): objects on an empty canvas, what a set of drawn glyphs and
+icons often is, against the photographs' textured, cluttered ground.
 """
 
 from __future__ import annotations
@@ -66,6 +71,10 @@ CORE_GAP = (3.0, 40.0)
 CLEARANCE = 3.0
 SIGNS = (3, 6)
 CLUTTER = (6, 14)
+#: what the signs are drawn on: scikit-image's photographs with clutter, or a flat grey canvas
+BACKDROP_KINDS: tuple[str, ...] = ("photos", "plain")
+#: the grey levels of a plain canvas (every sign colour, white included, reads on them)
+PLAIN_GREYS = (60.0, 150.0)
 SUPERSAMPLE = 4
 TRIES = 200
 
@@ -421,15 +430,38 @@ def _clutter(image: np.ndarray, seed: int, canvas: int) -> None:
     image += alpha * np.asarray(shade, dtype=np.float32)[..., None]
 
 
-def render(board: Board, canvas: int = 256) -> np.ndarray:
-    """The board's picture, ``[canvas, canvas, 3]`` uint8.
+def check_backdrop(backdrop: str) -> None:
+    """Refuse a backdrop kind other than :data:`BACKDROP_KINDS`."""
+    if backdrop not in BACKDROP_KINDS:
+        raise ValueError(f"unknown signs backdrop {backdrop!r}; use one of {', '.join(map(repr, BACKDROP_KINDS))}.")
+
+
+def plain_grey(board: Board) -> float:
+    """The grey level of the board's plain canvas (twins share it: it comes from the clutter's seed).
 
     Example:
-        >>> render(sample_group(np.random.default_rng(0))[0]).shape
-        (256, 256, 3)
+        >>> base, twin = sample_group(np.random.default_rng(0))
+        >>> plain_grey(base) == plain_grey(twin), PLAIN_GREYS[0] <= plain_grey(base) <= PLAIN_GREYS[1]
+        (True, True)
     """
-    image = _backdrop(board.backdrop, canvas)
-    _clutter(image, board.clutter, canvas)
+    return float(np.random.default_rng([board.clutter, 1]).uniform(*PLAIN_GREYS))
+
+
+def render(board: Board, canvas: int = 256, backdrop: str = "photos") -> np.ndarray:
+    """The board's picture, ``[canvas, canvas, 3]`` uint8: on its photograph with clutter, or
+    with ``backdrop="plain"`` on a flat grey canvas (:func:`plain_grey`) without clutter.
+
+    Example:
+        >>> board = sample_group(np.random.default_rng(0))[0]
+        >>> render(board).shape, len(np.unique(render(board, backdrop="plain")[:4, :4]))
+        ((256, 256, 3), 1)
+    """
+    check_backdrop(backdrop)
+    if backdrop == "plain":
+        image = np.full((canvas, canvas, 3), plain_grey(board), dtype=np.float32)
+    else:
+        image = _backdrop(board.backdrop, canvas)
+        _clutter(image, board.clutter, canvas)
     for sign in board.signs:
         x1, y1, x2, y2 = sign.box
         alpha = sign_mask(sign)[..., None]
