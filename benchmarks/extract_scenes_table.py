@@ -29,8 +29,10 @@ features: RoI-align, 2 x 2 bins of 2 x 2 samples, averaged):
 - ``ss-224``, ``ss-224-s16``, ``ss-600``, ``ss-crop``: ``selective-search`` boxes, on the
   224 px stride-32 / 224 px stride-16 / 600 px stride-16 map, or cropped;
 - ``ss-mixed8``: ``selective-search`` boxes (segmented at 160 px), its first 8 cropped at 96 px
-  and the rest pooled from the 224-px stride-16 map (``--mode mixed``); ``boxes-mixed8``: the same
-  with the drawn objects' boxes first;
+  and the rest pooled from the 224-px stride-16 map (``--mode mixed``); ``ss-mixed16``: its first
+  16 cropped; ``ss-mixed16-64``: its first 16 cropped at 64 px; ``boxes-mixed8``: the same as
+  ``ss-mixed8`` with the drawn objects' boxes first; ``ss12-crop``: ``selective-search``'s first 12
+  boxes, padded as ``boxes`` is (the whole image and grid cells) to 36, all cropped at 96 px;
 - ``grid6``, ``grid7``: 6 x 6 / 7 x 7 cells of the whole image; ``grid7-crop``: 7 x 7 cells of
   the central 87.5% (what ``timm-grid`` sees), as a boxes file.
 
@@ -74,6 +76,10 @@ CROPPED_S32 = ["--image-size", "600", "--output-stride", "32", "--mode", "crop",
 #: the proposer's first 8 boxes cut out of the picture at 224 px and encoded alone at 96 px, the
 #: others pooled from the 224-px map, all on the stride-16 map (``--mode mixed``)
 MIXED8 = ["--image-size", "224", "--output-stride", "16", "--mode", "mixed", "--crop-size", "96", "--crop-regions", "8"]
+#: the same with the first 16 boxes cropped (selective search's first 16 hold nearly every sign of a plain board)
+MIXED16 = ["--image-size", "224", "--output-stride", "16", "--mode", "mixed", "--crop-size", "96", "--crop-regions", "16"]
+#: 16 crops of 64 px (less than half the backbone work of 96-px crops)
+MIXED16_64 = ["--image-size", "224", "--output-stride", "16", "--mode", "mixed", "--crop-size", "64", "--crop-regions", "16"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,12 @@ ROWS = [
     Row("ss-crop", "selective-search; crops of 96 px", "selective-search", ["segment_side=224"], roi=CROPPED),
     Row("ss-mixed8", "selective-search (segmented at 160 px); the first 8 cropped at 96 px, the rest pooled at 224, stride 16",
         "selective-search", ["segment_side=160"], roi=MIXED8),
+    Row("ss-mixed16", "selective-search (segmented at 160 px); the first 16 cropped at 96 px, the rest pooled at 224, stride 16",
+        "selective-search", ["segment_side=160"], roi=MIXED16),
+    Row("ss-mixed16-64", "selective-search (segmented at 160 px); the first 16 cropped at 64 px, the rest pooled at 224, stride 16",
+        "selective-search", ["segment_side=160"], roi=MIXED16_64),
+    Row("ss12-crop", "selective-search (segmented at 160 px), its first 12 boxes, padded with the whole image and grid cells to 36; crops of 96 px",
+        "selective-search", ["segment_side=160", "proposals=12"], roi=CROPPED),
     Row("boxes-mixed8", "boxes: the drawn objects first; the first 8 cropped at 96 px, the rest pooled at 224, stride 16",
         "boxes", ["source={objects}"], roi=MIXED8),
     Row("grid6", "grid 6x6, whole image; 224, stride 32", "grid"),

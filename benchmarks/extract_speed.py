@@ -109,7 +109,7 @@ ROWS = {
         "selective-search 36 (segmented at 160 px), EfficientNet-Lite0, shorter side 224, stride 16",
     ),
     **{f"selective-search-160-mixed{n}{'' if size == 96 else f'-{size}'}-s{stride}": mixed_row(n, size, stride)
-       for n, size, stride in ((8, 96, 16), (8, 96, 32), (12, 96, 16), (12, 64, 16))},
+       for n, size, stride in ((8, 96, 16), (8, 96, 32), (12, 96, 16), (12, 64, 16), (16, 96, 16), (16, 64, 16))},
     "windows-lite2": (
         {"proposer": "windows", "roi": {"backbone": "efficientnet_lite2", "image_size": None, "output_stride": 32, "mode": "roi"}},
         "windows 36, EfficientNet-Lite2, shorter side 260 (256), stride 32",

@@ -69,6 +69,17 @@ def test_a_fixed_count_padded_with_the_pyramid_or_a_variable_one():
     assert (variable[1].scores[:-1] >= variable[1].scores[1:]).all()
 
 
+def test_a_few_proposals_then_the_pyramid():
+    every = SelectiveSearchProposer(regions=20)([info(picture())])[0]
+    few = SelectiveSearchProposer(regions=20, proposals=5)([info(picture())])[0]
+    assert len(few) == 20 and torch.equal(few.boxes[:5], every.boxes[:5])
+    assert (few.scores[:5] > 0).all() and (few.scores[5:] == 0).all()
+    # the padding is the pyramid of select_and_pad: the whole picture (already first) is not repeated
+    assert few.boxes[5].tolist() == [0, 0, 112, 112]
+    targets = torch.tensor([box for box, _ in RECTANGLES], dtype=torch.float32)
+    assert (iou(targets, few.boxes[:5]).max(1).values > 0.8).all()  # the objects are among the five
+
+
 @pytest.mark.parametrize("ranking", ["contrast", "hierarchy"])
 def test_the_same_picture_gives_the_same_boxes(ranking):
     image = picture()
@@ -100,6 +111,8 @@ def test_a_picture_is_needed():
     ({"strategies": []}, r"strategies must be a non-empty list"),
     ({"ranking": "random"}, r"ranking must be one of contrast, hierarchy, got 'random'"),
     ({"duplicate_iou": 0}, r"duplicate_iou must be in \(0, 1\] \(1 keeps every box\), got 0"),
+    ({"proposals": 40}, r"proposals must be a whole number from 1 to regions=36 \(selective search's own boxes; grid cells fill the rest\), got 40"),
+    ({"proposals": 0}, r"proposals must be a whole number from 1 to regions=36"),
 ])
 def test_bad_arguments_are_named_with_the_fix(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -79,6 +79,9 @@ class SelectiveSearchProposer(Proposer):
         duplicate_iou: a box overlapping a better one by more than this is dropped.
         seed: seed of the ``hierarchy`` ranking's random numbers (the same picture gives the
             same boxes).
+        proposals: at most this many of selective search's own boxes (its best; default:
+            ``regions``); the others up to ``min_regions`` are the whole image and grid cells,
+            so a set holds a few object-like boxes and the picture's context at fixed places.
 
     Example:
         >>> from PIL import Image
@@ -103,10 +106,17 @@ class SelectiveSearchProposer(Proposer):
         ranking: str = "contrast",
         duplicate_iou: float = 0.6,
         seed: int = 0,
+        proposals: int | None = None,
     ) -> None:
         super().__init__()
         self.min_regions = check_counts(regions, min_regions)
         self.regions = regions
+        if proposals is not None and (isinstance(proposals, bool) or not isinstance(proposals, int) or not 1 <= proposals <= regions):
+            raise ValueError(
+                f"proposals must be a whole number from 1 to regions={regions} (selective search's own boxes; "
+                f"grid cells fill the rest), got {proposals!r}."
+            )
+        self.proposals = regions if proposals is None else proposals
         if not scale > 0:
             raise ValueError(f"scale must be positive (Felzenszwalb's k, e.g. 300), got {scale!r}.")
         if not sigma >= 0:
@@ -149,7 +159,7 @@ class SelectiveSearchProposer(Proposer):
 
     def candidates(self, picture: Any, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
         """The ranked, de-duplicated boxes of one picture in the ``width`` x ``height`` frame
-        (at most ``regions``): ``(boxes [n, 4] float32, scores [n] float32, non-increasing)``."""
+        (at most ``proposals``): ``(boxes [n, 4] float32, scores [n] float32, non-increasing)``."""
         rgb = _shrunk(picture, self.segment_side)
         labels = _felzenszwalb()(rgb, scale=self.scale, sigma=self.sigma, min_size=self.min_size)
         tree = _Hierarchy(rgb, labels, self.strategies)
@@ -161,7 +171,7 @@ class SelectiveSearchProposer(Proposer):
             score = -level * np.random.default_rng(self.seed).random(len(level))
         score[-1] = np.inf  # the whole picture first: the context every region set keeps
         order = np.argsort(-score, kind="stable")
-        keep = _drop_duplicates(tree.box[order], self.duplicate_iou, self.regions)
+        keep = _drop_duplicates(tree.box[order], self.duplicate_iou, self.proposals)
         boxes = tree.box[order[keep]] * np.array([width, height, width, height]) / np.array(
             [rgb.shape[1], rgb.shape[0], rgb.shape[1], rgb.shape[0]])
         # scores for select_and_pad's stable sort: the rank, best = 1
