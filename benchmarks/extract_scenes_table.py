@@ -31,7 +31,8 @@ features: RoI-align, 2 x 2 bins of 2 x 2 samples, averaged):
 - ``ss-mixed8``: ``selective-search`` boxes (segmented at 160 px), its first 8 cropped at 96 px
   and the rest pooled from the 224-px stride-16 map (``--mode mixed``); ``ss-mixed16``: its first
   16 cropped; ``ss-mixed16-64``: its first 16 cropped at 64 px; ``boxes-mixed8``: the same as
-  ``ss-mixed8`` with the drawn objects' boxes first; ``ss12-crop``: ``selective-search``'s first 12
+  ``ss-mixed8`` with the drawn objects' boxes first; ``ss256-mixed16``, ``ss256-crop``: segmented at 256 px (a 256-px picture's
+  own size: tighter boxes of small objects); ``ss12-crop``: ``selective-search``'s first 12
   boxes, padded as ``boxes`` is (the whole image and grid cells) to 36, all cropped at 96 px;
 - ``grid6``, ``grid7``: 6 x 6 / 7 x 7 cells of the whole image; ``grid7-crop``: 7 x 7 cells of
   the central 87.5% (what ``timm-grid`` sees), as a boxes file.
@@ -44,6 +45,7 @@ Usage:
     python benchmarks/extract_scenes_table.py --out runs/extract-table --objects small --rows windows,ss-crop --seeds 0,1,2
     python benchmarks/extract_scenes_table.py --out runs/extract-table --world signs --rows boxes-crop,windows,windows-600
     python benchmarks/extract_scenes_table.py --out runs/extract-table --world signs --backdrop plain --rows boxes-crop,windows-600,ss-mixed8
+    python benchmarks/extract_scenes_table.py --out runs/extract-table --world signs --backdrop plain --rows boxes-crop --seeds 1 --epochs 15
 """
 
 from __future__ import annotations
@@ -113,6 +115,9 @@ ROWS = [
         "selective-search", ["segment_side=160"], roi=MIXED16),
     Row("ss-mixed16-64", "selective-search (segmented at 160 px); the first 16 cropped at 64 px, the rest pooled at 224, stride 16",
         "selective-search", ["segment_side=160"], roi=MIXED16_64),
+    Row("ss256-mixed16", "selective-search (segmented at 256 px); the first 16 cropped at 96 px, the rest pooled at 224, stride 16",
+        "selective-search", ["segment_side=256"], roi=MIXED16),
+    Row("ss256-crop", "selective-search (segmented at 256 px); crops of 96 px", "selective-search", ["segment_side=256"], roi=CROPPED),
     Row("ss12-crop", "selective-search (segmented at 160 px), its first 12 boxes, padded with the whole image and grid cells to 36; crops of 96 px",
         "selective-search", ["segment_side=160", "proposals=12"], roi=CROPPED),
     Row("boxes-mixed8", "boxes: the drawn objects first; the first 8 cropped at 96 px, the rest pooled at 224, stride 16",
@@ -204,11 +209,17 @@ def write_boxes_files(world: World, out: Path) -> dict[str, Path]:
     return files
 
 
-def commands(row: Row, world: World, out: Path, files: dict[str, Path], seed: int) -> list[list[str]]:
-    """The row's commands: extract (once for all seeds), train with ``seed``, evaluate."""
+def run_tag(seed: int, epochs: int | None = None) -> str:
+    """How a run's files are named: ``seed0``, or ``seed0-e15`` when trained for other than the recipe's epochs."""
+    return f"seed{seed}" if epochs is None else f"seed{seed}-e{epochs}"
+
+
+def commands(row: Row, world: World, out: Path, files: dict[str, Path], seed: int, epochs: int | None = None) -> list[list[str]]:
+    """The row's commands: extract (once for all seeds), train with ``seed`` (for ``epochs``, default the recipe's), evaluate."""
     folder = out / row.key
-    run, test = folder / f"run-seed{seed}", folder / f"test-seed{seed}.json"
-    train_seed = ["--set", f"seed={seed}"]
+    tag = run_tag(seed, epochs)
+    run, test = folder / f"run-{tag}", folder / f"test-{tag}.json"
+    train_seed = ["--set", f"seed={seed}", *(["--set", f"epochs={epochs}"] if epochs is not None else [])]
     if row.key == "shipped":
         source = ["--dataset", world.dataset, *(a for k, v in world.options.items() for a in ("--data-option", f"{k}={v}"))]
         source += ["--data", str(world.data)] if world.data else []
@@ -233,7 +244,7 @@ def commands(row: Row, world: World, out: Path, files: dict[str, Path], seed: in
     ]
 
 
-def twin_figure(row: Row, world: World, out: Path, seed: int) -> tuple[float, int]:
+def twin_figure(row: Row, world: World, out: Path, tag: str) -> tuple[float, int]:
     """Twin accuracy of the row's best model on the test split: the ``t2i`` figure of its twins."""
     import torch
 
@@ -248,7 +259,7 @@ def twin_figure(row: Row, world: World, out: Path, seed: int) -> tuple[float, in
         test = open_dataset("teran", out / row.key / "feats", split="test")
     if [Path(n).stem for n in test.image_names] != [Path(n).stem for n in world.test.image_names]:
         raise RuntimeError(f"{row.key}: the extracted test split is not in the {world.name} test split's order.")
-    model = xmatch.build(f"local-dir:{out / row.key / f'run-seed{seed}' / 'best'}", pretrained=True).eval()
+    model = xmatch.build(f"local-dir:{out / row.key / f'run-{tag}' / 'best'}", pretrained=True).eval()
     with torch.no_grad():
         encoded = encode_dataset(model, test, image_batch_size=64, text_batch_size=256, progress=False)
         scores = score_blocks(model, encoded, fold_layout(test.num_images, "full"), test.captions_per_image, progress=False)[0]
@@ -256,24 +267,25 @@ def twin_figure(row: Row, world: World, out: Path, seed: int) -> tuple[float, in
     return overall["t2i"] / 100.0, overall["queries"]
 
 
-def run_row(row: Row, world: World, out: Path, files: dict[str, Path], seed: int) -> dict:
-    """Run (or read back) one row at one training seed."""
+def run_row(row: Row, world: World, out: Path, files: dict[str, Path], seed: int, epochs: int | None = None) -> dict:
+    """Run (or read back) one row at one training seed (and ``epochs``, default the recipe's)."""
     folder = out / row.key
-    result_file = folder / f"result-seed{seed}.json"
+    tag = run_tag(seed, epochs)
+    result_file = folder / f"result-{tag}.json"
     if result_file.is_file():
         return json.loads(result_file.read_text())
     folder.mkdir(parents=True, exist_ok=True)
     times = {}
-    for cmd in commands(row, world, out, files, seed):
+    for cmd in commands(row, world, out, files, seed, epochs):
         step = cmd[1]
         start = time.perf_counter()
-        with (folder / f"{step}-seed{seed}.log").open("w") as log:
+        with (folder / f"{step}-{tag}.log").open("w") as log:
             print("  $ " + shlex.join(cmd), flush=True)
             subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
         times[step] = time.perf_counter() - start
-    twin, n = twin_figure(row, world, out, seed)
-    result = {"row": row.key, "world": world.name, "seed": seed, "seconds": times,
-              "figures": json.loads((folder / f"test-seed{seed}.json").read_text()),
+    twin, n = twin_figure(row, world, out, tag)
+    result = {"row": row.key, "world": world.name, "seed": seed, "epochs": epochs, "seconds": times,
+              "figures": json.loads((folder / f"test-{tag}.json").read_text()),
               "twin": twin, "twin_captions": n, "load": os.getloadavg()}
     result_file.write_text(json.dumps(result, indent=1))
     return result
@@ -317,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backdrop", default="photos", choices=["photos", "plain"],
                         help="signs only: scikit-image's photographs with clutter (photos) or a flat grey canvas (plain)")
     parser.add_argument("--seeds", default="0", help="comma-separated training seeds (default: 0)")
+    parser.add_argument("--epochs", type=int, help="train for this many epochs instead of the recipe's 5 (runs named run-seedS-eN)")
     args = parser.parse_args(argv)
     if args.backdrop != "photos" and args.world != "signs":
         parser.error("--backdrop is a signs option (--world signs).")
@@ -336,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in keys:
         for seed in seeds:
             print(f"{key} (seed {seed}):", flush=True)
-            results.setdefault(key, []).append(run_row(by_key[key], world, out, files, seed))
+            results.setdefault(key, []).append(run_row(by_key[key], world, out, files, seed, args.epochs))
     print(table(results))
     return 0
 

@@ -55,12 +55,12 @@ AT_600 = {"image_size": 600, "output_stride": 16, "mode": "roi"}
 SS_224 = {"name": "selective-search", "segment_side": 224}
 
 
-def mixed_row(crops: int, crop_size: int, stride: int) -> tuple[dict, str]:
-    """A ``--mode mixed`` row: selective-search boxes (segmented at 160 px), the first ``crops``
-    cropped at ``crop_size`` px, the rest pooled from the 224-px map of the given stride."""
+def mixed_row(crops: int, crop_size: int, stride: int, segment_side: int = 160) -> tuple[dict, str]:
+    """A ``--mode mixed`` row: selective-search boxes (segmented at ``segment_side`` px), the first
+    ``crops`` cropped at ``crop_size`` px, the rest pooled from the 224-px map of the given stride."""
     roi = {"image_size": 224, "output_stride": stride, "mode": "mixed", "crop_regions": crops, "crop_size": crop_size}
-    return ({"proposer": {"name": "selective-search", "segment_side": 160}, "roi": roi},
-            f"selective-search 36 (segmented at 160 px), the first {crops} cropped at {crop_size} px, the rest pooled "
+    return ({"proposer": {"name": "selective-search", "segment_side": segment_side}, "roi": roi},
+            f"selective-search 36 (segmented at {segment_side} px), the first {crops} cropped at {crop_size} px, the rest pooled "
             f"at 224, stride {stride}")
 
 
@@ -110,6 +110,11 @@ ROWS = {
     ),
     **{f"selective-search-160-mixed{n}{'' if size == 96 else f'-{size}'}-s{stride}": mixed_row(n, size, stride)
        for n, size, stride in ((8, 96, 16), (8, 96, 32), (12, 96, 16), (12, 64, 16), (16, 96, 16), (16, 64, 16))},
+    "selective-search-256-mixed16-s16": mixed_row(16, 96, 16, segment_side=256),
+    "selective-search-256-crop-s16": (
+        {"proposer": {"name": "selective-search", "segment_side": 256}, "roi": {"image_size": 600, "output_stride": 16, "mode": "crop"}},
+        "selective-search 36 (segmented at 256 px), EfficientNet-Lite0, crops of 96 px from the picture at 600, stride 16",
+    ),
     "windows-lite2": (
         {"proposer": "windows", "roi": {"backbone": "efficientnet_lite2", "image_size": None, "output_stride": 32, "mode": "roi"}},
         "windows 36, EfficientNet-Lite2, shorter side 260 (256), stride 32",
