@@ -162,8 +162,8 @@ def _record(board: Board, backdrop: str = "photos") -> dict[str, Any]:
 
 def read_signs(folder: PathArg) -> list[dict[str, Any]]:
     """The per-image records of a generated signs set (``ds.root`` of an opened split): ``id``,
-    ``split``, ``group`` (twins share it), ``variant``, ``relation``, ``backdrop``, ``clutter``
-    and ``items`` (``kind``, ``name``, ``colour``, ``style``, pixel ``box``; the core pair
+    ``split``, ``group`` (twins share it), ``variant``, ``relation``, ``backdrop`` (the photograph's
+    crop, or ``{"plain": grey}``), ``clutter`` (its seed; None on a plain canvas) and ``items`` (``kind``, ``name``, ``colour``, ``style``, pixel ``box``; the core pair
     first), in image-id order.
 
     Example:
