@@ -209,22 +209,30 @@ def write_boxes_files(world: World, out: Path) -> dict[str, Path]:
     return files
 
 
-def run_tag(seed: int, epochs: int | None = None) -> str:
-    """How a run's files are named: ``seed0``, or ``seed0-e15`` when trained for other than the recipe's epochs."""
-    return f"seed{seed}" if epochs is None else f"seed{seed}-e{epochs}"
+#: the recipe every row trains with unless ``--recipe`` names another
+RECIPE = "scenes-teran"
 
 
-def commands(row: Row, world: World, out: Path, files: dict[str, Path], seed: int, epochs: int | None = None) -> list[list[str]]:
-    """The row's commands: extract (once for all seeds), train with ``seed`` (for ``epochs``, default the recipe's), evaluate."""
+def run_tag(seed: int, epochs: int | None = None, recipe: str = RECIPE) -> str:
+    """How a run's files are named: ``seed0``; ``seed0-e15`` when trained for other than the
+    recipe's epochs; ``seed0-small-teran`` with another recipe than ``scenes-teran``."""
+    tag = f"seed{seed}" if epochs is None else f"seed{seed}-e{epochs}"
+    return tag if recipe == RECIPE else f"{tag}-{recipe}"
+
+
+def commands(row: Row, world: World, out: Path, files: dict[str, Path], seed: int, epochs: int | None = None,
+             recipe: str = RECIPE) -> list[list[str]]:
+    """The row's commands: extract (once for all seeds), train with ``recipe`` and ``seed`` (for
+    ``epochs``, default the recipe's), evaluate."""
     folder = out / row.key
-    tag = run_tag(seed, epochs)
+    tag = run_tag(seed, epochs, recipe)
     run, test = folder / f"run-{tag}", folder / f"test-{tag}.json"
     train_seed = ["--set", f"seed={seed}", *(["--set", f"epochs={epochs}"] if epochs is not None else [])]
     if row.key == "shipped":
         source = ["--dataset", world.dataset, *(a for k, v in world.options.items() for a in ("--data-option", f"{k}={v}"))]
         source += ["--data", str(world.data)] if world.data else []
         return [
-            ["xmatch", "train", "teran-mrsw-scenes", *source, "--recipe", "scenes-teran", *train_seed, "--out", str(run),
+            ["xmatch", "train", "teran-mrsw-scenes", *source, "--recipe", recipe, *train_seed, "--out", str(run),
              "--no-progress"],
             ["xmatch", "eval", f"local-dir:{run / 'best'}", *source, "--split", "test", "--json", str(test)],
         ]
@@ -238,7 +246,7 @@ def commands(row: Row, world: World, out: Path, files: dict[str, Path], seed: in
         steps.append(extract + [a for o in options for a in ("--proposer-option", o)])
     text_side = ["--build-text-side"] if world.build_text_side else []
     return steps + [
-        ["xmatch", "train", "teran-mrsw-scenes", "--data", str(feats), "--recipe", "scenes-teran", *text_side, *train_seed,
+        ["xmatch", "train", "teran-mrsw-scenes", "--data", str(feats), "--recipe", recipe, *text_side, *train_seed,
          "--out", str(run), "--no-progress", "--overwrite"],
         ["xmatch", "eval", f"local-dir:{run / 'best'}", "--data", str(feats), "--split", "test", "--json", str(test)],
     ]
@@ -267,16 +275,17 @@ def twin_figure(row: Row, world: World, out: Path, tag: str) -> tuple[float, int
     return overall["t2i"] / 100.0, overall["queries"]
 
 
-def run_row(row: Row, world: World, out: Path, files: dict[str, Path], seed: int, epochs: int | None = None) -> dict:
-    """Run (or read back) one row at one training seed (and ``epochs``, default the recipe's)."""
+def run_row(row: Row, world: World, out: Path, files: dict[str, Path], seed: int, epochs: int | None = None,
+            recipe: str = RECIPE) -> dict:
+    """Run (or read back) one row at one training seed with ``recipe`` (and ``epochs``, default the recipe's)."""
     folder = out / row.key
-    tag = run_tag(seed, epochs)
+    tag = run_tag(seed, epochs, recipe)
     result_file = folder / f"result-{tag}.json"
     if result_file.is_file():
         return json.loads(result_file.read_text())
     folder.mkdir(parents=True, exist_ok=True)
     times = {}
-    for cmd in commands(row, world, out, files, seed, epochs):
+    for cmd in commands(row, world, out, files, seed, epochs, recipe):
         step = cmd[1]
         start = time.perf_counter()
         with (folder / f"{step}-{tag}.log").open("w") as log:
@@ -284,7 +293,7 @@ def run_row(row: Row, world: World, out: Path, files: dict[str, Path], seed: int
             subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
         times[step] = time.perf_counter() - start
     twin, n = twin_figure(row, world, out, tag)
-    result = {"row": row.key, "world": world.name, "seed": seed, "epochs": epochs, "seconds": times,
+    result = {"row": row.key, "world": world.name, "seed": seed, "epochs": epochs, "recipe": recipe, "seconds": times,
               "figures": json.loads((folder / f"test-{tag}.json").read_text()),
               "twin": twin, "twin_captions": n, "load": os.getloadavg()}
     result_file.write_text(json.dumps(result, indent=1))
@@ -330,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="signs only: scikit-image's photographs with clutter (photos) or a flat grey canvas (plain)")
     parser.add_argument("--seeds", default="0", help="comma-separated training seeds (default: 0)")
     parser.add_argument("--epochs", type=int, help="train for this many epochs instead of the recipe's 5 (runs named run-seedS-eN)")
+    parser.add_argument("--recipe", default=RECIPE,
+                        help=f"the training recipe of every row (default: {RECIPE}; another is named in the runs: run-seedS-RECIPE)")
     args = parser.parse_args(argv)
     if args.backdrop != "photos" and args.world != "signs":
         parser.error("--backdrop is a signs option (--world signs).")
@@ -349,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in keys:
         for seed in seeds:
             print(f"{key} (seed {seed}):", flush=True)
-            results.setdefault(key, []).append(run_row(by_key[key], world, out, files, seed, args.epochs))
+            results.setdefault(key, []).append(run_row(by_key[key], world, out, files, seed, args.epochs, args.recipe))
     print(table(results))
     return 0
 

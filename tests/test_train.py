@@ -263,6 +263,19 @@ def test_recipes_hold_the_papers_settings():
     assert load_recipe("teran-f30k").batch_size == 30
 
 
+def test_small_teran_is_scenes_teran_at_four_times_its_rate():
+    import dataclasses
+
+    small, scenes = load_recipe("small-teran"), load_recipe("scenes-teran")
+    differ = {f.name for f in dataclasses.fields(small) if getattr(small, f.name) != getattr(scenes, f.name)}
+    assert differ == {"lr", "warmup_steps"}
+    assert (small.lr, small.warmup_steps) == (4 * scenes.lr, 100)
+    # 79 steps an epoch on 5,000 captions: the full rate from step 100, then the cosine to zero
+    factors = [lr_factor(step, small, 79) for step in (0, 49, 99, 200, 394)]
+    assert factors[0] == pytest.approx(0.01) and factors[1] == pytest.approx(0.5) and factors[2] == pytest.approx(1.0)
+    assert 0.0 < factors[4] < factors[3] < 1.0
+
+
 def test_config_errors_name_the_key_and_the_fix(tmp_path):
     with pytest.raises(ConfigError, match=r"train -> epoch: unknown training setting\. Did you mean 'epochs'"):
         TrainConfig.from_mapping({"epoch": 3})
