@@ -209,6 +209,13 @@ def write_boxes_files(world: World, out: Path) -> dict[str, Path]:
     return files
 
 
+def extraction_complete(feats: Path) -> bool:
+    """Whether ``xmatch extract`` finished into ``feats`` (its manifest says so; an interrupted
+    extraction leaves a manifest without ``complete``, and is resumed)."""
+    manifest = feats / "extract.json"
+    return manifest.is_file() and json.loads(manifest.read_text()).get("complete") is True
+
+
 #: the recipe every row trains with unless ``--recipe`` names another
 RECIPE = "scenes-teran"
 
@@ -239,7 +246,7 @@ def commands(row: Row, world: World, out: Path, files: dict[str, Path], seed: in
     options = [o.format(**files) for o in row.options]
     feats = folder / "feats"
     steps = []
-    if not (feats / "extract.json").is_file():
+    if not extraction_complete(feats):
         extract = ["xmatch", "extract", str(world.root), "--captions", str(world.captions), "--out", str(feats),
                    "--proposer", row.proposer, "--regions", str(row.regions), *row.roi, "--workers", "0", "--no-progress",
                    "--resume"]
