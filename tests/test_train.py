@@ -4,6 +4,7 @@ run exactly, stops on a non-finite loss, and refuses data that does not fit the 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -264,8 +265,6 @@ def test_recipes_hold_the_papers_settings():
 
 
 def test_small_teran_is_scenes_teran_at_four_times_its_rate():
-    import dataclasses
-
     small, scenes = load_recipe("small-teran"), load_recipe("scenes-teran")
     differ = {f.name for f in dataclasses.fields(small) if getattr(small, f.name) != getattr(scenes, f.name)}
     assert differ == {"lr", "warmup_steps"}
