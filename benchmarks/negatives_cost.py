@@ -15,9 +15,11 @@ parses or reads its captions' parses before the first step) and runs the same ``
 batches once per round: a step is the trainer's micro-step (negatives drawn, forward,
 backward) and optimizer step, the next batch's negatives drawn during
 the step as ``Trainer.fit`` draws them (the trainer's own private steps are driven, so that
-every variant runs exactly the same batches). The variants take turns, the order rotated each round, so all
+every variant runs exactly the same batches). Round ``r`` draws the negatives of epoch ``r``, as
+successive epochs of a run would: a negative drawn again in a later epoch finds its parse
+cached, one drawn for the first time is parsed. The variants take turns, the order rotated each round, so all
 share the machine's load alike; each variant's figure is its fastest round (the first round,
-building the optimizer state, is printed apart), and the ratios are to ``plain``'s fastest
+building the optimizer state, is printed apart) beside the mean of the later rounds, and the ratios are to ``plain``'s fastest
 round. The CPU's vector instructions and the load average are printed with the figures.
 
     OMP_NUM_THREADS=1 python benchmarks/negatives_cost.py --rounds 4 --batches 4
@@ -103,10 +105,10 @@ def main() -> None:
             batches[name] = [b for _, b in zip(range(args.batches), trainer._loader(0, 0))]
             print(f"{name:13s} trainer built in {built:6.2f} s (a spaCy variant parses or reads its captions here)")
         pairs = {name: sum(len(b) for b in bs) for name, bs in batches.items()}
-        state = {"epoch": 0, "step": 0, "batch": 0}
         times: dict[str, list[float]] = {name: [] for name in trainers}
         order = list(trainers)
         for r in range(args.rounds):
+            state = {"epoch": r, "step": 0, "batch": 0}
             for name in order[r % len(order):] + order[: r % len(order)]:
                 trainer = trainers[name]
                 start = time.perf_counter()
@@ -114,17 +116,18 @@ def main() -> None:
                     # as Trainer.fit steps: the next batch's negatives drawn during this step (where
                     # the trainer does that; an older one draws them in the step)
                     ahead = getattr(trainer, "_drawing_ahead", None)
-                    with ahead(upcoming, 0) if ahead is not None else contextlib.nullcontext():
+                    with ahead(upcoming, r) if ahead is not None else contextlib.nullcontext():
                         trainer._micro_step(batch, state, 1, True)
                     trainer._optimizer_step()
                 times[name].append((time.perf_counter() - start) / len(batches[name]))
     base = min(times[order[0]][1:] or times[order[0]])
-    print(f"per step, {args.batches} batches x {args.rounds} rounds, order rotated each round "
-          f"(ratios to {order[0]}'s fastest round):")
+    print(f"per step, {args.batches} batches x {args.rounds} rounds (round r: epoch r's negatives), order rotated "
+          f"each round (ratios to {order[0]}'s fastest round):")
     for name, per_round in times.items():
-        best = min(per_round[1:] or per_round)
-        print(f"{name:13s} first round {per_round[0]:6.3f} s, fastest {best:6.3f} s, "
-              f"{pairs[name] / len(batches[name]):.0f} pairs/step, {best / base:5.2f}x")
+        later = per_round[1:] or per_round
+        best, mean = min(later), sum(later) / len(later)
+        print(f"{name:13s} first round {per_round[0]:6.3f} s, fastest {best:6.3f} s ({best / base:4.2f}x), "
+              f"mean of the later rounds {mean:6.3f} s ({mean / base:4.2f}x), {pairs[name] / len(batches[name]):.0f} pairs/step")
     print(f"load average after: {load()}")
 
 

@@ -181,6 +181,27 @@ def test_each_caption_is_parsed_once(nlp):
         SpacyTagger(nlp=counting, cache_size=0)
 
 
+def test_the_negatives_read_in_batches_are_parsed_once_and_never_push_a_caption_out(nlp):
+    from xmatch.eval.spacy_tagger import SpacyTagger
+
+    counting = CountingPipeline(nlp)
+    tagger = SpacyTagger(nlp=counting, cache_size=1, negatives_cache_size=2)
+    caption, *negatives = (split_words(t) for t in (
+        "a dog on a sofa", "a sofa on a dog", "a dog under a sofa", "a cat on a sofa"))
+    tagger.warm([caption])
+    first = tagger.structures([caption, negatives[0], negatives[1]])
+    assert counting.parsed == 3  # the caption from its cache, the two negatives in one batch
+    again = tagger.structures([negatives[1], negatives[0], caption])
+    assert counting.parsed == 3 and [s.phrases for s in again] == [s.phrases for s in reversed(first)]
+    tagger.structures([negatives[2]])  # two negatives fit: the least recently read one goes
+    assert counting.parsed == 4
+    tagger.structures([negatives[0], negatives[1], caption])
+    assert counting.parsed == 5  # negatives[1] again; the caption stayed in its own cache of one
+    assert [s.phrases for s in tagger.structures([negatives[2]])] == [tagger.structure(negatives[2]).phrases]
+    with pytest.raises(ValueError, match="negatives_cache_size"):
+        SpacyTagger(nlp=counting, negatives_cache_size=0)
+
+
 def test_a_caption_past_255_words_keeps_its_spans(tagger):
     # the cache packs the spans of a caption into bytes below 256 words, keeps lists above
     for repeats in (2, 60):

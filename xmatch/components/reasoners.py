@@ -10,6 +10,7 @@ geometry-aware transformers.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from xmatch.model.interfaces import Reasoner
@@ -109,7 +110,9 @@ class TransformerReasoner(Reasoner):
 
     Each layer is ``x = LN1(x + Drop(SA(x)))``, ``x = LN2(x + Drop(W2 Drop(ReLU(W1 x))))``
     (``torch.nn.TransformerEncoderLayer``, LN eps 1e-5); padded positions are excluded from
-    attention through the key padding mask; there is no final LayerNorm.
+    attention through the key padding mask; there is no final LayerNorm. In training without
+    dropout the per-position products run on the real positions only (the same results there,
+    zeros on the padding); with dropout and in evaluation torch's layers run as they are.
 
     With ``geometry = "relative"`` the attention logits of every layer and head also get a
     bias computed from the two positions' boxes (:class:`RelativeGeometryBias`), so the set
@@ -181,15 +184,70 @@ class TransformerReasoner(Reasoner):
         with ``geometry = "relative"``."""
         padding = ~mask
         if self.geometry_bias is None or boxes is None:
+            if self.training and not self._dropout_active():
+                return _real_positions_forward(self.layers, x, mask)
             for layer in self.layers:
                 x = layer(x, src_key_padding_mask=padding)
             return x
         biases = self.geometry_bias(boxes, mask, x.dtype)
+        if self.training and not self._dropout_active():
+            return _real_positions_forward(self.layers, x, mask, biases)
         # torch wants both masks of one type: the padding becomes -inf in the logits' dtype
         padding = torch.zeros_like(padding, dtype=x.dtype).masked_fill_(padding, float("-inf"))
         for layer, bias in zip(self.layers, biases):
             x = _biased_layer(layer, x, bias, padding)
         return x
+
+    def _dropout_active(self) -> bool:
+        return any(
+            p > 0
+            for layer in self.layers
+            for p in (layer.dropout.p, layer.dropout1.p, layer.dropout2.p, layer.self_attn.dropout)
+        )
+
+
+def _real_positions_forward(
+    layers: nn.ModuleList, x: torch.Tensor, mask: torch.Tensor, biases: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The layers' training forward without dropout, computed on the real positions only
+    (with ``biases [layers, B * heads, T, T]``, each layer's attention bias, as
+    :func:`_biased_layer` adds it).
+
+    ``nn.TransformerEncoderLayer`` computes every per-position product (the packed input
+    projection, the output projection, the feed-forward) on the padding too, and its
+    batch-first attention copies the batch into sequence-first order and back. Half of a
+    batch of captions is padding, so a text reasoner spent half its training arithmetic on
+    it. Here the per-position work runs on the ``[N_real, D]`` rows and only the attention
+    sees the padded ``[B, heads, T, head_dim]`` layout, with the key padding as its mask. The
+    real positions get the layer's own result (the same kernels on the same rows: equal to
+    its output up to the order of float sums, tests/test_reasoners.py); padded positions are
+    zero, as the layer's evaluation fast path leaves them.
+    """
+    b, t, d = x.shape
+    rows = None if bool(mask.all()) else mask.nonzero(as_tuple=True)
+    h = x.reshape(b * t, d) if rows is None else x[rows]
+    keys = None if rows is None else mask[:, None, None, :]
+    for n, layer in enumerate(layers):
+        attn = layer.self_attn
+        heads = attn.num_heads
+        if biases is not None:
+            # a float mask is added to the logits: the layer's bias, and -inf at the padded keys
+            bias = biases[n].view(b, heads, t, t)
+            keys = bias if rows is None else bias.masked_fill(~mask[:, None, None, :], float("-inf"))
+        qkv = F.linear(layer.norm1(h) if layer.norm_first else h, attn.in_proj_weight, attn.in_proj_bias)
+        padded = qkv.view(b, t, 3 * d) if rows is None else qkv.new_zeros(b, t, 3 * d).index_put(rows, qkv)
+        q, k, v = padded.view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4).unbind(0)
+        logits_mask = keys.to(q.dtype) if keys is not None and keys.is_floating_point() else keys  # autocast
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=logits_mask).transpose(1, 2)
+        out = out.reshape(b * t, d) if rows is None else out[rows].reshape(-1, d)
+        out = F.linear(out, attn.out_proj.weight, attn.out_proj.bias)
+        if layer.norm_first:
+            h = h + out
+            h = h + layer.linear2(layer.activation(layer.linear1(layer.norm2(h))))
+        else:
+            h = layer.norm1(h + out)
+            h = layer.norm2(h + layer.linear2(layer.activation(layer.linear1(h))))
+    return h.view(b, t, -1) if rows is None else h.new_zeros(b, t, h.shape[-1]).index_put(rows, h)
 
 
 def _biased_layer(

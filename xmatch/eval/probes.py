@@ -134,6 +134,9 @@ class WordListTagger:
         if not classes:
             raise ValueError("a word-list tagger needs at least one class.")
         self._phrases: dict[str, list[tuple[str, ...]]] = {}
+        #: per class, the phrases by their first word (longest first, as in ``_phrases``): a
+        #: position is tried against the phrases that can start there only
+        self._starting: dict[str, dict[str, list[tuple[str, ...]]]] = {}
         self._meaning: dict[str, dict[tuple[str, ...], int]] = {}
         for name, entries in classes.items():
             meaning: dict[tuple[str, ...], int] = {}
@@ -146,6 +149,10 @@ class WordListTagger:
                 raise ValueError(f"word class {name!r} has no words.")
             self._meaning[str(name)] = meaning
             self._phrases[str(name)] = sorted(meaning, key=len, reverse=True)
+            starting: dict[str, list[tuple[str, ...]]] = {}
+            for phrase in self._phrases[str(name)]:
+                starting.setdefault(phrase[0], []).append(phrase)
+            self._starting[str(name)] = starting
         self.classes = tuple(self._phrases)
         default = [c for c in ("adjective", "colour", "size") if c in self._phrases]
         self.attributes = tuple(attributes) if attributes is not None else tuple(default)
@@ -200,13 +207,13 @@ class WordListTagger:
         return self._meaning.get(word_class, {}).get(phrase, phrase)
 
     def spans(self, words: Sequence[str], word_class: str) -> list[tuple[int, int]]:
-        phrases = self._phrases.get(word_class)
-        if phrases is None:
+        starting = self._starting.get(word_class)
+        if starting is None:
             raise ValueError(f"unknown word class {word_class!r}; this tagger knows {list(self.classes)}.")
         lower = [w.lower() for w in words]
         out, k = [], 0
         while k < len(lower):
-            for phrase in phrases:
+            for phrase in starting.get(lower[k], ()):
                 if tuple(lower[k : k + len(phrase)]) == phrase:
                     out.append((k, k + len(phrase)))
                     k += len(phrase)
