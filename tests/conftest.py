@@ -10,6 +10,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# the commands the tests run in this process leave glibc's allocator as it is (xmatch extract
+# would keep every freed block for the rest of the process); tests/test_memory.py sets it in
+# processes of its own
+os.environ["XMATCH_MALLOC"] = "system"
 
 # scripts the tests run or that wrote the fixtures: not collected (--doctest-modules would import them)
 collect_ignore = ["train_driver.py", "fixtures"]

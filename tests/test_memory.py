@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -28,3 +31,56 @@ def test_freed_heap_holes_are_returned():
     assert release_free_memory() is True
     assert resident_kib() < held - 80 * 1024
     assert pin.sum() == 16 * 1024
+
+
+#: run in a process of its own (the allocator's settings hold for the whole process): page
+#: faults per round of a forward pass's pattern, each layer's 32-64 MiB output made from the
+#: last one and freed when the next one is
+FAULTS_PER_ROUND = """
+import resource, torch
+from xmatch.core.memory import keep_freed_memory
+kept = keep_freed_memory()
+x = torch.ones(4 * 1024 * 1024)
+faults = []
+for _ in range(5):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    h = x
+    for layer in range(5):
+        h = h.repeat(2) if layer % 2 == 0 else h[: len(h) // 2] + 1
+    del h
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(kept, *faults)
+"""
+
+
+def faults_per_round(environment: dict[str, str]) -> tuple[bool, list[int]]:
+    env = {k: v for k, v in os.environ.items() if k != "XMATCH_MALLOC"} | environment
+    out = subprocess.run([sys.executable, "-c", FAULTS_PER_ROUND], env=env, capture_output=True, text=True, check=True)
+    kept, *faults = out.stdout.split()
+    return kept == "True", [int(f) for f in faults]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_kept_blocks_are_not_mapped_and_zeroed_again():
+    kept, faults = faults_per_round({})
+    assert kept
+    # the first round faults its blocks' pages in; the later rounds reuse them
+    assert faults[0] > 8000 and max(faults[1:]) < 1000, faults
+    kept, faults = faults_per_round({"XMATCH_MALLOC": "system"})
+    assert not kept
+    assert min(faults) > 8000, faults  # every block mapped and faulted in anew
+
+
+def test_xmatch_extract_keeps_freed_memory(monkeypatch, tmp_path):
+    from xmatch.cli import extract as extract_cli
+    from xmatch.core import memory
+
+    called = []
+    monkeypatch.setattr(memory, "keep_freed_memory", lambda: called.append(True) or True)
+    monkeypatch.setattr("xmatch.extract.run.extract", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop")))
+    from xmatch.cli.main import build_parser
+
+    args = build_parser().parse_args(["extract", str(tmp_path), "--out", str(tmp_path / "out")])
+    with pytest.raises(RuntimeError, match="stop"):
+        extract_cli.run(args)
+    assert called == [True]

@@ -157,9 +157,12 @@ def roi_config(args: argparse.Namespace) -> RoIConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Run the extraction the arguments describe and print what to do next."""
+    from xmatch.core.memory import keep_freed_memory
     from xmatch.extract.run import extract
     from xmatch.regions.pipeline import RegionPipeline
 
+    # the backbone's large blocks reused picture after picture, not mapped and zeroed anew by the kernel
+    keep_freed_memory()
     pipeline = RegionPipeline(proposer_spec(args), roi_config(args))
     result = extract(
         args.images, args.out, pipeline, layout=args.layout, captions=args.captions, split=args.split,

@@ -46,7 +46,10 @@ class ChunkWorker:
     def __init__(self, pipeline: Any, chunk_set: Any, folder: str, dtype: str, out: str, device: str, threads: int) -> None:
         import ray
 
+        from xmatch.core.memory import keep_freed_memory
+
         use_threads(threads)
+        keep_freed_memory()  # an actor's process extracts and nothing else, as xmatch extract's does
         fetch = (lambda value: ray.get(value) if isinstance(value, ray.ObjectRef) else value)
         self.pipe: RegionPipeline = fetch(pipeline).to(device).eval()
         self.chunk_set: ChunkSet = fetch(chunk_set)
