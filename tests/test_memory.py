@@ -34,15 +34,15 @@ def test_freed_heap_holes_are_returned():
 
 
 #: run in a process of its own (the allocator's settings hold for the whole process): page
-#: faults per round of a forward pass's pattern, each layer's 32-64 MiB output made from the
-#: last one and freed when the next one is
+#: faults per round of a forward pass's pattern, each layer's 64-128 MiB output made from the
+#: last one and freed when the next one is (above glibc's largest mmap threshold, 32 MiB)
 FAULTS_PER_ROUND = """
 import resource, torch
 from xmatch.core.memory import keep_freed_memory
 kept = keep_freed_memory()
-x = torch.ones(4 * 1024 * 1024)
+x = torch.ones(16 * 1024 * 1024)
 faults = []
-for _ in range(5):
+for _ in range(6):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     h = x
     for layer in range(5):
@@ -63,12 +63,12 @@ def faults_per_round(environment: dict[str, str]) -> tuple[bool, list[int]]:
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_kept_blocks_are_not_mapped_and_zeroed_again():
     kept, faults = faults_per_round({})
-    assert kept
-    # the first round faults its blocks' pages in; the later rounds reuse them
-    assert faults[0] > 8000 and max(faults[1:]) < 1000, faults
-    kept, faults = faults_per_round({"XMATCH_MALLOC": "system"})
-    assert not kept
-    assert min(faults) > 8000, faults  # every block mapped and faulted in anew
+    system_kept, system = faults_per_round({"XMATCH_MALLOC": "system"})
+    assert kept and not system_kept
+    assert min(system) > 100_000, system  # every round's blocks mapped and faulted in anew
+    # kept: the first round faults its blocks' pages in; later rounds reuse them (the heap grows
+    # now and then while its free blocks settle: at most 15 % of the system's faults measured)
+    assert faults[0] > 60_000 and sum(faults[1:]) < 0.3 * sum(system[1:]), (faults, system)
 
 
 def test_xmatch_extract_keeps_freed_memory(monkeypatch, tmp_path):
