@@ -220,7 +220,7 @@ def _real_positions_forward(
     it. Here the per-position work runs on the ``[N_real, D]`` rows and only the attention
     sees the padded ``[B, heads, T, head_dim]`` layout, with the key padding as its mask. The
     real positions get the layer's own result (the same kernels on the same rows: equal to
-    its output up to the order of float sums, tests/test_reasoners.py); padded positions are
+    its output up to the order of float sums, tests/test_reasoner_real_positions.py); padded positions are
     zero, as the layer's evaluation fast path leaves them.
     """
     b, t, d = x.shape

@@ -42,13 +42,9 @@ def _libc():
         return None
 
 
-@functools.cache
 def _malloc_trim():
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
-        return None
+    libc = _libc()
+    return getattr(libc, "malloc_trim", None) if libc is not None else None
 
 
 def keep_freed_memory() -> bool:

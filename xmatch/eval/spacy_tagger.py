@@ -158,7 +158,7 @@ class SpacyTagger:
         self.negatives_cache_size = negatives_cache_size
         self._nlp = nlp if nlp is not None else load_pipeline(model)
         self._cache: OrderedDict[tuple[str, ...], bytes | dict[str, list[tuple[int, int]]]] = OrderedDict()
-        self._read_once: OrderedDict[tuple[str, ...], bytes | dict[str, list[tuple[int, int]]]] = OrderedDict()
+        self._negative_parses: OrderedDict[tuple[str, ...], bytes | dict[str, list[tuple[int, int]]]] = OrderedDict()
         self._lemmas: OrderedDict[tuple[str, ...], tuple[str, ...]] = OrderedDict()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -231,17 +231,17 @@ class SpacyTagger:
         for caption in words:
             found = self._cache.get(caption)
             if found is None:
-                found = self._read_once.get(caption)
+                found = self._negative_parses.get(caption)
                 if found is not None:
-                    self._read_once.move_to_end(caption)
+                    self._negative_parses.move_to_end(caption)
             if found is not None or not caption:
                 packed[caption] = found if found is not None else self._analysis(caption)
         unparsed = list(dict.fromkeys(c for c in words if c not in packed))
         docs = self._nlp.pipe((Doc(self._nlp.vocab, words=list(c)) for c in unparsed), batch_size=batch_size)
         for caption, doc in zip(unparsed, docs):
-            packed[caption] = self._read_once[caption] = _pack(word_classes(doc), len(caption))
-            if len(self._read_once) > self.negatives_cache_size:
-                self._read_once.popitem(last=False)
+            packed[caption] = self._negative_parses[caption] = _pack(word_classes(doc), len(caption))
+            if len(self._negative_parses) > self.negatives_cache_size:
+                self._negative_parses.popitem(last=False)
         return [_structure(c, packed[c]) for c in words]
 
     def warm(self, captions: Iterable[Sequence[str]], batch_size: int = 256) -> int:
