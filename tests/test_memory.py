@@ -84,3 +84,29 @@ def test_xmatch_extract_keeps_freed_memory(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="stop"):
         extract_cli.run(args)
     assert called == [True]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_extraction_with_kept_memory_writes_the_same_features(tmp_path):
+    # reused pages hold the last picture's values: a kernel that read memory it never wrote
+    # would show it here, as features that differ from an extraction on freshly zeroed pages
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    for k in range(4):  # one size: batched together, so the defaults' blocks are well above 32 MiB
+        Image.fromarray(rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)).save(pictures / f"{k}.png")
+    arrays = {}
+    for name, environment in (("kept", {}), ("system", {"XMATCH_MALLOC": "system"})):
+        env = {k: v for k, v in os.environ.items() if k != "XMATCH_MALLOC"} | environment
+        subprocess.run([sys.executable, "-m", "xmatch", "extract", str(pictures), "--out", str(tmp_path / name),
+                        "--no-progress"], env=env, check=True, capture_output=True)
+        files = sorted((tmp_path / name).rglob("*.npz"))
+        arrays[name] = {f.relative_to(tmp_path / name): dict(np.load(f)) for f in files}
+    assert len(arrays["kept"]) == 4 and arrays["kept"].keys() == arrays["system"].keys()
+    for path, kept in arrays["kept"].items():
+        for key, value in kept.items():
+            np.testing.assert_array_equal(value, arrays["system"][path][key], err_msg=f"{path}: {key}")
