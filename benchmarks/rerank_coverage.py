@@ -23,6 +23,7 @@ import torch
 import xmatch
 from xmatch.data import open_dataset
 from xmatch.eval import encode_dataset, fold_layout, score_blocks
+from xmatch.model.rerank import TWIN_WEIGHT
 
 
 def coverage(
@@ -34,14 +35,18 @@ def coverage(
     prefers the own image would reach (own in the list: won; only the twin: lost; neither: the
     pooler's order), and the mean list length. ``near`` (``[images, m]``, the rows of
     ``model.image_neighbours``) widens each list with the neighbours of its top K, as
-    ``--rerank-neighbours m`` does."""
+    ``--rerank-neighbours m`` does (the top K drawn as it draws them; the t2i lists alone, without
+    the images' lists that ``--rerank`` also verifies)."""
     twin, kind = {}, {}
     for group in groups.groups:
         a, b = group.images
         twin[a], twin[b] = b, a
         kind[a] = kind[b] = group.kind
     columns = np.arange(scores.shape[1])
-    order = np.argsort(-scores, axis=0, kind="stable")
+    # with neighbours the top K are drawn as rerank_scores draws them: each image's score plus
+    # TWIN_WEIGHT times its nearest image's
+    ranking = scores if near is None else scores + TWIN_WEIGHT * scores[near[:, 0]]
+    order = np.argsort(-ranking, axis=0, kind="stable")
     rank = np.empty_like(order)
     rank[order, columns[None, :]] = np.arange(scores.shape[0])[:, None]
     twins = np.array([twin[i] for i in caption_image])

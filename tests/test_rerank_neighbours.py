@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import xmatch
-from xmatch.model.rerank import nearest_items, rerank_scores
+from xmatch.model.rerank import TWIN_WEIGHT, nearest_items, rerank_scores
 from test_verifier import FAST, small_spec
 
 
@@ -51,14 +51,34 @@ def test_a_twin_outside_the_top_k_is_verified_beside_its_partner():
     assert _order(plain[:, 0])[0] == 0 and (3, 0) not in verified
     verified.clear()
     widened = rerank_scores(scores, 1, logits, image_neighbours=near)["t2i"]
-    assert _order(widened[:, 0]) == [3, 0, 1, 2]  # the twin first, then its partner, then the pooler's order
-    assert _order(widened[:, 1]) == [1, 2, 3, 0]  # caption 1: its top 1 (image 1) and image 1's neighbour 2
-    assert sorted(verified) == [(0, 0), (1, 1), (2, 1), (3, 0)]  # each pair once
-    torch.testing.assert_close(widened[[1, 2], 0], scores[[1, 2], 0])  # images outside the list keep their score
+    # caption 0's top 1 by score + half the nearest image's: image 0 (0.95) against image 1 (1.15)?
+    # no: image 1 (0.8 + 0.35) leads, so its list is {1, 2}; caption 1's is {1, 2} as well
+    assert sorted(verified) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert _order(widened[:, 0])[:2] == [1, 2]
+
+
+def test_the_top_k_are_drawn_with_their_nearest_images_scores():
+    # caption 0: images 0 and 1 are twins and both score high; image 2 scores highest alone
+    scores = torch.tensor([[0.80], [0.78], [0.85], [0.10]])
+    near = torch.tensor([[1], [0], [3], [2]])
+    verified = []
+
+    def logits(i, t):
+        verified.extend(i.tolist())
+        return (i == 1).float()  # image 1 is the caption's picture
+
+    plain = rerank_scores(scores, 1, logits, image_neighbours=None)["t2i"]
+    assert _order(plain[:, 0])[0] == 2 and verified == [2]
+    verified.clear()
+    # 0.80 + 0.39 and 0.78 + 0.40 pass 0.85 + 0.05: image 0 first, its twin with it
+    widened = rerank_scores(scores, 1, logits, image_neighbours=near)["t2i"]
+    assert sorted(verified) == [0, 1]
+    assert _order(widened[:, 0]) == [1, 0, 2, 3]  # the verifier's choice, then its partner, then the pooler's order
+    torch.testing.assert_close(widened[[2, 3], 0], scores[[2, 3], 0])  # images outside the list keep their score
 
 
 def test_an_images_list_also_holds_the_captions_whose_list_held_it():
-    scores = torch.tensor([[0.9, 0.1], [0.8, 0.7], [0.7, 0.6], [0.1, 0.2]])
+    scores = torch.tensor([[0.9, 0.1], [0.3, 0.7], [0.2, 0.6], [0.1, 0.2]])
     verified = []
 
     def logits(i, t):
@@ -69,10 +89,20 @@ def test_an_images_list_also_holds_the_captions_whose_list_held_it():
     assert _order(rerank_scores(scores, 1, logits, ("t2i", "i2t"))["i2t"][3]) == [1, 0]  # the pooler's order
     verified.clear()
     out = rerank_scores(scores, 1, logits, ("t2i", "i2t"), image_neighbours=near)
-    # caption 0's widened list held image 3, so image 3's list holds caption 0, verified first
+    # caption 0's list (image 0 and its nearest, image 3) held image 3, so image 3's list holds caption 0, verified first
     assert _order(out["i2t"][3]) == [0, 1]
     # no pair beyond the two directions' lists: t2i {0, 3} and {1, 2}, i2t each image's top 1
-    assert sorted(set(verified)) == [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)] and len(verified) == 7
+    assert sorted(set(verified)) == [(0, 0), (1, 1), (2, 1), (3, 0), (3, 1)] and len(verified) == 5
+
+
+def test_a_captions_list_also_holds_the_images_whose_list_held_it():
+    # image 2's top caption is caption 0; caption 0's own list (image 0 and its neighbour 1) lacks image 2
+    scores = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.5, 0.1], [0.1, 0.9]])
+    logit = lambda i, t: ((i == 2) & (t == 0)).float()  # noqa: E731
+    near = torch.tensor([[1], [0], [3], [2]])
+    out = rerank_scores(scores, 1, logit, ("t2i", "i2t"), image_neighbours=near)
+    assert _order(out["t2i"][:, 0])[0] == 2  # the verifier's pick, from image 2's list
+    assert _order(rerank_scores(scores, 1, logit, ("t2i",), image_neighbours=near)["t2i"][:, 0])[0] != 2
 
 
 def test_neighbours_already_in_the_list_change_nothing():
@@ -114,7 +144,7 @@ def test_model_rerank_widens_each_caption_list_with_the_poolers_image_neighbours
         assert torch.equal(near, nearest_items(model.pooler(img, img), 1))
         got = model.rerank(scores, img, txt, 2, neighbours=1)["t2i"]
         for j in range(len(txt)):
-            top = _order(scores[:, j])[:2]
+            top = _order(scores[:, j] + TWIN_WEIGHT * scores[near[:, 0], j])[:2]
             pool = list(dict.fromkeys(top + near[top].flatten().tolist()))
             logits = model.verify(img[torch.tensor(pool)], txt[torch.tensor([j] * len(pool))])
             rest = [i for i in _order(scores[:, j]) if i not in pool]

@@ -78,8 +78,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "verifier keep their pooler's figures)")
     parser.add_argument("--rerank-neighbours", type=int, default=0, metavar="M",
                         help="with --rerank K: each caption's list also holds the M images nearest to each of its top K "
-                        "(the pooler scoring the images against each other), so a picture and its near-duplicate twin "
-                        "are re-ranked together (default 0; docs/evaluation.md, \"Relations over the whole split\")")
+                        "(the pooler scoring the images against each other; the top K drawn by each image's score plus half "
+                        "its nearest image's), and each direction reads every verified pair, so a picture and its "
+                        "near-duplicate twin are re-ranked together (default 0; docs/evaluation.md, \"Relations over the "
+                        "whole split\")")
     return parser
 
 

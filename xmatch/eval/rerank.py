@@ -113,7 +113,8 @@ def rerank_figures(
         warn: log a warning when re-ranking lowers the pooler's figures (:func:`lowered_message`).
         neighbours: also re-rank, in each caption's list, the ``neighbours`` images nearest to
             each of its top ``k`` (:meth:`~xmatch.model.model.MatchingModel.image_neighbours`,
-            timed as part of the re-ranking); 0: the top ``k`` alone.
+            timed as part of the re-ranking; the lists as :func:`~xmatch.model.rerank.rerank_scores`
+            draws them with ``image_neighbours``); 0: the top ``k`` alone.
 
     Returns:
         Plain data: ``k``, ``neighbours``, ``verifier`` (:func:`verifier_fingerprint`), ``recall`` (``protocol``, ``i2t``, ``t2i``, ``rsum``; None without

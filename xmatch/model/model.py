@@ -287,9 +287,12 @@ class MatchingModel(nn.Module):
         to each of its top ``k`` by the pooler scoring the images against each other
         (:func:`~xmatch.model.rerank.nearest_items`; ``len(img)`` squared pairs, a fifth of the
         pooler's work on five captions an image): a near-duplicate that differs in a relation or
-        a colour enters the list with its twin, and the verifier orders the two. Each image's
-        list (``i2t``) then also holds every caption whose list held the image. Long lists cost
-        coarse recall on a small gallery (docs/evaluation.md, "Relations over the whole split").
+        a colour enters the list with its twin, and the verifier orders the two. The top ``k``
+        are then drawn by each image's score plus half its nearest image's
+        (:data:`~xmatch.model.rerank.TWIN_WEIGHT`), and each direction reads every verified
+        pair: an image's list (``i2t``) also holds every caption whose list held the image, a
+        caption's list every image whose list held the caption. Long lists cost coarse recall
+        on a small gallery (docs/evaluation.md, "Relations over the whole split").
 
         Example:
             >>> model = xmatch.build("teran-mrsw-scenes", verifier={"name": "cross-attention"}).eval()

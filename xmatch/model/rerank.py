@@ -13,9 +13,12 @@ score (and so its order) as it was:
 With ``image_neighbours`` (:func:`nearest_items` of the images' own similarities), a caption's
 list also holds the nearest images of each of its top K (``t2i``): a hard negative is usually a
 near-duplicate of the picture it is confused with, so a picture and its twin enter the list
-together, and the verifier, not the first stage's tie, orders them. An image's ``i2t`` list
-then also holds every caption whose list held the image (those pairs are verified anyway): its
-twin's captions are ordered against its own.
+together, and the verifier, not the first stage's tie, orders them. The top K are then drawn
+by each image's score plus half its nearest image's (:data:`TWIN_WEIGHT`), so that a picture
+whose near-duplicate also scores high rises with it and the pair takes the list's places
+together, and each direction reads every verified pair: an image's ``i2t`` list also holds
+every caption whose list held the image, and a caption's list every image whose list held the
+caption (no pair more to verify), so a twin's captions are ordered against the image's own.
 
 Only the order along the query's axis is meaningful afterwards: a re-scored entry is a shifted
 logit, not a similarity, so values of different queries (or the other axis) do not compare.
@@ -33,6 +36,10 @@ from xmatch.model.embeddings import Embeddings
 DIRECTIONS = ("t2i", "i2t")
 #: pairs scored by one verifier call by default
 PAIR_BATCH = 256
+#: with image neighbours, a caption's top K are drawn by ``score + TWIN_WEIGHT * score of the
+#: image's nearest image``; on the scenes groups split 0.5 kept the figures of lists 18 % longer
+#: (docs/evaluation.md, "Relations over the whole split")
+TWIN_WEIGHT = 0.5
 
 
 def check_rerank(k: object, directions: Sequence[str]) -> None:
@@ -153,10 +160,12 @@ def rerank_scores(
         score_pairs: ``(image rows, text rows) -> [len] logits`` of row-aligned pairs.
         directions: ``"t2i"`` and / or ``"i2t"``.
         batch_size: pairs per ``score_pairs`` call.
-        image_neighbours: ``[n_images, m]`` image rows (:func:`nearest_items`): ``t2i`` lists
-            also hold the ``m`` nearest images of each of their top ``k`` (so up to
-            ``k * (1 + m)`` candidates a caption), and ``i2t`` lists the captions whose list
-            holds the image (no pair more to verify); None: the top ``k`` alone.
+        image_neighbours: ``[n_images, m]`` image rows (:func:`nearest_items`): a caption's
+            top ``k`` are drawn by its scores plus :data:`TWIN_WEIGHT` times each image's first
+            neighbour's, and its ``t2i`` list also holds the ``m`` nearest images of each of
+            them (so up to ``k * (1 + m)`` candidates a caption); each direction's list then
+            holds every verified pair of its query (no pair more to verify); None: the top
+            ``k`` of the scores alone.
         text_lengths: ``[n_texts]`` words of each caption (``Embeddings.lengths``), to order
             the calls by; None: pairs in image order. The logits are the same either way.
 
@@ -180,9 +189,12 @@ def rerank_scores(
         raise ValueError(f"text_lengths must hold one length per caption, [{n_txt}]; got {tuple(text_lengths.shape)}.")
     top = {}
     if "t2i" in directions:
-        top["t2i"] = scores.topk(min(k, n_img), dim=0).indices  # [k, n_txt]: image rows
-        if image_neighbours is not None:
+        if image_neighbours is None:
+            top["t2i"] = scores.topk(min(k, n_img), dim=0).indices  # [k, n_txt]: image rows
+        else:
             near = _checked_neighbours(image_neighbours, n_img).to(scores.device)
+            # a picture rises with a near-duplicate that also scores high: the two take the list's places together
+            top["t2i"] = (scores + TWIN_WEIGHT * scores[near[:, 0]]).topk(min(k, n_img), dim=0).indices
             # a candidate listed twice gets the same pair's logit twice: writing it twice is harmless
             top["t2i"] = torch.cat([top["t2i"], near[top["t2i"]].permute(0, 2, 1).flatten(0, 1)])
     if "i2t" in directions:
@@ -211,11 +223,14 @@ def rerank_scores(
         best = scores.amax(dim=axis, keepdim=True)
         shifted = best + 1 + (pair_logits - pair_logits.amin(dim=axis, keepdim=True))
         out[direction] = scores.clone().scatter_(axis, index, shifted)
-    if image_neighbours is not None and "i2t" in out:
-        # an image's list also holds the captions whose widened list held it (pairs verified anyway),
-        # so its twin's captions are ordered against its own by the verifier too
+    if image_neighbours is not None:
+        # each query's list holds every verified pair of it (verified anyway): an image's list the
+        # captions whose widened list held it, so its twin's captions are ordered against its own,
+        # and a caption's list the images whose list held the caption
         rows, columns = unique // n_txt, unique % n_txt
-        lowest = torch.full((n_img,), float("inf"), device=scores.device).scatter_reduce(0, rows, logits, "amin")
-        out["i2t"] = scores.clone()
-        out["i2t"][rows, columns] = scores.amax(dim=1)[rows] + 1 + (logits - lowest[rows])
+        for direction in out:
+            query, size, axis = (columns, n_txt, 0) if direction == "t2i" else (rows, n_img, 1)
+            lowest = torch.full((size,), float("inf"), device=scores.device).scatter_reduce(0, query, logits, "amin")
+            out[direction] = scores.clone()
+            out[direction][rows, columns] = scores.amax(dim=axis)[query] + 1 + (logits - lowest[query])
     return out
