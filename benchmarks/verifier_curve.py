@@ -2,7 +2,7 @@
 
 A fresh ``grounded`` head on the FROZEN matching model of the zoo entry ``teran-mrsw-hn-scenes``
 (its own head replaced by a freshly initialised one), trained by the trainer with a recipe's
-settings (default ``verifier``: AdamW 2e-3, weight decay 0.01, 40 warm-up steps then cosine,
+settings (default ``verifier``: AdamW 2e-3, weight decay 0.01, 40 warm-up steps then constant,
 400 steps of 128, one structural negative per caption, twins batched together; ``--lr`` and
 ``--steps`` override it) on the first N captions' images of the scenes train split, then scored
 within each twin group of the scenes ``groups`` split, as ``xmatch eval --protocol groups
