@@ -367,6 +367,21 @@ def test_row_gatherer_matches_padded_indexing(encoded):
     torch.testing.assert_close(got.tokens * got.mask[..., None], want.tokens * want.mask[..., None])
 
 
+def test_row_gatherer_of_one_bucket_is_a_plain_gather():
+    # pictures with the same number of regions make one bucket: the rows are gathered from it directly
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([3, 5, 3, 3, 5, 3])
+    e = Embeddings(torch.randn(6, 5, 4, generator=g), torch.arange(5)[None] < lengths[:, None],
+                   torch.randn(6, 4, generator=g), torch.rand(6, 5, 4, generator=g))
+    bucketed = BucketedEmbeddings.from_embeddings(e)
+    assert len(bucketed.parts) == 2
+    for rows in (torch.tensor([3, 0, 0, 5]), torch.tensor([4, 1, 4]), torch.tensor([2, 4])):  # one bucket, the other, both
+        got, want = RowGatherer(bucketed)(rows), e[rows].trimmed()
+        assert got.tokens.shape == want.tokens.shape and torch.equal(got.mask, want.mask) and torch.equal(got.pooled, want.pooled)
+        real = want.mask[..., None]
+        assert torch.equal(got.tokens * real, want.tokens * real) and torch.equal(got.boxes * real, want.boxes * real)
+
+
 # -- specs, saving and loading ----------------------------------------------------------------
 
 

@@ -114,6 +114,9 @@ class RowGatherer:
         part_of, row_of = self.part_of[rows], self.row_of[rows]
         used = part_of.unique().tolist()
         first = self.e.parts[used[0]]
+        if len(used) == 1:  # one bucket (pictures with the same number of regions): a plain gather, no scatter
+            src = row_of.to(first.tokens.device)
+            return first[src].trimmed()
         width = max(self.e.parts[k].tokens.shape[1] for k in used)
         device = first.tokens.device
         tokens = first.tokens.new_zeros(len(rows), width, first.dim)
