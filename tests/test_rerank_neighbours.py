@@ -51,8 +51,8 @@ def test_a_twin_outside_the_top_k_is_verified_beside_its_partner():
     assert _order(plain[:, 0])[0] == 0 and (3, 0) not in verified
     verified.clear()
     widened = rerank_scores(scores, 1, logits, image_neighbours=near)["t2i"]
-    # caption 0's top 1 by score + half the nearest image's: image 0 (0.95) against image 1 (1.15)?
-    # no: image 1 (0.8 + 0.35) leads, so its list is {1, 2}; caption 1's is {1, 2} as well
+    # by score + half the nearest image's, caption 0's top 1 is image 1 (0.8 + 0.35 against image 0's
+    # 0.9 + 0.05): its list is image 1 and its neighbour 2, as caption 1's is
     assert sorted(verified) == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert _order(widened[:, 0])[:2] == [1, 2]
 

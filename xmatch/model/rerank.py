@@ -218,7 +218,19 @@ def rerank_scores(
         at = order[s : s + batch_size]
         chunk = unique[at]
         logits[at] = score_pairs(chunk // n_txt, chunk % n_txt).float().to(scores.device)
-    out, start = {}, 0
+    out: dict[str, torch.Tensor] = {}
+    if image_neighbours is not None:
+        # each query's list holds every verified pair of it (verified anyway): an image's list the
+        # captions whose widened list held it, so its twin's captions are ordered against its own,
+        # and a caption's list the images whose list held the caption
+        rows, columns = unique // n_txt, unique % n_txt
+        for direction in top:
+            query, size, axis = (columns, n_txt, 0) if direction == "t2i" else (rows, n_img, 1)
+            lowest = torch.full((size,), float("inf"), device=scores.device).scatter_reduce(0, query, logits, "amin")
+            out[direction] = scores.clone()
+            out[direction][rows, columns] = scores.amax(dim=axis)[query] + 1 + (logits - lowest[query])
+        return out
+    start = 0
     for direction, index in top.items():
         pair_logits = logits[inverse[start : start + index.numel()]].view(index.shape)
         start += index.numel()
@@ -226,14 +238,4 @@ def rerank_scores(
         best = scores.amax(dim=axis, keepdim=True)
         shifted = best + 1 + (pair_logits - pair_logits.amin(dim=axis, keepdim=True))
         out[direction] = scores.clone().scatter_(axis, index, shifted)
-    if image_neighbours is not None:
-        # each query's list holds every verified pair of it (verified anyway): an image's list the
-        # captions whose widened list held it, so its twin's captions are ordered against its own,
-        # and a caption's list the images whose list held the caption
-        rows, columns = unique // n_txt, unique % n_txt
-        for direction in out:
-            query, size, axis = (columns, n_txt, 0) if direction == "t2i" else (rows, n_img, 1)
-            lowest = torch.full((size,), float("inf"), device=scores.device).scatter_reduce(0, query, logits, "amin")
-            out[direction] = scores.clone()
-            out[direction][rows, columns] = scores.amax(dim=axis)[query] + 1 + (logits - lowest[query])
     return out
