@@ -15,12 +15,19 @@ data loaders and a 2019 transformers); the bare loop is its step on the same mod
     python benchmarks/train_speed.py --steps 6 --warmup 2 --alternate 6   # + float32 / bf16 steps alternated
     python benchmarks/train_speed.py --rotate 6          # only the rotation: bare loop, Trainer fp32, Trainer bf16
     python benchmarks/train_speed.py --roofline 5        # the step's arithmetic against this CPU's matmul rate
+    python benchmarks/train_speed.py --compiled 3        # eager layers against torch.compile'd ones, alternated
 
 ``--roofline ROUNDS`` counts the floating-point work of one float32 forward + backward
 (``torch.utils.flop_counter``: matrix products and attention), per part of the model, and times
 that forward + backward alternated with the step's commonest matrix product alone: the step's
 GFLOP/s against the product's says how far any float32 rewrite of the same arithmetic could
 speed it up.
+
+``--compiled ROUNDS`` times one float32 forward + backward of two copies of the model, alternated
+(the order swapped every round, the first round dropped, fastest kept): one eager, one whose
+transformer layers (the 4 visual and the 2 + 2 joint ones, nine tenths of the arithmetic) are
+each wrapped in ``torch.compile`` (inductor: fused elementwise passes, dropout included). It
+prints the compile time and the ratio.
 
 ``--rotate ROUNDS`` times single steps of three contestants in one process, each with its own
 model: the bare loop (the original code's step: float32, per-tensor Adam), the Trainer in
@@ -322,6 +329,36 @@ def roofline(model, data, rounds: int, batch_size: int, device: str) -> None:
           f"same arithmetic in float32 can be at most {rate / (total / step / 1e9):.2f}x faster")
 
 
+def compiled_layers(make_model: Callable[[], xmatch.MatchingModel], data, rounds: int, batch_size: int,
+                    device: str) -> None:
+    """Print the seconds of one float32 forward + backward of the model as it is and with each
+    transformer layer wrapped in ``torch.compile``, alternated, fastest of ``rounds``."""
+    batch = next(iter(data.loader(batch_size, shuffle=True))).to(device)
+    eager, compiled = make_model().train(), make_model().train()
+    for reasoner in (compiled.image_encoder.transformer, compiled.image_reasoner, compiled.text_reasoner):
+        for n, layer in enumerate(reasoner.layers):
+            reasoner.layers[n] = torch.compile(layer)
+
+    def forward_backward(model: xmatch.MatchingModel) -> float:
+        _sync(device)
+        start = time.perf_counter()
+        model(batch).loss.backward()
+        model.zero_grad(set_to_none=True)
+        _sync(device)
+        return time.perf_counter() - start
+
+    print(f"torch.compile of the transformer layers: compiling and the first step {forward_backward(compiled):.1f} s")
+    best = {"eager": float("inf"), "compiled": float("inf")}
+    models = {"eager": eager, "compiled": compiled}
+    for r in range(rounds + 1):  # the first round warms up
+        for name in (("eager", "compiled") if r % 2 else ("compiled", "eager")):
+            seconds = forward_backward(models[name])
+            if r:
+                best[name] = min(best[name], seconds)
+    print(f"  one float32 forward + backward, fastest of {rounds} alternated: eager {best['eager']:.2f} s, "
+          f"compiled layers {best['compiled']:.2f} s ({best['eager'] / best['compiled']:.2f}x)")
+
+
 def _sync(device: str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -349,6 +386,9 @@ def main() -> None:
     parser.add_argument("--roofline", type=int, default=0, metavar="ROUNDS",
                         help="only the roofline: the FLOPs of one float32 forward + backward and its GFLOP/s against "
                              "the step's commonest matrix product, alternated, ROUNDS rounds, best kept")
+    parser.add_argument("--compiled", type=int, default=0, metavar="ROUNDS",
+                        help="only eager against torch.compile'd transformer layers: one float32 forward + "
+                             "backward each, alternated, ROUNDS rounds, fastest kept")
     parser.add_argument("--rotate-bare", nargs="+", choices=["none", "bf16", "fp16"], metavar="AMP",
                         help="with --rotate: also the bare loop with fused Adam in these precisions (what the "
                              "Trainer adds to a step)")
@@ -367,6 +407,10 @@ def main() -> None:
         return
     if args.roofline:
         roofline(model(), data, args.roofline, args.batch_size, args.device)
+        return
+    if args.compiled:
+        compiled_layers(model, data, args.compiled, args.batch_size, args.device)
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
         return
     step = optimizer_step_seconds(model(), args.device)
     print(f"one Adam step over every parameter: default {step['default']:.3f} s, fused {step['fused']:.3f} s "
