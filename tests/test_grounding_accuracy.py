@@ -5,7 +5,6 @@ the words?")."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -14,15 +13,14 @@ import pytest
 from xmatch.tabletop.captions import captions
 from xmatch.tabletop.dataset import sample_tables
 
+from scripts import load_script
+
 PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "grounding_accuracy.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("grounding_accuracy", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(PATH)
 
 
 def _tables(n: int) -> list:

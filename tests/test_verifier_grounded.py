@@ -130,16 +130,12 @@ def test_the_model_scores_and_reranks_with_a_grounded_head():
 
 
 def test_rerank_coverage_counts_the_own_image_and_both_twins_in_the_top_k():
-    import importlib.util
-
     import numpy as np
+    from scripts import load_script
 
     from xmatch.eval.groups import Group, GroupSet
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "rerank_coverage.py"
-    spec = importlib.util.spec_from_file_location("rerank_coverage", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "rerank_coverage.py")
     # 4 images (two twin pairs), one caption each; columns: caption 0 ranks images 0, 1, 2, 3; caption 1
     # ranks 1, 2, 3, 0; caption 2 ranks 3, 1, 0, 2; caption 3 ranks 3, 1, 0, 2
     scores = np.array([[0.9, 0.1, 0.5, 0.2], [0.8, 0.9, 0.6, 0.3], [0.7, 0.3, 0.1, 0.1], [0.1, 0.2, 0.9, 0.8]])

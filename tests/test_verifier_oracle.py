@@ -3,22 +3,20 @@ its exact box (the measurement behind docs/training.md, "Why the head misses the
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from scripts import load_script
+
 PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "verifier_oracle.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("verifier_oracle", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(PATH)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
 import tomllib
@@ -18,6 +17,8 @@ from xmatch.core.zoo import _resolve
 from xmatch.model.parameter_counts import BERT_BASE_UNCASED_CONFIG, count_parameters, write_bert_base_dir
 from xmatch.core.spec import check_model_spec
 
+from scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools"
 
@@ -25,10 +26,7 @@ TOOLS = ROOT / "tools"
 
 def load_tool(name: str) -> ModuleType:
     """A developer tool of the repository, ``tools/NAME.py``, imported as a module."""
-    spec = importlib.util.spec_from_file_location(f"tools.{name}", TOOLS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(TOOLS / f"{name}.py", f"tools.{name}")
 
 
 BENCHMARKS = {"coco-1k", "coco-5k", "f30k-1k", "scenes-test", "scenes-test-large", "scenes-test-large-rerank20",
