@@ -20,6 +20,7 @@ its twin (t2i, chance 50 %), by twin kind and, for relation twins, by pair of re
     python benchmarks/verifier_oracle.py --only relation --pairs      # relation twins, with a pair readout
     python benchmarks/verifier_oracle.py --only relation --pairs --edges   # ... reading edge gaps too
     python benchmarks/verifier_oracle.py --only relation --one-kind-a-batch   # one pair of relations a batch
+    python benchmarks/verifier_oracle.py --only relation:far/near --shift 0.5  # where on the canvas says nothing
 
 ``--pairs`` adds a relation network over the words (Santoro et al., 2017) to the head: every
 pair of real words, their reasoned tokens and their referents' relative geometry through an
@@ -122,11 +123,33 @@ def referent_in(pictures: list[list[dict]], picture: int, own: int, obj: int) ->
     return same[0] if len(same) == 1 else None
 
 
+def word_vectors(pictures: list[list[dict]], caps: list[Caption], dim: int) -> tuple[dict[str, int], torch.Tensor]:
+    """A row index for every word of the captions and of the objects' descriptions, and a fixed
+    random unit vector ``[dim]`` for each (the same words in the same order give the same vectors).
+
+    Example:
+        >>> vocabulary, vectors = word_vectors([[{"kind": "cup", "colour": "teal", "pattern": "plain", "size": "small"}]],
+        ...                                    [Caption(["a", "cup"], 0, 0, "colour")], dim=8)
+        >>> list(vocabulary), vectors.shape
+        (['a', 'cup', 'teal', 'plain', 'small'], torch.Size([5, 8]))
+    """
+    vocabulary: dict[str, int] = {}
+    for c in caps:
+        for w in c.words:
+            vocabulary.setdefault(w, len(vocabulary))
+    for things in pictures:
+        for t in things:
+            for w in (t["kind"], t["colour"], t["pattern"], t["size"]):
+                vocabulary.setdefault(w, len(vocabulary))
+    generator = torch.Generator().manual_seed(WORLD_SEED)
+    return vocabulary, F.normalize(torch.randn(len(vocabulary), dim, generator=generator), dim=-1)
+
+
 class World:
     """Word vectors, pictures as region tokens and boxes, and captions as word tokens."""
 
     def __init__(self, pictures: list[list[dict]], caps: list[Caption], vocabulary: dict[str, int],
-                 vectors: torch.Tensor, regions: int, seed: int) -> None:
+                 vectors: torch.Tensor, regions: int, seed: int, shift: float = 0.0) -> None:
         self.pictures, self.caps = pictures, caps
         dim = vectors.shape[1]
         self.region_tokens = torch.zeros(len(pictures), regions, dim)
@@ -144,6 +167,11 @@ class World:
                 size = 0.05 + torch.rand(2, generator=g) * 0.3
                 self.boxes[i, j] = torch.cat([corner, (corner + size).clamp(max=1.0)])
                 self.region_tokens[i, j] = F.normalize(torch.randn(dim, generator=g), dim=0)
+        if shift:
+            # one offset for every box of a picture: where things lie on the canvas says nothing
+            # any more, where they lie from each other is unchanged
+            offsets = (torch.rand(len(pictures), 1, 2, generator=g) * 2 - 1) * shift
+            self.boxes += offsets.repeat(1, 1, 2)
         longest = max(len(c.words) for c in caps)
         self.word_tokens = torch.zeros(len(caps), longest, dim)
         self.word_mask = torch.zeros(len(caps), longest, dtype=torch.bool)
@@ -294,18 +322,9 @@ def train(args: argparse.Namespace) -> None:
         train_caps = [c for c in train_caps if c.kind.startswith(args.only)]
         if not train_caps:
             raise SystemExit(f"no training caption of a twin kind starting with {args.only!r}.")
-    vocabulary: dict[str, int] = {}
-    for c in train_caps + test_caps:
-        for w in c.words:
-            vocabulary.setdefault(w, len(vocabulary))
-    for pictures in (train_pictures, test_pictures):
-        for things in pictures:
-            for t in things:
-                for w in (t["kind"], t["colour"], t["pattern"], t["size"]):
-                    vocabulary.setdefault(w, len(vocabulary))
-    vectors = F.normalize(torch.randn(len(vocabulary), args.dim, generator=torch.Generator().manual_seed(WORLD_SEED)), dim=-1)
-    train_world = World(train_pictures, train_caps, vocabulary, vectors, args.regions, WORLD_SEED)
-    test_world = World(test_pictures, test_caps, vocabulary, vectors, args.regions, WORLD_SEED + 1)
+    vocabulary, vectors = word_vectors(train_pictures + test_pictures, train_caps + test_caps, args.dim)
+    train_world = World(train_pictures, train_caps, vocabulary, vectors, args.regions, WORLD_SEED, args.shift)
+    test_world = World(test_pictures, test_caps, vocabulary, vectors, args.regions, WORLD_SEED + 1, args.shift)
     kinds = np.array([c.kind for c in train_caps])
     relational = np.flatnonzero(np.char.startswith(kinds.astype(str), "relation") | (kinds == "roles"))
     print(f"{len(train_caps)} training captions ({len(relational)} of relation or roles twins), {len(test_caps)} test "
@@ -356,6 +375,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "the kind drawn at random each step")
     parser.add_argument("--pairs", action="store_true", help="add the pair readout (a relation network) to the head")
     parser.add_argument("--edges", action="store_true", help="with --pairs: the pair readout also reads edge gaps and containment")
+    parser.add_argument("--shift", type=float, default=0.0, metavar="S",
+                        help="move every box of a picture by one random offset of up to S (in picture sides) along "
+                             "each axis: positions on the canvas then say nothing, positions relative to each other "
+                             "are kept")
     parser.add_argument("--steps", type=int, default=1600)
     parser.add_argument("--batch", type=int, default=64, help="captions a step (each with 3 pictures)")
     parser.add_argument("--lr", type=float, default=2e-3)

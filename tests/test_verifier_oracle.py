@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from scripts import load_script
 
@@ -22,16 +21,7 @@ def bench():
 @pytest.fixture(scope="module")
 def world(bench):
     pictures, caps = bench.twin_groups(range(12))
-    vocabulary: dict[str, int] = {}
-    for c in caps:
-        for w in c.words:
-            vocabulary.setdefault(w, len(vocabulary))
-    for things in pictures:
-        for t in things:
-            for w in (t["kind"], t["colour"], t["pattern"], t["size"]):
-                vocabulary.setdefault(w, len(vocabulary))
-    vectors = F.normalize(torch.randn(len(vocabulary), 16, generator=torch.Generator().manual_seed(0)), dim=-1)
-    return bench.World(pictures, caps, vocabulary, vectors, regions=12, seed=0)
+    return bench.World(pictures, caps, *bench.word_vectors(pictures, caps, dim=16), regions=12, seed=0)
 
 
 def test_captions_pair_each_picture_with_its_twin(bench, world):
@@ -104,3 +94,13 @@ def test_edge_features_see_touching_and_containment(bench):
     assert f[1, 0, 4].item() == pytest.approx(1.0)  # the small box lies wholly inside the large one
     assert f[0, 1, 5].item() == pytest.approx(1.0)
     assert f[0, 2, 2].item() == pytest.approx(0.0)  # box 2 starts where box 0 ends: they touch
+
+
+def test_a_shift_moves_a_picture_but_keeps_its_geometry(bench, world):
+    shifted = bench.World(world.pictures, world.caps, *bench.word_vectors(world.pictures, world.caps, dim=16), regions=12,
+                          seed=0, shift=0.5)
+    moved = shifted.boxes - world.boxes
+    assert moved.abs().max() > 0.05
+    assert torch.allclose(moved, moved[:, :1].expand_as(moved))  # one offset for every box of a picture
+    assert torch.allclose(moved[..., :2], moved[..., 2:])
+    assert torch.allclose(bench.relative_box_features(shifted.boxes), bench.relative_box_features(world.boxes), atol=1e-5)
