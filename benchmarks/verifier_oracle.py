@@ -57,6 +57,7 @@ from xmatch.components.verifier_grounded import GroundedVerifier  # noqa: E402
 from xmatch.model.embeddings import Embeddings  # noqa: E402
 from xmatch.tabletop.captions import captions as draw_captions  # noqa: E402
 from xmatch.tabletop.dataset import CAPTION_STREAM, CAPTIONS_PER_IMAGE, sample_tables, stream_rng  # noqa: E402
+from xmatch.tabletop.world import Table  # noqa: E402
 
 #: the tabletop's canvas side, which its boxes are in
 CANVAS = 224
@@ -76,7 +77,7 @@ class Caption(NamedTuple):
     kind: str
 
 
-def twin_kind(base, twin) -> str:
+def twin_kind(base: Table, twin: Table) -> str:
     """The kind of a twin pair, relation twins with their two relations in alphabetical order.
 
     Example:
