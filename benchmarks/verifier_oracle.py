@@ -261,9 +261,8 @@ class OracleGroundedVerifier(GroundedVerifier):
     def __init__(self, dim: int, pairs: bool = False, edges: bool = False) -> None:
         super().__init__(dim=dim)
         self.forced: torch.Tensor | None = None
-        self.pair_readout = PairReadout(self.width, edges=edges) if pairs else None
         if pairs:
-            self.reasoner = _WithPairs(self.reasoner, self.pair_readout)
+            self.reasoner = _WithPairs(self.reasoner, PairReadout(self.width, edges=edges))
 
     def ground(self, img: Embeddings, txt: Embeddings) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         weights, similarity, usable = super().ground(img, txt)
