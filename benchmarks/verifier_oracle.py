@@ -21,6 +21,7 @@ its twin (t2i, chance 50 %), by twin kind and, for relation twins, by pair of re
     python benchmarks/verifier_oracle.py --only relation --pairs --edges   # ... reading edge gaps too
     python benchmarks/verifier_oracle.py --only relation --one-kind-a-batch   # one pair of relations a batch
     python benchmarks/verifier_oracle.py --only relation:far/near --shift 0.5  # where on the canvas says nothing
+    python benchmarks/verifier_oracle.py --only relation --layout     # the head with its layout likelihood
 
 ``--pairs`` adds a relation network over the words (Santoro et al., 2017) to the head: every
 pair of real words, their reasoned tokens and their referents' relative geometry through an
@@ -52,7 +53,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from grounding_accuracy import caption_words, word_targets  # noqa: E402
 
-from xmatch.components.reasoners import BOX_PAIR_FEATURES, relative_box_features  # noqa: E402
+from xmatch.components.reasoners import BOX_PAIR_FEATURES, EDGE_FEATURES, edge_features, relative_box_features  # noqa: E402
 from xmatch.components.verifier_grounded import GroundedVerifier  # noqa: E402
 from xmatch.model.embeddings import Embeddings  # noqa: E402
 from xmatch.tabletop.captions import captions as draw_captions  # noqa: E402
@@ -198,33 +199,6 @@ class World:
         return img, txt, torch.tensor(forced, dtype=torch.long).reshape(-1, 3).T
 
 
-#: what :func:`edge_features` adds to each pair's relative geometry
-EDGE_FEATURES = 6
-
-
-def edge_features(boxes: torch.Tensor) -> torch.Tensor:
-    """``[B, N, 4]`` boxes -> ``[B, N, N, 6]``: for query box ``i`` and key box ``j``, the gaps
-    between facing edges (``x1_j - x2_i``, ``x1_i - x2_j``, ``y1_j - y2_i``, ``y1_i - y2_j``:
-    negative where the boxes overlap along that axis, near zero where they touch) and the
-    share of each box inside the other (intersection over ``i``'s area, over ``j``'s): what
-    "resting on", "next to" and "inside" are made of, which centre offsets and size ratios
-    (:func:`relative_box_features`) leave to be computed.
-
-    Example:
-        >>> f = edge_features(torch.tensor([[[0.0, 0.0, 0.2, 0.2], [0.0, 0.2, 0.2, 0.4]]]))
-        >>> [round(v, 3) for v in f[0, 0, 1].tolist()]  # box 1 rests under box 0, touching
-        [-0.2, -0.2, 0.0, -0.4, 0.0, 0.0]
-    """
-    x1, y1, x2, y2 = boxes.float().unbind(-1)
-    gaps = (x1[:, None, :] - x2[:, :, None], x1[:, :, None] - x2[:, None, :],
-            y1[:, None, :] - y2[:, :, None], y1[:, :, None] - y2[:, None, :])
-    inter_w = (torch.minimum(x2[:, :, None], x2[:, None, :]) - torch.maximum(x1[:, :, None], x1[:, None, :])).clamp_min(0)
-    inter_h = (torch.minimum(y2[:, :, None], y2[:, None, :]) - torch.maximum(y1[:, :, None], y1[:, None, :])).clamp_min(0)
-    area = ((x2 - x1) * (y2 - y1)).clamp_min(1e-6)
-    inter = inter_w * inter_h
-    return torch.stack((*gaps, inter / area[:, :, None], inter / area[:, None, :]), dim=-1)
-
-
 class PairReadout(nn.Module):
     """A relation network over the words: every pair of real words with a box, their tokens
     and their referents' relative geometry (with ``edges``, also :func:`edge_features`)
@@ -258,8 +232,8 @@ class OracleGroundedVerifier(GroundedVerifier):
     word position, region) one-hot on their region; with ``pairs`` a :class:`PairReadout` adds
     to the [CLS] token after the reasoner."""
 
-    def __init__(self, dim: int, pairs: bool = False, edges: bool = False) -> None:
-        super().__init__(dim=dim)
+    def __init__(self, dim: int, pairs: bool = False, edges: bool = False, layout: bool = False) -> None:
+        super().__init__(dim=dim, layout=layout)
         self.forced: torch.Tensor | None = None
         if pairs:
             self.reasoner = _WithPairs(self.reasoner, PairReadout(self.width, edges=edges))
@@ -285,12 +259,18 @@ class _WithPairs(nn.Module):
         return torch.cat([cls, y[:, 1:]], dim=1)
 
 
-def logits(head: OracleGroundedVerifier, world: World, caption_rows: torch.Tensor, picture_rows: torch.Tensor) -> torch.Tensor:
+def scored(head: OracleGroundedVerifier, world: World, caption_rows: torch.Tensor,
+           picture_rows: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, str] | None]:
+    """The head's logits of the (caption, picture) rows and its own training term, if any."""
     img, txt, head.forced = world.pairs(caption_rows, picture_rows)
     try:
-        return head(img, txt)
+        return head.score_pairs(img, txt)
     finally:
         head.forced = None
+
+
+def logits(head: OracleGroundedVerifier, world: World, caption_rows: torch.Tensor, picture_rows: torch.Tensor) -> torch.Tensor:
+    return scored(head, world, caption_rows, picture_rows)[0]
 
 
 @torch.no_grad()
@@ -328,10 +308,10 @@ def train(args: argparse.Namespace) -> None:
     kinds = np.array([c.kind for c in train_caps])
     relational = np.flatnonzero(np.char.startswith(kinds.astype(str), "relation") | (kinds == "roles"))
     print(f"{len(train_caps)} training captions ({len(relational)} of relation or roles twins), {len(test_caps)} test "
-          f"captions; head {'with a pair readout' + (' and edge features' if args.edges else '') if args.pairs else 'without a pair readout'}; seed {args.seed}; "
+          f"captions; head {'with a pair readout' + (' and edge features' if args.edges else '') if args.pairs else 'without a pair readout'}{', with its layout likelihood' if args.layout else ''}; seed {args.seed}; "
           f"{torch.get_num_threads()} thread(s), load average {os.getloadavg()[0]:.2f}; data {time.perf_counter() - started:.0f} s",
           flush=True)
-    head = OracleGroundedVerifier(dim=args.dim, pairs=args.pairs, edges=args.edges)
+    head = OracleGroundedVerifier(dim=args.dim, pairs=args.pairs, edges=args.edges, layout=args.layout)
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr)
     labels = torch.cat([torch.ones(args.batch), torch.zeros(2 * args.batch)])
     started = time.perf_counter()
@@ -349,9 +329,11 @@ def train(args: argparse.Namespace) -> None:
         own = torch.tensor([train_caps[k].picture for k in rows.tolist()])
         twin = torch.tensor([train_caps[k].twin for k in rows.tolist()])
         other = torch.as_tensor(rng.integers(0, len(train_pictures), args.batch))
-        out = logits(head, train_world, rows.repeat(3), torch.cat([own, twin, other]))
+        out, extra = scored(head, train_world, rows.repeat(3), torch.cat([own, twin, other]))
         # the positive weighs as much as its two negatives together
         loss = F.binary_cross_entropy_with_logits(out, labels, pos_weight=torch.tensor(2.0))
+        if extra is not None:  # the layout's likelihood, on the positives (the first third)
+            loss = loss + extra[0][: args.batch].mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -375,6 +357,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "the kind drawn at random each step")
     parser.add_argument("--pairs", action="store_true", help="add the pair readout (a relation network) to the head")
     parser.add_argument("--edges", action="store_true", help="with --pairs: the pair readout also reads edge gaps and containment")
+    parser.add_argument("--layout", action="store_true",
+                        help="the head also scores the caption's layout likelihood (GroundedVerifier(layout=True))")
     parser.add_argument("--shift", type=float, default=0.0, metavar="S",
                         help="move every box of a picture by one random offset of up to S (in picture sides) along "
                              "each axis: positions on the canvas then say nothing, positions relative to each other "

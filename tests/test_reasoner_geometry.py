@@ -14,7 +14,7 @@ from torch import nn
 
 import xmatch
 from xmatch.cli.options import model_overrides
-from xmatch.components.reasoners import TransformerReasoner, relative_box_features
+from xmatch.components.reasoners import TransformerReasoner, edge_features, relative_box_features
 from xmatch.core.spec import SpecError
 from xmatch.model.inputs import RegionInputs
 from xmatch.testing import one_torch_thread  # noqa: F401  (fixture)
@@ -286,3 +286,12 @@ def test_geometry_learns_left_of(geometry, one_torch_thread):  # noqa: F811
         assert accuracy > 0.9
     else:
         assert 0.45 < accuracy < 0.55
+
+
+def test_edge_features_see_touching_and_containment():
+    boxes = torch.tensor([[[0.0, 0.0, 0.4, 0.4], [0.1, 0.1, 0.2, 0.2], [0.0, 0.4, 0.4, 0.6]]])
+    f = edge_features(boxes)[0]
+    assert f[1, 0, 4].item() == pytest.approx(1.0)  # the small box lies wholly inside the large one
+    assert f[0, 1, 5].item() == pytest.approx(1.0)
+    assert f[0, 2, 2].item() == pytest.approx(0.0)  # box 2 starts where box 0 ends: they touch
+    assert f[0, 1, 0].item() == pytest.approx(-0.3)  # overlapping along x: a negative gap

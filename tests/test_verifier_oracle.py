@@ -88,14 +88,6 @@ def test_edges_without_the_pair_readout_are_refused(bench):
         bench.main(["--edges", "--steps", "1"])
 
 
-def test_edge_features_see_touching_and_containment(bench):
-    boxes = torch.tensor([[[0.0, 0.0, 0.4, 0.4], [0.1, 0.1, 0.2, 0.2], [0.0, 0.4, 0.4, 0.6]]])
-    f = bench.edge_features(boxes)[0]
-    assert f[1, 0, 4].item() == pytest.approx(1.0)  # the small box lies wholly inside the large one
-    assert f[0, 1, 5].item() == pytest.approx(1.0)
-    assert f[0, 2, 2].item() == pytest.approx(0.0)  # box 2 starts where box 0 ends: they touch
-
-
 def test_a_shift_moves_a_picture_but_keeps_its_geometry(bench, world):
     shifted = bench.World(world.pictures, world.caps, *bench.word_vectors(world.pictures, world.caps, dim=16), regions=12,
                           seed=0, shift=0.5)
@@ -104,3 +96,8 @@ def test_a_shift_moves_a_picture_but_keeps_its_geometry(bench, world):
     assert torch.allclose(moved, moved[:, :1].expand_as(moved))  # one offset for every box of a picture
     assert torch.allclose(moved[..., :2], moved[..., 2:])
     assert torch.allclose(bench.relative_box_features(shifted.boxes), bench.relative_box_features(world.boxes), atol=1e-5)
+
+
+def test_the_head_with_its_layout_likelihood_runs(bench, capsys):
+    bench.main(["--train-groups", "6", "--test-groups", "4", "--steps", "2", "--eval-every", "2", "--dim", "16", "--layout"])
+    assert "with its layout likelihood" in capsys.readouterr().out

@@ -53,15 +53,52 @@ def relative_box_features(boxes: torch.Tensor) -> torch.Tensor:
     scaled_dx, scaled_dy = dx / w[:, :, None], dy / h[:, :, None]
     log_w = w.log()[:, None, :] - w.log()[:, :, None]
     log_h = h.log()[:, None, :] - h.log()[:, :, None]
-    inter_w = (torch.minimum(x2[:, :, None], x2[:, None, :]) - torch.maximum(x1[:, :, None], x1[:, None, :])).clamp_min(0)
-    inter_h = (torch.minimum(y2[:, :, None], y2[:, None, :]) - torch.maximum(y1[:, :, None], y1[:, None, :])).clamp_min(0)
-    inter = inter_w * inter_h
+    inter = _intersections(x1, y1, x2, y2)
     area = w * h
     iou = inter / (area[:, :, None] + area[:, None, :] - inter)
     return torch.stack(
         (dx, dy, scaled_dx.sign() * scaled_dx.abs().log1p(), scaled_dy.sign() * scaled_dy.abs().log1p(), log_w, log_h, iou),
         dim=-1,
     )
+
+
+#: what :func:`edge_features` gives for each pair of boxes
+EDGE_FEATURES = 6
+
+
+def _intersections(x1: torch.Tensor, y1: torch.Tensor, x2: torch.Tensor, y2: torch.Tensor) -> torch.Tensor:
+    """``[B, N]`` box coordinates -> ``[B, N, N]`` areas of the pairwise intersections."""
+    inter_w = (torch.minimum(x2[:, :, None], x2[:, None, :]) - torch.maximum(x1[:, :, None], x1[:, None, :])).clamp_min(0)
+    inter_h = (torch.minimum(y2[:, :, None], y2[:, None, :]) - torch.maximum(y1[:, :, None], y1[:, None, :])).clamp_min(0)
+    return inter_w * inter_h
+
+
+def edge_features(boxes: torch.Tensor) -> torch.Tensor:
+    """What "resting on", "next to" and "inside" are made of, which centre offsets and size
+    ratios (:func:`relative_box_features`) leave to be computed.
+
+    For query box ``i`` and key box ``j``: the gaps between facing edges (``x1_j - x2_i``,
+    ``x1_i - x2_j``, ``y1_j - y2_i``, ``y1_i - y2_j``: negative where the boxes overlap along
+    that axis, near zero where they touch) and the share of each box inside the other
+    (intersection over ``i``'s area, over ``j``'s).
+
+    Args:
+        boxes: ``[B, N, 4]`` boxes (``x1, y1, x2, y2`` normalised to the picture).
+
+    Returns:
+        ``[B, N, N, 6]`` float32 features, ``[b, i, j]`` describing box ``j`` from box ``i``.
+
+    Example:
+        >>> f = edge_features(torch.tensor([[[0.0, 0.0, 0.2, 0.2], [0.0, 0.2, 0.2, 0.4]]]))
+        >>> [round(v, 3) for v in f[0, 0, 1].tolist()]  # box 1 rests under box 0, touching
+        [-0.2, -0.2, 0.0, -0.4, 0.0, 0.0]
+    """
+    x1, y1, x2, y2 = boxes.float().unbind(-1)
+    gaps = (x1[:, None, :] - x2[:, :, None], x1[:, :, None] - x2[:, None, :],
+            y1[:, None, :] - y2[:, :, None], y1[:, :, None] - y2[:, None, :])
+    area = ((x2 - x1) * (y2 - y1)).clamp_min(1e-6)
+    inter = _intersections(x1, y1, x2, y2)
+    return torch.stack((*gaps, inter / area[:, :, None], inter / area[:, None, :]), dim=-1)
 
 
 class RelativeGeometryBias(nn.Module):

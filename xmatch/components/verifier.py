@@ -72,6 +72,12 @@ class PairVerifier(Verifier):
                     "score embeddings of the model the verifier belongs to."
                 )
 
+    def score_pairs(self, img: Embeddings, txt: Embeddings) -> tuple[torch.Tensor, tuple[torch.Tensor, str] | None]:
+        """The match logits ``[n]`` of the row-aligned pairs, and a head's own per-row training
+        term with its log name (``None`` here): :meth:`training_loss` adds that term's mean over
+        the positive pairs."""
+        return self(img, txt), None
+
     def training_loss(
         self,
         img: Embeddings,
@@ -105,7 +111,9 @@ class PairVerifier(Verifier):
             ``loss`` and detached logs: ``verifier_loss`` (the weighted loss), the mean
             cross-entropy of each term (``verifier_positive``, ``verifier_image_negative``,
             ``verifier_text_negative``, ``verifier_structural`` when there are structural
-            negatives) and ``verifier_accuracy`` (share of pairs on the right side of 0).
+            negatives), ``verifier_accuracy`` (share of pairs on the right side of 0) and, for
+            a head with a term of its own (:meth:`score_pairs`), that term's mean over the
+            positives (``verifier_layout``: the grounded head's layout likelihood).
 
         Example:
             >>> v = CrossAttentionVerifier(dim=32)
@@ -122,12 +130,18 @@ class PairVerifier(Verifier):
         pairs = training_pairs(scores, image_ids=image_ids, owner=owner, batch=len(img))
         texts = txt if negatives is None else Embeddings.cat([_tokens_only(txt), _tokens_only(negatives)])
         device = img.tokens.device
-        logits = self(img[pairs.image.to(device)], texts[pairs.text.to(texts.tokens.device)])
+        logits, extra = self.score_pairs(img[pairs.image.to(device)], texts[pairs.text.to(texts.tokens.device)])
         label = pairs.label.to(logits.device)
         bce = F.binary_cross_entropy_with_logits(logits.float(), label, reduction="none")
         positive = label > 0.5
         loss = self.loss_weight * (bce[positive].mean() + bce[~positive].mean()) / 2
-        logs: dict[str, torch.Tensor | float] = {"verifier_loss": loss.detach()}
+        logs: dict[str, torch.Tensor | float] = {}
+        if extra is not None:
+            extra_loss, name = extra
+            extra_loss = extra_loss[positive].mean()
+            loss = loss + self.loss_weight * extra_loss
+            logs[f"verifier_{name}"] = extra_loss.detach()
+        logs["verifier_loss"] = loss.detach()
         term = pairs.term.to(logits.device)
         for k, name in enumerate(TERMS):
             chosen = term == k
