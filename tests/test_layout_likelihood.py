@@ -60,7 +60,7 @@ def test_the_density_learns_a_relation_from_positives_alone():
     optimiser = torch.optim.Adam(layout.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(1)
     best = torch.tensor([1.0, 0.0, 1.0])
-    for _ in range(150):
+    for _ in range(200):  # 9 seeds: 8 at 100 % after 150 steps, the ninth at 87 % (100 % by 200)
         image, _, caption = relation_batch(64, generator)
         loss = layout(caption.tokens, caption.mask, caption_boxes(image), best.expand(64, 3)).loss.mean()
         optimiser.zero_grad()
