@@ -64,10 +64,10 @@ class LayoutLikelihood(nn.Module):
     takes each feature's term times its detached variance to the power ``beta`` (beta-NLL),
     without which the means hardly move (a toy "left of / right of" stayed at 57 % after 300
     steps with ``beta = 0``; with ``beta = 1/2`` it reaches 100 % after 150 steps on 8 of 9
-    seeds, by 200 on the ninth). Each word gets a gate ``sigmoid(k z + b)``, where ``z`` is its grounding's best similarity
-    standardised over the caption's real words (``k``, ``b`` learned): the words that name
-    something ground far better than "a" and "is". The pairs are weighed by the product of
-    their words' gates.
+    seeds, by 200 on the ninth). Each word gets a gate ``sigmoid(k z + b)``, where ``z`` is
+    its grounding's best similarity standardised over the caption's real words (``k``, ``b``
+    learned): the words that name something ground far better than "a" and "is". The pairs
+    are weighed by the product of their words' gates.
 
     Args:
         dim: the width of the word tokens.
